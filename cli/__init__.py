@@ -1,0 +1,1 @@
+"""The ``freespec`` command line: model preparation, benchmark, doctor."""

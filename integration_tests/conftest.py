@@ -1,0 +1,82 @@
+"""Shared fixtures: the real model, and real vLLM engines run once per configuration per session."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+QUESTIONS = REPO.parent / "shared" / "data" / "spec_bench" / "question.jsonl"
+
+# A prompt whose answer mostly repeats text given in it: copy drafts should be accepted.
+CODE = '''def load(path):
+    with open(path) as f:
+        rows = [line.strip().split(",") for line in f]
+    return [r for r in rows if r and r[0]]
+
+
+def total(rows, column):
+    return sum(float(r[column]) for r in rows)
+'''
+COPY_HEAVY = f"Rewrite this Python code exactly as it is, but rename the function `total` to `column_sum`:\n\n{CODE}"
+# A prompt for the sampling test: repetitive, so drafts are often made and accepted at temperature 1.
+REPEAT = "Write the word 'apple' then 'banana' then 'cherry', and repeat that sequence ten times."
+
+
+def spec_bench_prompts(per_category: int = 1, limit: int = 12) -> list[str]:
+    """The first question of each Spec-Bench category, in file order (deterministic)."""
+    if not QUESTIONS.exists():
+        pytest.fail(f"Spec-Bench questions not found at {QUESTIONS}")
+    seen: dict[str, int] = {}
+    prompts = []
+    for line in QUESTIONS.read_text().splitlines():
+        q = json.loads(line)
+        if seen.get(q["category"], 0) < per_category:
+            seen[q["category"]] = seen.get(q["category"], 0) + 1
+            prompts.append(q["turns"][0])
+    return prompts[:limit]
+
+
+@pytest.fixture(scope="session")
+def model_path() -> str:
+    from freespec.cli.models import prepare_model
+
+    return str(prepare_model())
+
+
+class EngineRuns:
+    """Runs each engine configuration once (in its own process) and caches what it produced."""
+
+    def __init__(self, model: str, workdir: Path) -> None:
+        self.model = model
+        self.workdir = workdir
+        self._cache: dict[str, tuple[dict, str]] = {}
+
+    def run(self, name: str, speculative_config: dict | None, jobs: list[dict], env: dict | None = None):
+        """Returns (results by job name, the engine's log)."""
+        if name not in self._cache:
+            spec_in = self.workdir / f"{name}.in.json"
+            spec_out = self.workdir / f"{name}.out.json"
+            spec_in.write_text(json.dumps({"model": self.model, "speculative_config": speculative_config, "jobs": jobs}))
+            proc = subprocess.run(
+                [sys.executable, "-m", "integration_tests.engine_run", str(spec_in), str(spec_out)],
+                cwd=REPO,
+                env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+                capture_output=True,
+                text=True,
+                timeout=900,
+            )
+            log = proc.stdout + proc.stderr
+            if proc.returncode != 0:
+                pytest.fail(f"engine run {name!r} failed (exit {proc.returncode}):\n{log[-5000:]}")
+            self._cache[name] = (json.loads(spec_out.read_text()), log)
+        return self._cache[name]
+
+
+@pytest.fixture(scope="session")
+def engines(model_path, tmp_path_factory) -> EngineRuns:
+    return EngineRuns(model_path, tmp_path_factory.mktemp("engines"))

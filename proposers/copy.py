@@ -1,0 +1,246 @@
+"""The ``copy`` proposer: draft by copying what followed an earlier occurrence of the current suffix.
+
+Follows prompt lookup decoding (Saxena, 2023) and CopySpec (Dumitru et al., 2025):
+when the last tokens of a request already occurred earlier, the tokens that
+followed them then are a good guess for what follows now. Two sources are searched:
+
+- the request's own sequence (prompt and output so far), and
+- a pool of recent outputs of requests that have left the batch, so a request
+  that rewrites or re-sends an earlier answer (multi-turn chat, edits) can copy
+  from it even when that answer is not in its own prompt.
+
+Each source keeps an index from every ``min_match``-gram to its most recent end
+positions, updated incrementally, so a step costs the same at 2k and 32k tokens
+of context. The longest match wins (ties: own sequence, then most recent); its
+draft length comes from an online estimate of how often drafts of that source
+and match length are accepted (``freespec.scorers.acceptance``).
+
+Memory (bounded): per live request, a copy of its tokens (4 B/token) and its
+gram index (at most one entry per distinct gram, each holding at most
+``candidates_per_key`` positions); the pool holds at most ``pool_tokens`` tokens
+plus their index. ``state_bytes()`` reports the current total; docs/copy.md
+gives measured figures.
+"""
+from __future__ import annotations
+
+import sys
+from array import array
+from collections import deque
+from typing import Sequence
+
+from pydantic import Field, model_validator
+
+from freespec.proposers.base import Proposer, ProposerOptions, Row
+from freespec.scorers.acceptance import AcceptanceEstimate, draft_length
+
+OWN, POOL = 0, 1  # draft sources
+MATCH_BUCKETS = 8  # acceptance is estimated per source and per match length (capped)
+ESTIMATE_WINDOW = 2000.0  # evidence kept per estimate before it is halved
+PROBE_EVERY = 16  # a class judged not worth drafting still drafts one token this often, to keep learning
+
+
+class CopyOptions(ProposerOptions):
+    min_match: int = Field(2, ge=1, le=8, description="shortest suffix (tokens) that may match")
+    max_match: int = Field(32, ge=1, le=256, description="longest suffix compared when ranking matches")
+    candidates_per_key: int = Field(4, ge=1, le=64, description="recent occurrences kept per gram")
+    pool_tokens: int = Field(
+        262_144, ge=0, le=1 << 26, description="tokens of departed requests' outputs kept (0 = own context only)"
+    )
+    min_token_gain: float = Field(
+        0.2, ge=0.0, le=1.0, description="draft one more token while its acceptance chance is at least this"
+    )
+    adaptive: bool = Field(True, description="choose the length from acceptance estimates (False: draft up to k)")
+
+    @model_validator(mode="after")
+    def _match_bounds(self) -> "CopyOptions":
+        if self.max_match < self.min_match:
+            raise ValueError(f"max_match ({self.max_match}) must be >= min_match ({self.min_match})")
+        return self
+
+
+class _GramIndex:
+    """gram (tuple of ``g`` tokens) -> recent end positions of that gram, newest last."""
+
+    def __init__(self, g: int, per_key: int) -> None:
+        self.g = g
+        self.per_key = per_key
+        self.table: dict[tuple[int, ...], list] = {}
+
+    def add(self, seq: array, start: int, stop: int, tag=None) -> None:
+        """Index the grams of ``seq`` that end at positions ``start..stop-1``."""
+        g, per_key, table = self.g, self.per_key, self.table
+        for end in range(max(start, g - 1), stop):
+            key = tuple(seq[end - g + 1 : end + 1])
+            entry = end if tag is None else (tag, end)
+            slot = table.get(key)
+            if slot is None:
+                table[key] = [entry]
+            else:
+                slot.append(entry)
+                if len(slot) > per_key:
+                    del slot[0]
+
+    def get(self, key: tuple[int, ...]) -> list:
+        return self.table.get(key, [])
+
+    def nbytes(self) -> int:
+        n = sys.getsizeof(self.table)
+        for key, slot in self.table.items():
+            n += sys.getsizeof(key) + sys.getsizeof(slot)
+        return n
+
+
+class _Sequence:
+    """What the proposer keeps for one live request."""
+
+    __slots__ = ("seq", "indexed", "output_start", "index", "last_draft", "last_class")
+
+    def __init__(self, g: int, per_key: int, output_start: int) -> None:
+        self.seq = array("i")
+        self.indexed = 0  # grams ending before this position are in the index
+        self.output_start = output_start
+        self.index = _GramIndex(g, per_key)
+        self.last_draft = 0
+        self.last_class: tuple[int, int] | None = None
+
+
+class _OutputPool:
+    """Recent outputs of departed requests, bounded to ``capacity`` tokens."""
+
+    def __init__(self, g: int, per_key: int, capacity: int) -> None:
+        self.g, self.per_key, self.capacity = g, per_key, capacity
+        self.segments: dict[int, array] = {}
+        self.order: deque[int] = deque()
+        self.tokens = 0
+        self.evicted_since_rebuild = 0
+        self.next_id = 0
+        self.index = _GramIndex(g, per_key)
+
+    def add(self, tokens: array) -> None:
+        if self.capacity <= 0 or len(tokens) <= self.g:
+            return
+        if len(tokens) > self.capacity:
+            tokens = tokens[-self.capacity :]
+        seg_id = self.next_id
+        self.next_id += 1
+        self.segments[seg_id] = tokens
+        self.order.append(seg_id)
+        self.tokens += len(tokens)
+        # Grams ending at the last position have no continuation: skip them.
+        self.index.add(tokens, 0, len(tokens) - 1, tag=seg_id)
+        while self.tokens > self.capacity:
+            old = self.segments.pop(self.order.popleft())
+            self.tokens -= len(old)
+            self.evicted_since_rebuild += len(old)
+        if self.evicted_since_rebuild > self.capacity:
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        """Drop index entries of evicted segments (amortised: after ``capacity`` evicted tokens)."""
+        self.index = _GramIndex(self.g, self.per_key)
+        for seg_id in self.order:
+            seg = self.segments[seg_id]
+            self.index.add(seg, 0, len(seg) - 1, tag=seg_id)
+        self.evicted_since_rebuild = 0
+
+    def candidates(self, key: tuple[int, ...]):
+        for seg_id, end in reversed(self.index.get(key)):
+            seg = self.segments.get(seg_id)
+            if seg is not None:
+                yield seg, end
+
+    def nbytes(self) -> int:
+        return self.tokens * 4 + self.index.nbytes()
+
+
+def _match_length(a: array, a_end: int, b: array, b_end: int, limit: int) -> int:
+    """Number of equal tokens going backwards from ``a[a_end]`` and ``b[b_end]`` (at most ``limit``)."""
+    m = 0
+    limit = min(limit, a_end + 1, b_end + 1)
+    while m < limit and a[a_end - m] == b[b_end - m]:
+        m += 1
+    return m
+
+
+class CopyProposer(Proposer):
+    Options = CopyOptions
+
+    def __init__(self, options: CopyOptions, num_speculative_tokens: int) -> None:
+        super().__init__(options, num_speculative_tokens)
+        self.g = options.min_match
+        self._seqs: dict[int, _Sequence] = {}
+        self._pool = _OutputPool(self.g, options.candidates_per_key, options.pool_tokens)
+        self._estimates = [[AcceptanceEstimate() for _ in range(MATCH_BUCKETS)] for _ in (OWN, POOL)]
+
+    # -- lifecycle -------------------------------------------------------
+    def release(self, key: int) -> None:
+        st = self._seqs.pop(key, None)
+        if st is not None:
+            self._pool.add(st.seq[st.output_start :])
+
+    def state_bytes(self) -> int:
+        live = sum(len(st.seq) * 4 + st.index.nbytes() for st in self._seqs.values())
+        return live + self._pool.nbytes()
+
+    # -- drafting --------------------------------------------------------
+    def propose(self, rows: Sequence[Row]) -> list[list[int]]:
+        return [self._propose_one(row) for row in rows]
+
+    def _propose_one(self, row: Row) -> list[int]:
+        n = len(row.tokens)
+        st = self._seqs.get(row.key)
+        if st is None:
+            st = self._seqs[row.key] = _Sequence(self.g, self.options.candidates_per_key, n - row.num_new)
+        elif st.last_draft:
+            self._learn(st.last_class, st.last_draft, row.num_new - 1)
+        st.last_draft, st.last_class = 0, None
+        if len(st.seq) < n:
+            st.seq.frombytes(row.tokens[len(st.seq) :].astype("int32", copy=False).tobytes())
+        # Index every gram that ends before the last token; the last one is the query.
+        st.index.add(st.seq, st.indexed, n - 1)
+        st.indexed = n - 1
+        if row.num_new == 0 or n < self.g + 1:
+            return []  # partial prefill: vLLM takes no draft for this row
+        draft, cls = self._best_continuation(st, n)
+        if not draft:
+            return []
+        if self.options.adaptive:
+            est = self._estimates[cls[0]][cls[1]]
+            length = draft_length(est.alpha, self.k, self.options.min_token_gain)
+            if length == 0:
+                est.skipped += 1
+                length = 1 if est.skipped % PROBE_EVERY == 0 else 0
+            draft = draft[:length]
+        st.last_draft, st.last_class = len(draft), cls
+        return draft
+
+    def _best_continuation(self, st: _Sequence, n: int) -> tuple[list[int], tuple[int, int]]:
+        """Continuation (up to k tokens) of the longest earlier match of the suffix ending at n-1.
+
+        Returns the draft and its estimate class (source, match-length bucket).
+        """
+        seq, g, k = st.seq, self.g, self.k
+        key = tuple(seq[n - g : n])
+        limit = self.options.max_match
+        best_len, best_src, best_seq, best_end = 0, OWN, None, -1
+        for end in reversed(st.index.get(key)):  # newest first: ties keep the most recent
+            m = _match_length(seq, end, seq, n - 1, limit)
+            if m > best_len:
+                best_len, best_seq, best_end = m, seq, end
+        for seg, end in self._pool.candidates(key):
+            m = _match_length(seg, end, seq, n - 1, limit)
+            if m > best_len:  # strictly longer: own sequence wins ties
+                best_len, best_src, best_seq, best_end = m, POOL, seg, end
+        if best_seq is None:
+            return [], (OWN, 0)
+        stop = min(best_end + 1 + k, n if best_seq is seq else len(best_seq))
+        bucket = min(best_len - g, MATCH_BUCKETS - 1)
+        return best_seq[best_end + 1 : stop].tolist(), (best_src, bucket)
+
+    def _learn(self, cls: tuple[int, int] | None, drafted: int, accepted: int) -> None:
+        if cls is None:
+            return
+        est = self._estimates[cls[0]][cls[1]]
+        est.observe(drafted, accepted)
+        if est.successes + est.failures > ESTIMATE_WINDOW:
+            est.decay(0.5)

@@ -1,0 +1,25 @@
+"""Acceptance estimates and the draft length they choose."""
+import pytest
+
+from freespec.scorers.acceptance import AcceptanceEstimate, draft_length
+
+
+def test_estimate_converges_to_per_token_acceptance():
+    est = AcceptanceEstimate()
+    for _ in range(500):
+        est.observe(drafted=4, accepted=3)  # 3 accepted, then one rejection
+    assert est.alpha == pytest.approx(0.75, abs=0.01)
+
+
+def test_fully_accepted_drafts_count_no_failure():
+    est = AcceptanceEstimate()
+    est.observe(drafted=5, accepted=5)
+    assert est.failures == 1.0 and est.successes == 6.0
+
+
+@pytest.mark.parametrize(
+    "alpha, gain, k, want",
+    [(0.9, 0.2, 8, 8), (0.5, 0.2, 8, 2), (0.5, 0.5, 8, 1), (0.1, 0.2, 8, 0), (1.0, 0.5, 3, 3), (0.9, 0.0, 5, 5)],
+)
+def test_draft_length(alpha, gain, k, want):
+    assert draft_length(alpha, k, gain) == want

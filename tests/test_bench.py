@@ -1,0 +1,532 @@
+"""Unit tests of ``freespec bench``'s pure parts: no server, no model."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import pytest
+
+from freespec.cli import bench
+
+METRICS_NONE = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 0.0
+# HELP vllm:generation_tokens_total Number of generation tokens processed.
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{engine="0",model_name="m"} 512.0
+"""
+
+METRICS_SPEC = """\
+# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 10.0
+vllm:spec_decode_num_drafts_total{engine="1",model_name="m"} 5.0
+# TYPE vllm:spec_decode_num_draft_tokens_total counter
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 120.0
+# TYPE vllm:spec_decode_num_accepted_tokens_total counter
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 30.0
+# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 9.0
+vllm:spec_decode_num_drafts_created 1.7e9
+"""
+
+
+# ---------------------------------------------------------------- Prometheus
+
+
+def test_parse_prometheus_labels_values_and_comments():
+    text = (
+        '# HELP x help text with "quotes"\n'
+        "\n"
+        'a_metric{path="/v1/chat",le="+Inf"} 3\n'
+        'a_metric{path="/health",le="0.5"} 1.5e2 1700000000000\n'
+        'weird{msg="a \\"quoted\\" }, value",x="back\\\\slash"} NaN\n'
+        "bare_total 7\n"
+        'inf_metric{a="b",} +Inf\n'
+    )
+    samples = bench.parse_prometheus_text(text)
+    assert samples["a_metric"] == [
+        ({"path": "/v1/chat", "le": "+Inf"}, 3.0),
+        ({"path": "/health", "le": "0.5"}, 150.0),
+    ]
+    (labels, value), = samples["weird"]
+    assert labels == {"msg": 'a "quoted" }, value', "x": "back\\slash"}
+    assert math.isnan(value)
+    assert samples["bare_total"] == [({}, 7.0)]
+    assert samples["inf_metric"] == [({"a": "b"}, math.inf)]
+    assert "x" not in samples  # comment lines are not samples
+
+
+def test_parse_prometheus_rejects_garbage():
+    with pytest.raises(ValueError, match="line 2"):
+        bench.parse_prometheus_text("ok 1\nthis is not a sample line at all\n")
+
+
+def test_sum_metric_sums_label_sets_and_reports_absence():
+    samples = bench.parse_prometheus_text(METRICS_SPEC)
+    assert bench.sum_metric(samples, "vllm:spec_decode_num_drafts_total") == 15.0
+    assert bench.sum_metric(samples, "vllm:nope") is None
+
+
+def test_spec_counters_from_metrics_text():
+    assert bench.spec_counters(METRICS_SPEC) == {
+        "num_drafts": 15.0,
+        "num_draft_tokens": 120.0,
+        "num_accepted_tokens": 30.0,
+    }
+    # A server without speculation exposes none of the counters.
+    assert bench.spec_counters(METRICS_NONE) is None
+
+
+def test_counter_delta():
+    before = {"num_drafts": 10.0, "num_draft_tokens": 80.0, "num_accepted_tokens": 20.0}
+    after = {"num_drafts": 14.0, "num_draft_tokens": 112.0, "num_accepted_tokens": 29.0}
+    assert bench.counter_delta(before, after) == {
+        "num_drafts": 4.0, "num_draft_tokens": 32.0, "num_accepted_tokens": 9.0,
+    }
+    assert bench.counter_delta(None, after) == after
+    assert bench.counter_delta(None, None) is None
+
+
+# ---------------------------------------------------------------- config specs
+
+
+def test_parse_config_spec_builtin_methods():
+    none = bench.parse_config_spec("none", 8)
+    assert none.is_baseline and none.speculative_config is None and none.label == "none"
+    ngram = bench.parse_config_spec("ngram", 8)
+    assert ngram.speculative_config == {
+        "method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 5, "prompt_lookup_min": 5,
+    }
+    suffix = bench.parse_config_spec("suffix", 6)
+    assert suffix.speculative_config == {"method": "suffix", "num_speculative_tokens": 6}
+
+
+def test_parse_config_spec_ngram_options_replace_lookup_defaults():
+    sc = bench.parse_config_spec('ngram:{"prompt_lookup_min": 2}', 8).speculative_config
+    assert sc == {"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_min": 2}
+
+
+def test_parse_config_spec_plugin_with_options():
+    config = bench.parse_config_spec('copy:{"min_match": 3, "num_speculative_tokens": 4}', 8)
+    assert config.name == "copy"
+    assert config.label == 'copy:{"min_match": 3, "num_speculative_tokens": 4}'
+    assert config.speculative_config == {"plugin": "copy", "num_speculative_tokens": 4, "min_match": 3}
+    plain = bench.parse_config_spec("copy", 8)
+    assert plain.speculative_config == {"plugin": "copy", "num_speculative_tokens": 8}
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ('copy:{"min_match": 3', r"config 'copy'.*not valid JSON"),
+        ("copy:[1, 2]", r"config 'copy'.*JSON object"),
+        ("copy:", r"nothing after ':'"),
+        ('none:{"x": 1}', r"takes no options"),
+        ('copy:{"plugin": "other"}', r"option 'plugin'"),
+        ('ngram:{"method": "suffix"}', r"option 'method'"),
+        ("bad name", r"not a config name"),
+    ],
+)
+def test_parse_config_spec_errors_name_the_config(spec, message):
+    with pytest.raises(bench.ConfigSpecError, match=message):
+        bench.parse_config_spec(spec, 8)
+
+
+def test_split_config_list_keeps_json_together():
+    assert bench.split_config_list('none, ngram,copy:{"a": 1, "b": [1, 2], "c": "x,}"},suffix') == [
+        "none", "ngram", 'copy:{"a": 1, "b": [1, 2], "c": "x,}"}', "suffix",
+    ]
+
+
+def test_parse_config_list_puts_baseline_first_and_adds_it():
+    configs = bench.parse_config_list(["ngram,none", "copy"], 8)
+    assert [c.label for c in configs] == ["none", "ngram", "copy"]
+    configs = bench.parse_config_list(["ngram"], 8)
+    assert [c.label for c in configs] == ["none", "ngram"]
+    with pytest.raises(bench.ConfigSpecError, match="twice"):
+        bench.parse_config_list(["ngram", "ngram"], 8)
+
+
+# ---------------------------------------------------------------- questions
+
+
+def _write_questions(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+
+
+@pytest.fixture()
+def questions_file(tmp_path):
+    rows = []
+    qid = 0
+    for category in ("writing", "math", "rag"):
+        for i in range(3):
+            qid += 1
+            turns = [f"{category} q{i}", "second turn"]
+            rows.append({"question_id": qid, "category": category, "turns": turns})
+    path = tmp_path / "question.jsonl"
+    _write_questions(path, rows)
+    return path
+
+
+def test_read_questions_uses_first_turn(questions_file):
+    questions = bench.read_questions(questions_file)
+    assert len(questions) == 9
+    assert questions[0] == bench.Question(1, "writing", "writing q0")
+
+
+def test_missing_questions_file_points_to_spec_bench(tmp_path):
+    with pytest.raises(bench.BenchError) as info:
+        bench.read_questions(tmp_path / "question.jsonl")
+    assert "https://github.com/hemingkx/Spec-Bench" in str(info.value)
+    assert "data/spec_bench/question.jsonl" in str(info.value)
+
+
+def test_bad_question_line_names_the_line(tmp_path):
+    path = tmp_path / "q.jsonl"
+    path.write_text('{"question_id": 1, "category": "a", "turns": ["x"]}\n{"question_id": 2}\n')
+    with pytest.raises(bench.BenchError, match=r"q.jsonl:2"):
+        bench.read_questions(path)
+
+
+def test_select_questions_filters_and_limits_in_file_order(questions_file):
+    questions = bench.read_questions(questions_file)
+    selected = bench.select_questions(questions, ["rag", "writing"], 2)
+    assert list(selected) == ["rag", "writing"]
+    assert [q.prompt for q in selected["rag"]] == ["rag q0", "rag q1"]
+    assert [q.question_id for q in selected["writing"]] == [1, 2]
+    everything = bench.select_questions(questions, None, None)
+    assert list(everything) == ["writing", "math", "rag"] and sum(map(len, everything.values())) == 9
+    with pytest.raises(bench.BenchError, match="unknown category nope.*writing, math, rag"):
+        bench.select_questions(questions, ["nope"], 1)
+
+
+def test_warmup_prompts_avoid_measured_questions(questions_file):
+    questions = bench.read_questions(questions_file)
+    selected = bench.select_questions(questions, ["writing", "math"], 2)
+    measured = [q for qs in selected.values() for q in qs]
+    warm = bench.select_warmup_prompts(questions, measured, 4)
+    assert warm == ["writing q2", "math q2", "rag q0", "rag q1"]  # round-robin over unmeasured ones
+    assert not set(warm) & {q.prompt for q in measured}
+    # Everything measured: built-in prompts fill in.
+    all_warm = bench.select_warmup_prompts(questions, questions, 2)
+    assert len(all_warm) == 2 and not set(all_warm) & {q.prompt for q in questions}
+    assert bench.select_warmup_prompts(questions, measured, 0) == []
+
+
+# ---------------------------------------------------------------- aggregation
+
+
+def _req(config, concurrency, category, qid, output, tokens, error=None):
+    return {"config": config, "concurrency": concurrency, "category": category, "question_id": qid,
+            "output": output, "completion_tokens": tokens, "latency_s": 1.0, "error": error}
+
+
+def test_block_metrics_math():
+    reqs = [_req("ngram", 1, "a", 1, "x", 60), _req("ngram", 1, "a", 2, "y", 40)]
+    spec = {"num_drafts": 20.0, "num_draft_tokens": 160.0, "num_accepted_tokens": 40.0}
+    m = bench.block_metrics(reqs, 4.0, spec)
+    assert m["completion_tokens"] == 100
+    assert m["tok_per_s"] == pytest.approx(25.0)
+    assert m["mean_acceptance_length"] == pytest.approx(1 + 40 / 20)
+    assert m["acceptance_rate"] == pytest.approx(40 / 160)
+    assert m["tokens_per_forward"] == pytest.approx(100 / 60)
+
+
+def test_block_metrics_without_speculation_and_with_errors():
+    reqs = [_req("none", 1, "a", 1, "x", 50), _req("none", 1, "a", 2, None, 0, error="HTTP 400: too long")]
+    m = bench.block_metrics(reqs, 2.0, None)
+    assert m["num_errors"] == 1 and m["num_requests"] == 2
+    assert m["tok_per_s"] == pytest.approx(25.0)
+    assert m["mean_acceptance_length"] is None and m["acceptance_rate"] is None
+    assert m["tokens_per_forward"] == pytest.approx(1.0)
+    # Speculation configured but nothing ever drafted: no acceptance figures, 1 token per forward.
+    zero = {"num_drafts": 0.0, "num_draft_tokens": 0.0, "num_accepted_tokens": 0.0}
+    m = bench.block_metrics(reqs, 2.0, zero)
+    assert m["mean_acceptance_length"] is None and m["acceptance_rate"] is None
+    assert m["tokens_per_forward"] == pytest.approx(1.0)
+
+
+def _synthetic_run():
+    requests = [
+        _req("none", 1, "a", 1, "alpha", 40), _req("none", 1, "a", 2, "beta", 60),
+        _req("none", 1, "b", 3, "gamma", 100),
+        _req("ngram", 1, "a", 1, "alpha", 40), _req("ngram", 1, "a", 2, "BETA", 60),
+        _req("ngram", 1, "b", 3, "gamma", 100),
+    ]
+    blocks = [
+        {"config": "none", "concurrency": 1, "category": "a", "wall_s": 10.0, "spec": None},
+        {"config": "none", "concurrency": 1, "category": "b", "wall_s": 10.0, "spec": None},
+        {"config": "ngram", "concurrency": 1, "category": "a", "wall_s": 5.0,
+         "spec": {"num_drafts": 10.0, "num_draft_tokens": 80.0, "num_accepted_tokens": 20.0}},
+        {"config": "ngram", "concurrency": 1, "category": "b", "wall_s": 20.0,
+         "spec": {"num_drafts": 30.0, "num_draft_tokens": 240.0, "num_accepted_tokens": 0.0}},
+    ]
+    return requests, blocks
+
+
+def test_aggregate_ratios_text_match_and_all_rows():
+    requests, blocks = _synthetic_run()
+    rows = bench.aggregate(requests, blocks)
+    index = {(r["config"], r["concurrency"], r["category"]): r for r in rows}
+    assert set(index) == {(c, 1, k) for c in ("none", "ngram") for k in ("a", "b", "all")}
+
+    none_a, ngram_a = index[("none", 1, "a")], index[("ngram", 1, "a")]
+    assert none_a["tok_per_s"] == pytest.approx(10.0)
+    assert ngram_a["tok_per_s"] == pytest.approx(20.0)
+    assert ngram_a["ratio"] == pytest.approx(2.0)
+    assert (ngram_a["text_identical"], ngram_a["text_compared"]) == (1, 2)
+    assert ngram_a["text_match"] == pytest.approx(0.5)
+    assert none_a["ratio"] is None and none_a["text_match"] is None
+
+    ngram_b = index[("ngram", 1, "b")]
+    assert ngram_b["ratio"] == pytest.approx(0.5)
+    assert ngram_b["mean_acceptance_length"] == pytest.approx(1.0)
+    assert ngram_b["acceptance_rate"] == pytest.approx(0.0)
+    assert ngram_b["text_match"] == pytest.approx(1.0)
+
+    # "all": tokens and wall times and counters pooled over the blocks.
+    none_all, ngram_all = index[("none", 1, "all")], index[("ngram", 1, "all")]
+    assert none_all["tok_per_s"] == pytest.approx(200 / 20)
+    assert ngram_all["tok_per_s"] == pytest.approx(200 / 25)
+    assert ngram_all["ratio"] == pytest.approx(0.8)
+    assert ngram_all["mean_acceptance_length"] == pytest.approx(1 + 20 / 40)
+    assert ngram_all["acceptance_rate"] == pytest.approx(20 / 320)
+    assert ngram_all["tokens_per_forward"] == pytest.approx(200 / 180)
+    assert (ngram_all["text_identical"], ngram_all["text_compared"]) == (2, 3)
+
+
+def test_aggregate_compares_text_at_the_same_concurrency_only():
+    requests = [
+        _req("none", 1, "a", 1, "x", 10), _req("none", 2, "a", 1, "y", 10), _req("ngram", 2, "a", 1, "y", 10),
+    ]
+    blocks = [{"config": c, "concurrency": n, "category": "a", "wall_s": 1.0, "spec": None}
+              for c, n in (("none", 1), ("none", 2), ("ngram", 2))]
+    rows = {(r["config"], r["concurrency"], r["category"]): r for r in bench.aggregate(requests, blocks)}
+    assert rows[("ngram", 2, "a")]["text_match"] == 1.0
+
+
+def test_text_match_skips_failed_requests():
+    base = [_req("none", 1, "a", 1, "x", 5), _req("none", 1, "a", 2, None, 0, error="boom")]
+    other = [
+        _req("ngram", 1, "a", 1, "x", 5), _req("ngram", 1, "a", 2, "z", 5), _req("ngram", 1, "a", 3, "q", 5),
+    ]
+    assert bench.text_match(other, base) == (1, 1)
+
+
+# ---------------------------------------------------------------- rendering and CLI
+
+
+def test_render_markdown_table():
+    requests, blocks = _synthetic_run()
+    blocks_c2 = [dict(b, concurrency=2) for b in blocks]
+    requests_c2 = [dict(r, concurrency=2) for r in requests]
+    table = bench.render_markdown(bench.aggregate(requests + requests_c2, blocks + blocks_c2))
+    lines = table.strip().splitlines()
+    assert lines[0].startswith("| config | category | c=1 tok/s | c=1 ×none | c=1 acc len |")
+    assert "c=2 match" in lines[0]
+    assert len(lines) == 2 + 6  # header, rule, 2 configs x (a, b, all)
+    ngram_a = next(line for line in lines if line.startswith("| ngram | a |"))
+    cells = [c.strip() for c in ngram_a.strip("|").split("|")]
+    # tok/s, ratio, acc len, acc rate, tok/fwd, match for c=1, then the same for c=2
+    assert cells[2:8] == ["20.0", "2.00", "3.00", "25.0%", "1.25", "1/2"]
+    assert cells[8:14] == cells[2:8]
+    none_all = next(line for line in lines if line.startswith("| none | all |"))
+    assert [c.strip() for c in none_all.strip("|").split("|")][2:8] == ["10.0", "–", "–", "–", "1.00", "–"]
+    assert lines.index(none_all) < lines.index(ngram_a)
+
+
+def test_plot_ratios_writes_png(tmp_path):
+    requests, blocks = _synthetic_run()
+    rows = bench.aggregate(requests, blocks)
+    path = tmp_path / "results.png"
+    assert bench.plot_ratios(rows, path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    only_baseline = [r for r in rows if r["config"] == "none"]
+    assert not bench.plot_ratios(only_baseline, tmp_path / "none.png")
+    assert not (tmp_path / "none.png").exists()
+
+
+def test_add_parser_defaults_and_values():
+    parser = argparse.ArgumentParser()
+    bench.add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["bench"])
+    assert args.func is bench.run
+    defaults = (args.max_tokens, args.temperature, args.dtype, args.num_speculative_tokens)
+    assert defaults == (128, 0.0, "bfloat16", 8)
+    assert args.questions == "../shared/data/spec_bench/question.jsonl"
+    copy = 'copy:{"a":1,"b":2}'
+    args = parser.parse_args(["bench", "--concurrency", "1", "8", "--configs", "none,ngram", copy])
+    assert args.concurrency == [1, 8]
+    assert [c.label for c in bench.parse_config_list(args.configs, 8)] == ["none", "ngram", copy]
+    with pytest.raises(SystemExit):
+        parser.parse_args(["bench", "--concurrency", "0"])
+
+
+def test_server_command_uses_freespec_vllm_cli():
+    args = argparse.Namespace(dtype="float32", max_model_len=2048, gpu_memory_utilization=0.3, seed=0,
+                              server_args="--max-num-seqs 4")
+    config = bench.parse_config_spec("ngram", 8)
+    cmd = bench.server_command("/models/m", 8123, config, args)
+    assert cmd[1:5] == ["-m", "freespec.vllm_plugins.vllm_cli", "serve", "/models/m"]
+    assert cmd[cmd.index("--port") + 1] == "8123" and cmd[cmd.index("--dtype") + 1] == "float32"
+    assert json.loads(cmd[cmd.index("--speculative-config") + 1]) == config.speculative_config
+    assert cmd[-2:] == ["--max-num-seqs", "4"]
+    baseline_cmd = bench.server_command("/m", 1, bench.parse_config_spec("none", 8), args)
+    assert "--speculative-config" not in baseline_cmd
+
+
+def test_run_reports_missing_questions(tmp_path, capsys):
+    parser = argparse.ArgumentParser()
+    bench.add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["bench", "--questions", str(tmp_path / "missing.jsonl"), "--model", "m",
+                              "--out", str(tmp_path / "out")])
+    assert bench.run(args) == 2
+    err = capsys.readouterr().err
+    assert "https://github.com/hemingkx/Spec-Bench" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_run_reports_bad_config_json(tmp_path, questions_file, capsys):
+    parser = argparse.ArgumentParser()
+    bench.add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["bench", "--questions", str(questions_file), "--model", "m",
+                              "--configs", "copy:{oops}", "--out", str(tmp_path / "out")])
+    assert bench.run(args) == 2
+    assert "config 'copy'" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- end to end against a fake server
+
+FAKE_SERVER = r'''
+import json, sys, threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+port, spec = int(sys.argv[1]), sys.argv[2] == "spec"
+counters = {"drafts": 0, "draft_tokens": 0, "accepted": 0}
+lock = threading.Lock()
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+
+    def _send(self, code, body, ctype="application/json"):
+        data = body.encode()
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        if self.path == "/health":
+            return self._send(200, "")
+        if self.path == "/metrics":
+            text = "# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total 1.0\n"
+            if spec:
+                with lock:
+                    text += (
+                        f'vllm:spec_decode_num_drafts_total{{engine="0"}} {counters["drafts"]}\n'
+                        f'vllm:spec_decode_num_draft_tokens_total{{engine="0"}} {counters["draft_tokens"]}\n'
+                        f'vllm:spec_decode_num_accepted_tokens_total{{engine="0"}} {counters["accepted"]}\n'
+                    )
+            return self._send(200, text, "text/plain")
+        self._send(404, "{}")
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        prompt = body["messages"][0]["content"]
+        if "FAIL" in prompt:
+            return self._send(400, json.dumps({"error": "prompt too long"}))
+        tokens = body["max_tokens"]
+        if spec:
+            with lock:
+                counters["drafts"] += 2
+                counters["draft_tokens"] += 8
+                counters["accepted"] += 4
+        out = prompt.upper() if not (spec and "q1" in prompt) else "different"
+        self._send(200, json.dumps({
+            "choices": [{"message": {"role": "assistant", "content": out}, "finish_reason": "length"}],
+            "usage": {"prompt_tokens": 5, "completion_tokens": tokens, "total_tokens": tokens + 5},
+        }))
+
+ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+'''
+
+
+def test_run_end_to_end_with_a_fake_server(tmp_path, questions_file, monkeypatch, capsys):
+    script = tmp_path / "fake_server.py"
+    script.write_text(FAKE_SERVER)
+    started = []
+
+    def fake_command(model, port, config, args):
+        cmd = [bench.sys.executable, str(script), str(port), "plain" if config.is_baseline else "spec"]
+        started.append(cmd)
+        return cmd
+
+    monkeypatch.setattr(bench, "server_command", fake_command)
+    monkeypatch.setattr(bench, "HEALTH_POLL_S", 0.05)
+    monkeypatch.setattr(bench, "METRICS_SETTLE_S", 0.01)
+    monkeypatch.setattr(bench.importlib.util, "find_spec", lambda name: None)  # no arctic_inference
+    out = tmp_path / "out"
+    parser = argparse.ArgumentParser()
+    bench.add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args([
+        "bench", "--questions", str(questions_file), "--model", "fake-model", "--categories", "writing,math",
+        "--per-category", "2", "--max-tokens", "16", "--concurrency", "1", "2", "--configs", "none,ngram,suffix",
+        "--warmup", "2", "--out", str(out), "--server-timeout", "60",
+    ])
+    assert bench.run(args) == 0
+    printed = capsys.readouterr().out
+    assert "suffix" in printed and "arctic-inference" in printed
+    assert len(started) == 4  # a fresh server per config x concurrency
+
+    result = json.loads((out / "results.json").read_text())
+    assert result["status"] == "complete"
+    assert {c["label"]: c["status"] for c in result["configs"]} == {"suffix": "skipped", "none": "ok", "ngram": "ok"}
+    assert len(result["requests"]) == 2 * 2 * 2 * 2  # configs x concurrency x categories x questions
+    assert all(r["completion_tokens"] == 16 and r["error"] is None for r in result["requests"])
+    rows = {(r["config"], r["concurrency"], r["category"]): r for r in result["aggregates"]}
+    ngram = rows[("ngram", 2, "writing")]
+    # 2 requests in the block, each adding 2 drafts / 8 draft tokens / 4 accepted in the fake server.
+    assert (ngram["num_drafts"], ngram["num_draft_tokens"], ngram["num_accepted_tokens"]) == (4, 16, 8)
+    assert ngram["mean_acceptance_length"] == pytest.approx(3.0)
+    assert ngram["acceptance_rate"] == pytest.approx(0.5)
+    assert ngram["tokens_per_forward"] == pytest.approx(32 / 24)
+    assert (ngram["text_identical"], ngram["text_compared"]) == (1, 2)  # "writing q1" differs
+    assert rows[("ngram", 1, "all")]["text_compared"] == 4
+    assert rows[("none", 1, "writing")]["num_drafts"] is None
+    assert (out / "results.png").read_bytes()[:4] == b"\x89PNG"
+    md = (out / "results.md").read_text()
+    assert "| ngram | writing |" in md and "suffix: skipped" in md
+    assert "| ngram | writing |" in printed
+
+
+def test_run_reports_a_server_that_dies(tmp_path, questions_file, monkeypatch, capsys):
+    script = tmp_path / "fake_server.py"
+    script.write_text(FAKE_SERVER)
+
+    def fake_command(model, port, config, args):
+        if config.is_baseline:
+            return [bench.sys.executable, str(script), str(port), "plain"]
+        return [bench.sys.executable, "-c", "import sys; print('ValueError: no plugin named copy'); sys.exit(3)"]
+
+    monkeypatch.setattr(bench, "server_command", fake_command)
+    monkeypatch.setattr(bench, "HEALTH_POLL_S", 0.05)
+    monkeypatch.setattr(bench, "METRICS_SETTLE_S", 0.01)
+    out = tmp_path / "out"
+    parser = argparse.ArgumentParser()
+    bench.add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args([
+        "bench", "--questions", str(questions_file), "--model", "fake-model", "--per-category", "1",
+        "--max-tokens", "4", "--configs", "none,copy", "--warmup", "0", "--out", str(out),
+    ])
+    assert bench.run(args) == 1
+    err = capsys.readouterr().err
+    assert "exited with code 3" in err and "no plugin named copy" in err  # the log's last lines
+    result = json.loads((out / "results.json").read_text())
+    assert result["status"] == "complete with failures"
+    assert {c["label"]: c["status"] for c in result["configs"]} == {"none": "ok", "copy": "failed"}
+    assert len(result["requests"]) == 3

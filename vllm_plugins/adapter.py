@@ -1,0 +1,114 @@
+"""The ``custom_class`` adapter: vLLM's batch in, a freespec proposer's drafts out.
+
+vLLM builds ``FreespecProposer(vllm_config)`` in each worker and calls
+``propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, ...)`` once per
+step. The adapter infers request identity (``RequestTracker``), hands the
+proposer one ``Row`` per batch row, and makes whatever comes back safe for vLLM:
+at most k in-vocabulary token ids per row, none past the model's length limit.
+A proposer that raises drafts nothing for that step: the text is unchanged
+(vLLM decodes one token as without speculation), the first error is logged
+with its traceback, later ones are counted.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import numpy as np
+
+from freespec.proposers.base import Row
+from freespec.proposers.registry import load_proposer_class
+from freespec.proposers.request_tracker import RequestTracker
+from freespec.vllm_plugins.frontend import ADDITIONAL_CONFIG_KEY, validate_options
+
+logger = logging.getLogger("freespec")
+
+# How often each worker logs its counters (FREESPEC_STATS_INTERVAL_S; 0 = every step).
+STATS_LOG_EVERY_S = float(os.environ.get("FREESPEC_STATS_INTERVAL_S", "60"))
+
+
+class ProposerStats:
+    """Counters the adapter keeps per worker; logged periodically and readable in tests."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.rows = 0
+        self.drafts = 0
+        self.draft_tokens = 0
+        self.errors = 0
+        self.propose_seconds = 0.0
+
+    def as_dict(self) -> dict:
+        return dict(vars(self))
+
+
+class FreespecProposer:
+    """vLLM ``custom_class`` proposer that runs a freespec plugin."""
+
+    def __init__(self, vllm_config) -> None:
+        cfg = (vllm_config.additional_config or {}).get(ADDITIONAL_CONFIG_KEY)
+        if not isinstance(cfg, dict) or "plugin" not in cfg:
+            raise ValueError(
+                "freespec's custom_class adapter needs additional_config "
+                '{"freespec": {"plugin": NAME, "options": {...}}}; '
+                'or use --speculative-config \'{"plugin": NAME, ...}\''
+            )
+        self.plugin = cfg["plugin"]
+        spec = vllm_config.speculative_config
+        self.k = int(spec.num_speculative_tokens)
+        self.vocab_size = int(vllm_config.model_config.get_vocab_size())
+        self.max_model_len = int(vllm_config.model_config.max_model_len)
+        options = validate_options(self.plugin, cfg.get("options") or {})
+        self.proposer = load_proposer_class(self.plugin)(options, self.k)
+        self.tracker = RequestTracker()
+        self.stats = ProposerStats()
+        self._last_log = time.monotonic()
+        logger.info("freespec: plugin %r with k=%d and options %s", self.plugin, self.k, options.model_dump())
+
+    def load_model(self, target_model) -> None:
+        """Called by vLLM's CPU runner with the target model; freespec's copy-style plugins need nothing."""
+
+    def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None, **_):
+        n_rows = len(sampled_token_ids)
+        lengths = np.asarray(num_tokens_no_spec[:n_rows])
+        views = [(token_ids_cpu[i, : lengths[i]], len(sampled_token_ids[i])) for i in range(n_rows)]
+        keys, departed = self.tracker.update(views)
+        start = time.perf_counter()
+        try:
+            for key in departed:
+                self.proposer.release(key)
+            rows = [Row(key, tokens, num_new) for key, (tokens, num_new) in zip(keys, views)]
+            drafts = self.proposer.propose(rows)
+            if len(drafts) != n_rows:
+                raise ValueError(f"plugin returned {len(drafts)} drafts for {n_rows} rows")
+            drafts = [self._safe(d, int(lengths[i]), views[i][1]) for i, d in enumerate(drafts)]
+        except Exception:
+            self.stats.errors += 1
+            if self.stats.errors == 1:
+                logger.exception("freespec: plugin %r failed; this step drafts nothing (logged once)", self.plugin)
+            drafts = [[] for _ in range(n_rows)]
+        self._count(drafts, time.perf_counter() - start)
+        return drafts
+
+    def _safe(self, draft, num_tokens: int, num_new: int) -> list[int]:
+        if num_new == 0:
+            return []  # partial prefill: vLLM takes no draft for this row
+        room = self.max_model_len - 1 - num_tokens
+        draft = [int(t) for t in draft[: max(0, min(self.k, room))]]
+        for t in draft:
+            if not 0 <= t < self.vocab_size:
+                raise ValueError(f"draft token {t} outside the vocabulary [0, {self.vocab_size})")
+        return draft
+
+    def _count(self, drafts: list[list[int]], seconds: float) -> None:
+        s = self.stats
+        s.steps += 1
+        s.rows += len(drafts)
+        s.drafts += sum(1 for d in drafts if d)
+        s.draft_tokens += sum(len(d) for d in drafts)
+        s.propose_seconds += seconds
+        now = time.monotonic()
+        if now - self._last_log >= STATS_LOG_EVERY_S:
+            self._last_log = now
+            logger.info("freespec: plugin %r stats %s", self.plugin, s.as_dict())

@@ -1,0 +1,91 @@
+"""The ``"plugin": NAME`` front-end of ``--speculative-config``.
+
+Named patch ``speculative_config_frontend``: vLLM has no registry of
+speculative methods, so freespec wraps ``EngineArgs.create_speculative_config``
+(called in the process that parses the arguments, before the ``VllmConfig`` is
+built). A dict carrying ``plugin`` is validated against that plugin's options
+and rewritten into vLLM's own ``custom_class`` seam; the validated options
+travel to the workers in ``additional_config["freespec"]``. Everything else
+vLLM does with the config is untouched.
+
+The stock-vLLM spelling that needs no front-end is equivalent:
+``{"method": "custom_class", "model": "freespec.vllm_plugins.adapter.FreespecProposer",
+"num_speculative_tokens": K}`` with ``--additional-config
+'{"freespec": {"plugin": NAME, "options": {...}}}'``.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from pydantic import ValidationError
+
+from freespec.proposers.registry import load_proposer_class
+
+logger = logging.getLogger("freespec")
+
+ADAPTER_CLASS = "freespec.vllm_plugins.adapter.FreespecProposer"
+ADDITIONAL_CONFIG_KEY = "freespec"
+
+
+class FreespecConfigError(ValueError):
+    """A freespec speculative config that cannot be used; the message names the field."""
+
+
+def describe_options(options_cls) -> str:
+    parts = []
+    for name, field in options_cls.model_fields.items():
+        parts.append(f"{name}={field.default!r} ({field.description or field.annotation})")
+    return "; ".join(parts)
+
+
+def validate_options(plugin: str, raw: dict[str, Any]):
+    """Validate ``raw`` against ``plugin``'s options model; errors name the field."""
+    options_cls = load_proposer_class(plugin).Options
+    try:
+        return options_cls.model_validate(raw)
+    except ValidationError as e:
+        problems = []
+        for err in e.errors():
+            field = ".".join(str(p) for p in err["loc"]) or "(options)"
+            if err["type"] == "extra_forbidden":
+                problems.append(f"unknown option {field!r}")
+            else:
+                problems.append(f"option {field!r}: {err['msg']} (got {err.get('input')!r})")
+        raise FreespecConfigError(
+            f"freespec plugin {plugin!r}: " + "; ".join(problems)
+            + f". Allowed options: {describe_options(options_cls)}"
+        ) from None
+
+
+# Keys of a ``{"plugin": ...}`` config that stay with vLLM; every other key is a plugin option.
+VLLM_KEYS = ("num_speculative_tokens", "disable_by_batch_size")
+
+
+def translate(
+    spec: dict[str, Any], additional_config: dict[str, Any] | None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Rewrite a ``{"plugin": ...}`` speculative config into vLLM's ``custom_class`` seam.
+
+    Returns the new speculative config and the new additional config.
+    """
+    spec = dict(spec)
+    plugin = spec.pop("plugin")
+    if not isinstance(plugin, str):
+        raise FreespecConfigError(f"speculative_config 'plugin' must be a plugin name, got {plugin!r}")
+    for key in ("method", "model"):
+        if key in spec:
+            raise FreespecConfigError(
+                f"speculative_config has both 'plugin' and {key!r}: 'plugin' selects the method itself"
+            )
+    k = spec.get("num_speculative_tokens")
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise FreespecConfigError(
+            f"freespec plugin {plugin!r}: 'num_speculative_tokens' must be an integer >= 1, got {k!r}"
+        )
+    raw_options = {key: spec.pop(key) for key in list(spec) if key not in VLLM_KEYS}
+    options = validate_options(plugin, raw_options)
+    new_spec = {"method": "custom_class", "model": ADAPTER_CLASS, **spec}
+    new_additional = dict(additional_config or {})
+    new_additional[ADDITIONAL_CONFIG_KEY] = {"plugin": plugin, "options": options.model_dump(mode="json")}
+    return new_spec, new_additional
