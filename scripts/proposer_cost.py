@@ -1,0 +1,96 @@
+"""Measure a freespec proposer's per-step cost through the vLLM adapter (no engine needed).
+
+Feeds the adapter the same arrays vLLM would (``sampled_token_ids``, ``num_tokens_no_spec``,
+``token_ids_cpu``) for a batch of requests whose contexts are real text (Spec-Bench questions,
+tokenized with the model's tokenizer) of a given length, and times ``propose()`` per step.
+Reports microseconds per request per step and the proposer's state size.
+
+    .venv/bin/python scripts/proposer_cost.py --plugin copy --context 2048 32768 --batch 1 32
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+from freespec.vllm_plugins.adapter import FreespecProposer
+from freespec.vllm_plugins.frontend import translate
+
+
+def corpus_tokens(questions: Path, tokenizer_dir: str, n: int) -> np.ndarray:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    text = "\n\n".join(json.loads(line)["turns"][0] for line in questions.read_text().splitlines())
+    ids = np.array(tok(text)["input_ids"], dtype=np.int32)
+    reps = -(-n // len(ids))
+    return np.tile(ids, reps)[:n] if reps > 1 else ids[:n]
+
+
+def measure(plugin: str, k: int, context: int, batch: int, steps: int, corpus: np.ndarray, vocab: int) -> dict:
+    spec, extra = translate({"plugin": plugin, "num_speculative_tokens": k}, None)
+    max_len = context + steps * (k + 1) + 1
+    cfg = SimpleNamespace(
+        additional_config=extra,
+        speculative_config=SimpleNamespace(num_speculative_tokens=k),
+        model_config=SimpleNamespace(get_vocab_size=lambda: vocab, max_model_len=max_len + 1),
+    )
+    adapter = FreespecProposer(cfg)
+    rng = np.random.default_rng(0)
+    token_ids = np.zeros((batch, max_len), dtype=np.int32)
+    lengths = np.zeros(batch, dtype=np.int32)
+    for r in range(batch):  # each request: a different window of the corpus, then its continuation
+        start = int(rng.integers(0, max(1, len(corpus) - max_len)))
+        token_ids[r] = np.resize(corpus[start : start + max_len], max_len)
+        lengths[r] = context
+    sampled = [[int(token_ids[r, context - 1])] for r in range(batch)]
+    adapter.propose(sampled, lengths, token_ids)  # first sighting: indexes the whole context
+    times = []
+    for _ in range(steps):
+        sampled = []
+        for r in range(batch):
+            n_new = int(rng.integers(1, k + 2))
+            lengths[r] += n_new
+            sampled.append(token_ids[r, lengths[r] - n_new : lengths[r]].tolist())
+        t0 = time.perf_counter()
+        adapter.propose(sampled, lengths, token_ids)
+        times.append(time.perf_counter() - t0)
+    per_req_us = np.array(times) / batch * 1e6
+    return {
+        "plugin": plugin, "context": context, "batch": batch, "k": k,
+        "us_per_request_step_median": round(float(np.median(per_req_us)), 1),
+        "us_per_request_step_p90": round(float(np.percentile(per_req_us, 90)), 1),
+        "state_mib": round(adapter.proposer.state_bytes() / 2**20, 2),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--plugin", default="copy")
+    ap.add_argument("--k", type=int, default=8)
+    ap.add_argument("--context", type=int, nargs="+", default=[2048, 32768])
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 32])
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--questions", type=Path, default=Path("../shared/data/spec_bench/question.jsonl"))
+    ap.add_argument("--model", default=None, help="tokenizer dir (default: the prepared SmolLM2)")
+    args = ap.parse_args()
+    if args.model is None:
+        from freespec.cli.models import prepare_model
+
+        args.model = str(prepare_model())
+    corpus = corpus_tokens(args.questions, args.model, max(args.context) + args.steps * (args.k + 1) + 1)
+    print("| plugin | context | batch | µs/request/step (median) | p90 | state MiB |")
+    print("|---|---|---|---|---|---|")
+    for context in args.context:
+        for batch in args.batch:
+            r = measure(args.plugin, args.k, context, batch, args.steps, corpus, 49152)
+            print(f"| {r['plugin']} | {context} | {batch} | {r['us_per_request_step_median']} | "
+                  f"{r['us_per_request_step_p90']} | {r['state_mib']} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
