@@ -23,8 +23,6 @@ def total(rows, column):
     return sum(float(r[column]) for r in rows)
 '''
 COPY_HEAVY = f"Rewrite this Python code exactly as it is, but rename the function `total` to `column_sum`:\n\n{CODE}"
-# A prompt for the sampling test: repetitive, so drafts are often made and accepted at temperature 1.
-REPEAT = "Write the word 'apple' then 'banana' then 'cherry', and repeat that sequence ten times."
 
 
 def spec_bench_prompts(per_category: int = 1, limit: int = 12) -> list[str]:

@@ -88,9 +88,11 @@ def probe_cpu_expand_kernel() -> ProbeResult:
     if getattr(impl, "_freespec_fixed", False):
         return ProbeResult("cpu_expand_kernel", True, "fixed by freespec")
     try:
+        import vllm._custom_ops  # noqa: F401  (loads the platform's C++ ops the fallback calls)
+
         defective = not expand_kernel_is_correct(impl)
-    except Exception as e:  # the C++ op may be unavailable (e.g. a GPU build)
-        return ProbeResult("cpu_expand_kernel", True, f"could not run the CPU fallback ({e}); not patched")
+    except Exception as e:  # cannot tell: the reference implementation is correct either way
+        return ProbeResult("cpu_expand_kernel", False, f"the CPU fallback could not be checked ({e!r})")
     if defective:
         return ProbeResult("cpu_expand_kernel", False, "defective: float outputs are lost (temperature > 0 breaks)")
     return ProbeResult("cpu_expand_kernel", True, "correct")
@@ -210,13 +212,23 @@ def install_cpu_expand_fix() -> None:
 
 
 def disabled_patches() -> set[str]:
-    """Patch names listed in FREESPEC_DISABLE_PATCHES (comma-separated): for diagnosis and for the
-    test that proves the sampling check detects the unpatched CPU defect."""
+    """Patch names listed in FREESPEC_DISABLE_PATCHES (comma-separated), for diagnosis."""
     return {p.strip() for p in os.environ.get("FREESPEC_DISABLE_PATCHES", "").split(",") if p.strip()}
+
+
+def route_logs_to_vllm() -> None:
+    """Send freespec's log records through vLLM's handlers, so they appear with vLLM's own."""
+    ours, theirs = logging.getLogger("freespec"), logging.getLogger("vllm")
+    if not ours.handlers and theirs.handlers:
+        for handler in theirs.handlers:
+            ours.addHandler(handler)
+        ours.setLevel(logging.INFO)
+        ours.propagate = False
 
 
 def install_all() -> None:
     """Everything the general plugin does in each vLLM process."""
+    route_logs_to_vllm()
     install_frontend()
     if "cpu_expand_kernel" not in disabled_patches():
         install_cpu_expand_fix()
