@@ -584,7 +584,7 @@ def plot_ratios(rows: Sequence[dict], path: Path, baseline: str = BASELINE, titl
     index = {(r["config"], r["concurrency"], r["category"]): r for r in rows}
     width_in = max(6.0, 0.9 * len(categories) * len(configs) ** 0.5 + 3)
     fig, axes = plt.subplots(
-        len(concurrencies), 1, figsize=(width_in, 3.2 * len(concurrencies)), squeeze=False
+        len(concurrencies), 1, figsize=(width_in, 3.2 * len(concurrencies)), squeeze=False, sharey=True
     )
     width = 0.8 / len(configs)
     for ax, concurrency in zip(axes[:, 0], concurrencies):
@@ -652,12 +652,34 @@ def server_command(model: str, port: int, config: BenchConfig, args: argparse.Na
     return cmd
 
 
-def tail(path: Path, lines: int = 40) -> str:
+def read_log(path: Path, offset: int = 0) -> str:
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        with path.open("rb") as fh:
+            fh.seek(offset)
+            return fh.read().decode("utf-8", errors="replace")
     except OSError:
         return ""
+
+
+def tail(text: str, lines: int = 40) -> str:
     return "\n".join(text.splitlines()[-lines:])
+
+
+_ERROR_LINE_RE = re.compile(r"(?:^|(?<=[\s\]]))([A-Za-z_][\w.]*(?:Error|Exception)): (.+)$")
+# Errors that only say that something else went wrong first.
+_SECONDARY_ERRORS = (
+    "Engine core initialization failed", "EngineDeadError", "EngineCore encountered an issue",
+)
+
+
+def log_failure_hint(text: str) -> str | None:
+    """The first ``SomeError: message`` of a server log that is a root cause, without log prefixes."""
+    for line in text.splitlines():
+        m = _ERROR_LINE_RE.search(line)
+        if m is None or " WARNING " in line or any(marker in line for marker in _SECONDARY_ERRORS):
+            continue
+        return f"{m.group(1)}: {m.group(2).strip()}"
+    return None
 
 
 def _http_get(url: str, timeout: float) -> tuple[int, str]:
@@ -675,16 +697,26 @@ class Server:
         self.base_url = f"http://127.0.0.1:{port}"
         self.proc: subprocess.Popen | None = None
         self._log = None
+        self._log_offset = 0
 
     def start(self) -> None:
         self._log = self.log_path.open("ab")
-        self._log.write(f"$ {shlex.join(self.cmd)}\n".encode())
+        self._log_offset = self._log.tell()
+        separator = "\n" if self._log_offset else ""
+        self._log.write(f"{separator}$ {shlex.join(self.cmd)}\n".encode())
         self._log.flush()
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
             self.cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=env, start_new_session=True,
         )
+
+    def failure(self, what: str) -> BenchError:
+        """BenchError saying ``what``, the likely cause from this server's log, and the log's last lines."""
+        text = read_log(self.log_path, self._log_offset)
+        hint = log_failure_hint(text)
+        cause = f" ({hint})" if hint else ""
+        return BenchError(f"{what}{cause}; see {self.log_path}; its last lines:\n{tail(text)}")
 
     def wait_healthy(self, timeout: float) -> float:
         """Seconds until ``/health`` answered 200; BenchError with the log tail otherwise."""
@@ -693,10 +725,7 @@ class Server:
         while True:
             code = self.proc.poll()
             if code is not None:
-                raise BenchError(
-                    f"the vLLM server exited with code {code} before it was ready; "
-                    f"last lines of {self.log_path}:\n{tail(self.log_path)}"
-                )
+                raise self.failure(f"the vLLM server exited with code {code} before it was ready")
             try:
                 status, _ = _http_get(self.base_url + "/health", timeout=5)
                 if status == 200:
@@ -704,10 +733,7 @@ class Server:
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
                 pass
             if time.monotonic() - start > timeout:
-                raise BenchError(
-                    f"the vLLM server was not healthy after {timeout:.0f} s; "
-                    f"last lines of {self.log_path}:\n{tail(self.log_path)}"
-                )
+                raise self.failure(f"the vLLM server was not healthy after {timeout:.0f} s")
             time.sleep(HEALTH_POLL_S)
 
     def stop(self, grace: float = 30.0) -> None:
@@ -841,11 +867,16 @@ def bench_config(
     config: BenchConfig, model: str, selected: "OrderedDict[str, list[Question]]", warmup: list[str],
     args: argparse.Namespace, out: Path, state: RunState,
 ) -> dict[str, Any]:
-    """Serve one config and run every concurrency x category block on it."""
+    """Serve one config and run every concurrency x category block on it.
+
+    A server that fails to start or dies marks its session (and the config)
+    failed; the other sessions still run.
+    """
     from tqdm import tqdm
 
     info: dict[str, Any] = {"label": config.label, "name": config.name,
                             "speculative_config": config.speculative_config, "servers": [], "status": "ok"}
+    state.configs.append(info)
     concurrencies = list(args.concurrency)
     sessions = [concurrencies] if args.reuse_server else [[c] for c in concurrencies]
     log_path = out / f"server_{_slug(config.label)}.log"
@@ -888,6 +919,21 @@ def bench_config(
                 if errors:
                     print(f"[{config.label}] c={concurrency}: {len(errors)} request(s) failed, "
                           f"first: {errors[0]['error']}", file=sys.stderr, flush=True)
+            server_info["status"] = "ok"
+        except (BenchError, OSError, ValueError) as exc:  # URLError is an OSError
+            if not isinstance(exc, BenchError):
+                died = server.proc is not None and server.proc.poll() is not None
+                how = "it exited" if died else type(exc).__name__
+                exc = server.failure(f"lost the vLLM server ({how}: {exc})")
+            message = str(exc)
+            print(f"[{config.label}] failed (concurrency {levels}): {message}", file=sys.stderr, flush=True)
+            server_info["status"] = "failed"
+            server_info["error"] = message
+            info["status"] = "failed"
+            info.setdefault("note", message.splitlines()[0])
+        except KeyboardInterrupt:
+            server_info["status"] = info["status"] = "interrupted"
+            raise
         finally:
             server.stop()
     return info
@@ -913,9 +959,9 @@ def run(args: argparse.Namespace) -> int:
     skipped: list[dict[str, Any]] = []
     for config in configs:
         if config.name == "suffix" and importlib.util.find_spec("arctic_inference") is None:
-            note = ("skipped: vLLM's suffix decoding needs the arctic-inference package "
+            note = ("vLLM's suffix decoding needs the arctic-inference package "
                     "(pip install arctic-inference), which is not installed")
-            print(f"[{config.label}] {note}", flush=True)
+            print(f"[{config.label}] skipped: {note}", flush=True)
             skipped.append({"label": config.label, "name": config.name,
                             "speculative_config": config.speculative_config,
                             "status": "skipped", "note": note})
@@ -926,7 +972,12 @@ def run(args: argparse.Namespace) -> int:
     if not model:
         from freespec.cli.models import prepare_model
 
-        model = str(prepare_model())
+        try:
+            model = str(prepare_model())
+        except Exception as exc:  # noqa: BLE001 - any failure there means: name a model instead
+            print(f"freespec bench: could not prepare freespec's default model "
+                  f"({type(exc).__name__}: {exc}); pass --model PATH", file=sys.stderr)
+            return 2
     out = Path(args.out or Path("bench_results") / _dt.datetime.now().strftime("%Y%m%d-%H%M%S"))
     out.mkdir(parents=True, exist_ok=True)
 
@@ -947,14 +998,9 @@ def run(args: argparse.Namespace) -> int:
     exit_code = 0
     try:
         for config in runnable:
-            try:
-                info = bench_config(config, model, selected, warmup, args, out, state)
-            except BenchError as exc:
-                print(f"[{config.label}] failed: {exc}", file=sys.stderr, flush=True)
-                info = {"label": config.label, "name": config.name,
-                        "speculative_config": config.speculative_config, "status": "failed", "note": str(exc)}
+            info = bench_config(config, model, selected, warmup, args, out, state)
+            if info["status"] != "ok":
                 exit_code = 1
-            state.configs.append(info)
             state.aggregates = aggregate(state.requests, state.blocks)
             _write_json(out / "results.json", state)
         state.status = "complete" if exit_code == 0 else "complete with failures"
@@ -969,14 +1015,16 @@ def run(args: argparse.Namespace) -> int:
         _write_json(out / "results.json", state)
 
     table = render_markdown(state.aggregates)
-    notes = [f"- {c['label']}: {c['status']} ({c.get('note', '')})"
+    notes = [f"- {c['label']}: {c['status']}" + (f": {c['note']}" if c.get("note") else "")
              for c in state.configs if c["status"] != "ok"]
     header = (
         f"# freespec bench\n\nmodel `{model}`, dtype {args.dtype}, max_tokens {args.max_tokens}, "
         f"temperature {args.temperature}, num_speculative_tokens {args.num_speculative_tokens}, "
         f"{len(measured)} Spec-Bench prompts. tok/s: completion tokens / block wall time; "
         f"×{BASELINE}: ratio to {BASELINE}; acc len: 1 + accepted/drafts; acc rate: accepted/draft tokens; "
-        f"tok/fwd: tokens per target forward pass; match: outputs identical to {BASELINE}'s.\n\n"
+        f"tok/fwd: tokens per target forward pass; match: outputs identical to {BASELINE}'s"
+        + (" (not expected to hold when sampling, temperature > 0)" if args.temperature > 0 else "")
+        + ".\n\n"
     )
     footer = "\n" + "\n".join(notes) + "\n" if notes else ""
     (out / "results.md").write_text(header + table + footer, encoding="utf-8")
@@ -996,6 +1044,12 @@ def run(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------
 # Command line
 # --------------------------------------------------------------------------
+
+
+DESCRIPTION = (
+    "Compare speculative-decoding configs (none, ngram, suffix, freespec plugins) on the same "
+    "Spec-Bench prompts, one vLLM server per config, and write results.json/.md/.png."
+)
 
 
 def _positive_int(text: str) -> int:
@@ -1046,13 +1100,13 @@ def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "bench", help="benchmark speculative-decoding configs against stock vLLM on Spec-Bench prompts",
-        description=__doc__.splitlines()[0],
+        description=DESCRIPTION,
     )
     return configure_parser(p)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="freespec bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="freespec bench", description=DESCRIPTION)
     configure_parser(parser)
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)

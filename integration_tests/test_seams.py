@@ -62,3 +62,22 @@ def test_doctor_reports_version_probes_and_plugins():
     proc = subprocess.run([str(freespec), "doctor"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "vLLM: 0.32" in proc.stdout and "copy" in proc.stdout and "custom_class" in proc.stdout
+
+
+def test_outside_the_supported_range_speculation_is_dropped_with_one_warning(monkeypatch, caplog):
+    from freespec.vllm_plugins import seams
+
+    monkeypatch.setattr(seams, "vllm_version", lambda: "0.99.0")
+    with caplog.at_level("WARNING", logger="freespec"):
+        spec, extra = seams._frontend_rewrite({"plugin": "copy", "num_speculative_tokens": 4}, {"a": 1})
+    assert spec is None and extra == {"a": 1}
+    ours = [r for r in caplog.records if r.name == "freespec"]
+    assert len(ours) == 1 and "outside freespec's supported range" in ours[0].message
+
+
+def test_a_bad_config_is_refused_even_outside_the_supported_range(monkeypatch):
+    from freespec.vllm_plugins import seams
+
+    monkeypatch.setattr(seams, "vllm_version", lambda: "0.99.0")
+    with pytest.raises(ValueError, match="unknown option 'colour'"):
+        seams._frontend_rewrite({"plugin": "copy", "num_speculative_tokens": 4, "colour": 1}, None)

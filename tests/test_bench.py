@@ -524,9 +524,25 @@ def test_run_reports_a_server_that_dies(tmp_path, questions_file, monkeypatch, c
         "--max-tokens", "4", "--configs", "none,copy", "--warmup", "0", "--out", str(out),
     ])
     assert bench.run(args) == 1
-    err = capsys.readouterr().err
-    assert "exited with code 3" in err and "no plugin named copy" in err  # the log's last lines
+    captured = capsys.readouterr()
+    cause = "the vLLM server exited with code 3 before it was ready (ValueError: no plugin named copy)"
+    assert cause in captured.err
+    assert f"- copy: failed: {cause}; see " in captured.out  # the summary: one line per failed config
     result = json.loads((out / "results.json").read_text())
     assert result["status"] == "complete with failures"
     assert {c["label"]: c["status"] for c in result["configs"]} == {"none": "ok", "copy": "failed"}
     assert len(result["requests"]) == 3
+    assert [r["config"] for r in result["aggregates"]] == ["none"] * 4
+
+
+def test_log_failure_hint_finds_the_root_cause():
+    log = "\n".join([
+        "(APIServer pid=1) WARNING [system_utils.py:255] can cause `OSError: [Errno 24] Too many open files`.",
+        "(VllmWorker-0 pid=2) ERROR [multiproc_executor.py:953] Traceback (most recent call last):",
+        "(VllmWorker-0 pid=2) ERROR [multiproc_executor.py:953] ValueError: Available memory is too low.",
+        "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.",
+        "RuntimeError: Engine core initialization failed. See root cause above.",
+    ])
+    assert bench.log_failure_hint(log) == "ValueError: Available memory is too low."
+    assert bench.log_failure_hint(log.splitlines()[-1]) is None
+    assert bench.log_failure_hint("all good\n") is None
