@@ -65,12 +65,22 @@ def server(model_path, tmp_path_factory):
                 time.sleep(2)
         yield port
     finally:
-        os.killpg(proc.pid, 15)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
+        stop(proc)
         log.close()
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """Stop the server and every process it started (it runs in its own process group)."""
+    for sig, wait in ((15, 60), (9, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def test_vllm_serve_with_copy_plugin_answers_chat_completions(server, model_path):

