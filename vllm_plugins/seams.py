@@ -56,7 +56,7 @@ def probe_custom_class() -> ProbeResult:
     if call not in src or "create_custom_proposer" not in src:
         return ProbeResult("custom_class", False, "gpu_model_runner no longer dispatches to custom_class")
     body = src[src.index(call) : src.index(call) + 600]
-    missing = [p for p in ("sampled_token_ids", "num_tokens_no_spec", "token_ids_cpu") if p not in body]
+    missing = [p for p in PROPOSE_PARAMS if p not in body]
     if missing:
         return ProbeResult("custom_class", False, f"propose() is no longer called with {missing}")
     if not hasattr(custom_class_proposer, "create_custom_proposer"):
