@@ -54,12 +54,26 @@ class EngineRuns:
         self.workdir = workdir
         self._cache: dict[str, tuple[dict, str]] = {}
 
-    def run(self, name: str, speculative_config: dict | None, jobs: list[dict], env: dict | None = None):
+    def run(
+        self,
+        name: str,
+        speculative_config: dict | None,
+        jobs: list[dict],
+        env: dict | None = None,
+        engine_args: dict | None = None,
+    ):
         """Returns (results by job name, the engine's log)."""
         if name not in self._cache:
             spec_in = self.workdir / f"{name}.in.json"
             spec_out = self.workdir / f"{name}.out.json"
-            spec_in.write_text(json.dumps({"model": self.model, "speculative_config": speculative_config, "jobs": jobs}))
+            spec_in.write_text(json.dumps(
+                    {
+                        "model": self.model,
+                        "speculative_config": speculative_config,
+                        "jobs": jobs,
+                        "engine_args": engine_args or {},
+                    }
+                ))
             proc = subprocess.run(
                 [sys.executable, "-m", "integration_tests.engine_run", str(spec_in), str(spec_out)],
                 cwd=REPO,

@@ -2,7 +2,7 @@
 
 Used by the integration tests as ``python -m integration_tests.engine_run IN.json OUT.json``:
 each engine lives in its own process, so tests see vLLM's worker logs and no
-engine outlives its test. IN.json: ``{"model", "dtype", "speculative_config",
+engine outlives its test. IN.json: ``{"model", "dtype", "speculative_config", "engine_args"?,
 "jobs": [{"name", "prompts": [chat text], "max_tokens", "temperature", "seeds"?, "logprobs"?}]}``.
 """
 from __future__ import annotations
@@ -24,6 +24,7 @@ def main(in_path: str, out_path: str) -> None:
         enforce_eager=True,
         disable_log_stats=False,
         seed=0,
+        **spec.get("engine_args", {}),
     )
     results = {}
     for job in spec["jobs"]:

@@ -46,8 +46,30 @@ def test_probes_pass_on_the_supported_release():
         "from freespec.vllm_plugins.seams import run_probes\n"
         "for p in run_probes(): print(p.seam, p.ok, p.detail)"
     )
-    lines = dict(l.split(" ", 1) for l in out.splitlines() if l.split(" ", 1)[0] in ("frontend", "custom_class"))
-    assert lines["frontend"].startswith("True") and lines["custom_class"].startswith("True"), out
+    lines = dict(l.split(" ", 1) for l in out.splitlines())
+    for seam in ("frontend", "custom_class", "target_topk"):
+        assert lines[seam].startswith("True"), out
+
+
+def test_target_topk_probe_names_what_moved(monkeypatch):
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from freespec.vllm_plugins import seams
+
+    monkeypatch.delattr(GPUModelRunner, "_calc_spec_decode_metadata")
+    result = seams.probe_target_logits()
+    assert not result.ok and "_calc_spec_decode_metadata is gone" in result.detail
+
+
+def test_a_plugin_needing_target_topk_is_dropped_when_that_seam_moved(monkeypatch, caplog):
+    from freespec.vllm_plugins import seams
+
+    monkeypatch.setattr(seams, "probe_target_logits", lambda: seams.ProbeResult("target_topk", False, "moved: x"))
+    with caplog.at_level("WARNING", logger="freespec"):
+        spec, _ = seams._frontend_rewrite({"plugin": "recycle", "num_speculative_tokens": 4}, None)
+    assert spec is None and "moved: x" in caplog.text
+    spec, _ = seams._frontend_rewrite({"plugin": "copy", "num_speculative_tokens": 4}, None)
+    assert spec is not None  # copy does not use that seam
 
 
 def test_vllm_command_starts_on_cpu():

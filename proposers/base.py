@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar, Sequence
+from typing import Callable, ClassVar, Optional, Sequence
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -35,14 +35,49 @@ class Row:
     num_new: int
 
 
+@dataclass
+class EngineInfo:
+    """What a proposer may need to know about the model it drafts for (given once, by the adapter)."""
+
+    vocab_size: int
+    model: str = ""
+    # Lazy: computing it loads the tokenizer, so only proposers with on-disk state ask for it.
+    tokenizer_fingerprint: Optional[Callable[[], str]] = None
+
+
+@dataclass
+class ScoredPositions:
+    """The target's top candidates at positions it scored in the last step (flat over the batch).
+
+    ``tokens[i]`` is the token *at* scored position i (the input the target saw
+    there); ``topk_ids[i]`` are the target's most likely next tokens after it,
+    best first, and ``topk_probs[i]`` their probabilities (softmax at T=1).
+    Rejected draft positions are included: their candidates are real target
+    predictions too.
+    """
+
+    tokens: np.ndarray  # int32 [n]
+    topk_ids: np.ndarray  # int32 [n, c]
+    topk_probs: np.ndarray  # float32 [n, c]
+
+
 class Proposer(ABC):
     """A drafting algorithm. Subclasses set ``Options`` and implement ``propose``."""
 
     Options: ClassVar[type[ProposerOptions]] = ProposerOptions
+    # > 0: the proposer wants the target's top-``target_topk`` candidates at every scored
+    # position, delivered through ``observe`` before each ``propose``.
+    target_topk: int = 0  # instances may set it from their options
 
     def __init__(self, options: ProposerOptions, num_speculative_tokens: int) -> None:
         self.options = options
         self.k = num_speculative_tokens
+
+    def bind(self, info: EngineInfo) -> None:
+        """Called once before the first step with what is known about the target model."""
+
+    def observe(self, scored: ScoredPositions) -> None:
+        """The target's top-k at the positions scored in the last step (only if ``target_topk``)."""
 
     @abstractmethod
     def propose(self, rows: Sequence[Row]) -> list[list[int]]:

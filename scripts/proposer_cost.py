@@ -5,7 +5,14 @@ Feeds the adapter the same arrays vLLM would (``sampled_token_ids``, ``num_token
 tokenized with the model's tokenizer) of a given length, and times ``propose()`` per step.
 Reports microseconds per request per step and the proposer's state size.
 
+For proposers that learn from the target's top-k (``recycle``), each step also
+feeds the ``target_topk`` adapter random logits with the row count vLLM would
+produce (1 + draft length per request) and makes each request accept a random
+prefix of its last draft, so the mapping and the matrix update run as in
+serving; the top-k capture (torch on the CPU) is timed separately.
+
     .venv/bin/python scripts/proposer_cost.py --plugin copy --context 2048 32768 --batch 1 32
+    .venv/bin/python scripts/proposer_cost.py --plugin recycle --context 2048 --batch 1 32
 """
 from __future__ import annotations
 
@@ -37,7 +44,9 @@ def measure(plugin: str, k: int, context: int, batch: int, steps: int, corpus: n
     cfg = SimpleNamespace(
         additional_config=extra,
         speculative_config=SimpleNamespace(num_speculative_tokens=k),
-        model_config=SimpleNamespace(get_vocab_size=lambda: vocab, max_model_len=max_len + 1),
+        model_config=SimpleNamespace(
+            get_vocab_size=lambda: vocab, max_model_len=max_len + 1, model="cost-test", tokenizer=None
+        ),
     )
     adapter = FreespecProposer(cfg)
     rng = np.random.default_rng(0)
@@ -49,23 +58,41 @@ def measure(plugin: str, k: int, context: int, batch: int, steps: int, corpus: n
         lengths[r] = context
     sampled = [[int(token_ids[r, context - 1])] for r in range(batch)]
     adapter.propose(sampled, lengths, token_ids)  # first sighting: indexes the whole context
-    times = []
+    times, capture_times = [], []
+    drafts = [[] for _ in range(batch)]
     for _ in range(steps):
         sampled = []
         for r in range(batch):
-            n_new = int(rng.integers(1, k + 2))
+            if adapter.target_topk is not None:  # accept a prefix of the last draft, then a bonus token
+                accepted = drafts[r][: int(rng.integers(0, len(drafts[r]) + 1))]
+                token_ids[r, lengths[r] : lengths[r] + len(accepted)] = accepted
+                n_new = len(accepted) + 1
+            else:
+                n_new = int(rng.integers(1, k + 2))
             lengths[r] += n_new
             sampled.append(token_ids[r, lengths[r] - n_new : lengths[r]].tolist())
+        if adapter.target_topk is not None:
+            import torch
+
+            logits = torch.randn(sum(1 + len(d) for d in drafts), vocab)
+            t0 = time.perf_counter()
+            adapter.target_topk._capture(logits)
+            capture_times.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        adapter.propose(sampled, lengths, token_ids)
+        drafts = adapter.propose(sampled, lengths, token_ids)
         times.append(time.perf_counter() - t0)
     per_req_us = np.array(times) / batch * 1e6
-    return {
+    result = {
         "plugin": plugin, "context": context, "batch": batch, "k": k,
         "us_per_request_step_median": round(float(np.median(per_req_us)), 1),
         "us_per_request_step_p90": round(float(np.percentile(per_req_us, 90)), 1),
         "state_mib": round(adapter.proposer.state_bytes() / 2**20, 2),
+        "topk_capture_us_per_step_median": None,
     }
+    if capture_times:
+        result["topk_capture_us_per_step_median"] = round(float(np.median(capture_times)) * 1e6, 1)
+        result["mismatched_steps"] = adapter.target_topk.mismatched_steps
+    return result
 
 
 def main() -> None:
@@ -83,13 +110,14 @@ def main() -> None:
 
         args.model = str(prepare_model())
     corpus = corpus_tokens(args.questions, args.model, max(args.context) + args.steps * (args.k + 1) + 1)
-    print("| plugin | context | batch | µs/request/step (median) | p90 | state MiB |")
-    print("|---|---|---|---|---|---|")
+    print("| plugin | context | batch | µs/request/step (median) | p90 | state MiB | top-k capture µs/step |")
+    print("|---|---|---|---|---|---|---|")
     for context in args.context:
         for batch in args.batch:
             r = measure(args.plugin, args.k, context, batch, args.steps, corpus, 49152)
             print(f"| {r['plugin']} | {context} | {batch} | {r['us_per_request_step_median']} | "
-                  f"{r['us_per_request_step_p90']} | {r['state_mib']} |", flush=True)
+                  f"{r['us_per_request_step_p90']} | {r['state_mib']} | "
+                  f"{r['topk_capture_us_per_step_median'] or '-'} |", flush=True)
 
 
 if __name__ == "__main__":

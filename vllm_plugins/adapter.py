@@ -17,10 +17,11 @@ import time
 
 import numpy as np
 
-from freespec.proposers.base import Row
+from freespec.proposers.base import EngineInfo, Row
 from freespec.proposers.registry import load_proposer_class
 from freespec.proposers.request_tracker import RequestTracker
 from freespec.vllm_plugins.frontend import ADDITIONAL_CONFIG_KEY, validate_options
+from freespec.vllm_plugins.target_topk import TargetTopK
 
 logger = logging.getLogger("freespec")
 
@@ -61,13 +62,26 @@ class FreespecProposer:
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         options = validate_options(self.plugin, cfg.get("options") or {})
         self.proposer = load_proposer_class(self.plugin)(options, self.k)
+        model_config = vllm_config.model_config
+        self.proposer.bind(
+            EngineInfo(
+                vocab_size=self.vocab_size,
+                model=str(model_config.model),
+                tokenizer_fingerprint=lambda: tokenizer_fingerprint(model_config.tokenizer),
+            )
+        )
+        # Proposers that learn from the target's own predictions get them through this adapter.
+        self.target_topk = TargetTopK(self.proposer.target_topk) if self.proposer.target_topk else None
+        self._last_drafts: dict[int, list[int]] = {}  # request key -> what we proposed last step
         self.tracker = RequestTracker()
         self.stats = ProposerStats()
         self._last_log = time.monotonic()
         logger.info("freespec: plugin %r with k=%d and options %s", self.plugin, self.k, options.model_dump())
 
     def load_model(self, target_model) -> None:
-        """Called by vLLM's CPU runner with the target model; freespec's copy-style plugins need nothing."""
+        """vLLM hands over the target model; only the ``target_topk`` adapter needs it."""
+        if self.target_topk is not None:
+            self.target_topk.install(target_model)
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None, **_):
         n_rows = len(sampled_token_ids)
@@ -78,6 +92,10 @@ class FreespecProposer:
         try:
             for key in departed:
                 self.proposer.release(key)
+            if self.target_topk is not None:
+                scored = self.target_topk.scored(views, [self._last_drafts.get(key, []) for key in keys])
+                if scored is not None:
+                    self.proposer.observe(scored)
             rows = [Row(key, tokens, num_new) for key, (tokens, num_new) in zip(keys, views)]
             drafts = self.proposer.propose(rows)
             if len(drafts) != n_rows:
@@ -88,6 +106,7 @@ class FreespecProposer:
             if self.stats.errors == 1:
                 logger.exception("freespec: plugin %r failed; this step drafts nothing (logged once)", self.plugin)
             drafts = [[] for _ in range(n_rows)]
+        self._last_drafts = dict(zip(keys, drafts))
         self._count(drafts, time.perf_counter() - start)
         return drafts
 
@@ -111,4 +130,17 @@ class FreespecProposer:
         now = time.monotonic()
         if now - self._last_log >= STATS_LOG_EVERY_S:
             self._last_log = now
-            logger.info("freespec: plugin %r stats %s", self.plugin, s.as_dict())
+            extra = ""
+            if self.target_topk is not None:
+                t = self.target_topk
+                extra = f" target_topk steps={t.steps} mismatched={t.mismatched_steps} seconds={t.topk_seconds:.3f}"
+            logger.info("freespec: plugin %r stats %s%s", self.plugin, s.as_dict(), extra)
+
+
+def tokenizer_fingerprint(tokenizer_path: str) -> str:
+    """Identity of a tokenizer's vocabulary, for files learned with one model and loaded with another."""
+    from transformers import AutoTokenizer
+
+    from freespec.proposers.vocab import vocab_fingerprint
+
+    return vocab_fingerprint(AutoTokenizer.from_pretrained(tokenizer_path).get_vocab())

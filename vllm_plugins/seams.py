@@ -13,6 +13,11 @@ moved. Patches are named, applied only where they are needed, and idempotent:
   installed implementation on a small float input; only when the result is
   wrong is it replaced by a ``torch.repeat_interleave`` equivalent.
 - ``vllm_cli_version``: the ``vllm`` console script (see ``vllm_cli``).
+- ``target_topk`` (adapter, ``target_topk.py``): ``load_model(target_model)``
+  reaches the proposer with the target model, the runner computes logits with
+  ``self.model.compute_logits(hidden_states[logits_indices])``, and
+  ``logits_indices`` holds ``1 + num_draft_tokens`` rows per request in batch
+  order (``_calc_spec_decode_metadata``). ``probe_target_logits`` checks all three.
 """
 from __future__ import annotations
 
@@ -98,9 +103,34 @@ def probe_cpu_expand_kernel() -> ProbeResult:
     return ProbeResult("cpu_expand_kernel", True, "correct")
 
 
+def probe_target_logits() -> ProbeResult:
+    """The layout ``target_topk`` relies on to map logits rows to scored positions."""
+    try:
+        from vllm.v1.worker import cpu_model_runner, gpu_model_runner
+    except ImportError as e:
+        return ProbeResult("target_topk", False, f"model runner modules missing: {e}")
+    runner_src = inspect.getsource(gpu_model_runner)
+    needed = {
+        "sample_hidden_states = hidden_states[logits_indices]": "logits rows are hidden_states[logits_indices]",
+        "self.model.compute_logits(sample_hidden_states)": "the runner calls self.model.compute_logits",
+        "self.drafter.load_model(self.model)": "load_model(target_model) reaches the proposer",
+    }
+    cpu_src = inspect.getsource(cpu_model_runner)
+    for text, what in needed.items():
+        if text not in runner_src and not (text.startswith("self.drafter") and text in cpu_src):
+            return ProbeResult("target_topk", False, f"moved: {what} (no `{text}` in the model runner)")
+    calc = getattr(gpu_model_runner.GPUModelRunner, "_calc_spec_decode_metadata", None)
+    if calc is None:
+        return ProbeResult("target_topk", False, "GPUModelRunner._calc_spec_decode_metadata is gone")
+    calc_src = inspect.getsource(calc)
+    if "num_sampled_tokens = num_draft_tokens + 1" not in calc_src or "np.repeat(" not in calc_src:
+        return ProbeResult("target_topk", False, "logits_indices no longer hold 1 + num_draft_tokens rows per request")
+    return ProbeResult("target_topk", True, "compute_logits rows: 1 + drafts per request, in batch order")
+
+
 def run_probes() -> list[ProbeResult]:
     results = []
-    for probe in (probe_frontend_hook, probe_custom_class, probe_cpu_expand_kernel):
+    for probe in (probe_frontend_hook, probe_custom_class, probe_cpu_expand_kernel, probe_target_logits):
         try:
             results.append(probe())
         except Exception as e:
@@ -135,7 +165,10 @@ def _frontend_rewrite(spec: dict, additional_config: dict | None):
 
     new_spec, new_additional = translate(spec, additional_config)  # bad config: refuse to start
     version = vllm_version()
-    broken = [p for p in (probe_frontend_hook(), probe_custom_class()) if not p.ok]
+    probes = [probe_frontend_hook(), probe_custom_class()]
+    if _uses_target_topk(spec["plugin"]):
+        probes.append(probe_target_logits())
+    broken = [p for p in probes if not p.ok]
     if not is_supported(version) or broken:
         why = (
             f"vLLM {version} is outside freespec's supported range {supported_range_text()}"
@@ -150,6 +183,12 @@ def _frontend_rewrite(spec: dict, additional_config: dict | None):
         )
         return None, additional_config
     return new_spec, new_additional
+
+
+def _uses_target_topk(plugin: str) -> bool:
+    from freespec.proposers.registry import load_proposer_class
+
+    return load_proposer_class(plugin).target_topk > 0  # translate() already checked the name
 
 
 # ---------------------------------------------------------------- patch: CPU expand kernel

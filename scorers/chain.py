@@ -1,0 +1,114 @@
+"""Choose one linear draft chain from a tree of candidates, and learn how often candidates are accepted.
+
+vLLM 0.32 verifies one linear chain per request, so a tree of candidates (for
+instance token recycling's walk through its adjacency matrix) has to be cut
+down to one root-to-node path. Each edge of the tree carries an estimate
+``p`` that the target accepts that token given that everything before it on the
+path was accepted. Drafting the path to node ``n`` then yields, in expectation,
+``sum over the path's nodes of P(path up to that node accepted)`` tokens, and
+verifying each drafted token costs ``min_token_gain`` tokens' worth of work.
+The chosen chain is the path whose expected gain minus cost is largest; the
+empty chain (value 0) wins when nothing pays. Unlike the plain top-1 chain, this
+can take a second-ranked token whose continuation the target is sure about.
+
+``EdgeAcceptance`` supplies ``p``: a Beta-posterior estimate per (candidate
+rank, bucket of the probability the target gave that candidate when it was
+recorded), learned online from what vLLM accepts. Its prior mean is the
+bucket's recorded probability, so it starts from the target's own confidence
+and corrects it with what is actually accepted (the recorded probability is
+stale: it was the target's view in another context).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+# Upper edges of the recorded-probability buckets (the last bucket runs to 1).
+PROB_BUCKET_EDGES = np.array([0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.7, 0.85, 0.95], dtype=np.float32)
+PRIOR_STRENGTH = 4.0  # pseudo-observations behind each prior mean
+EVIDENCE_WINDOW = 4000.0  # observations kept per cell before old evidence is halved
+
+
+def _bucket_centres() -> np.ndarray:
+    lows = np.concatenate([[0.0], PROB_BUCKET_EDGES])
+    highs = np.concatenate([PROB_BUCKET_EDGES, [1.0]])
+    return ((lows + highs) / 2).astype(np.float64)
+
+
+class EdgeAcceptance:
+    """P(a candidate is accepted | its rank, the probability recorded with it), learned online."""
+
+    def __init__(self, ranks: int) -> None:
+        centres = np.broadcast_to(_bucket_centres(), (ranks, len(PROB_BUCKET_EDGES) + 1))
+        self.successes = centres * PRIOR_STRENGTH
+        self.failures = (1.0 - centres) * PRIOR_STRENGTH
+
+    @staticmethod
+    def cells(ranks: np.ndarray, probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return np.asarray(ranks, dtype=np.int64), np.searchsorted(PROB_BUCKET_EDGES, probs, side="right")
+
+    def estimate(self, ranks: np.ndarray, probs: np.ndarray) -> np.ndarray:
+        r, b = self.cells(ranks, probs)
+        s, f = self.successes[r, b], self.failures[r, b]
+        return s / (s + f)
+
+    def observe(self, ranks: np.ndarray, buckets: np.ndarray, accepted: int) -> None:
+        """A chain with these edges (in order) was verified and its first ``accepted`` tokens were kept."""
+        n = len(ranks)
+        if n == 0:
+            return
+        accepted = max(0, min(accepted, n))
+        np.add.at(self.successes, (ranks[:accepted], buckets[:accepted]), 1.0)
+        if accepted < n:
+            self.failures[ranks[accepted], buckets[accepted]] += 1.0
+        total = self.successes + self.failures
+        if total.max() > EVIDENCE_WINDOW:
+            # Halve old evidence where it piled up, so estimates follow a changing workload.
+            heavy = total > EVIDENCE_WINDOW
+            self.successes[heavy] *= 0.5
+            self.failures[heavy] *= 0.5
+
+
+def best_chains(
+    tokens: np.ndarray,
+    p_edge: np.ndarray,
+    parents: np.ndarray,
+    depths: np.ndarray,
+    min_token_gain: float,
+    max_len: int,
+) -> list[np.ndarray]:
+    """Per tree (row), the node indices of the best root-to-node path (possibly empty).
+
+    ``tokens``/``p_edge`` are [B, N] over a static tree whose node ``n`` hangs
+    under ``parents[n]`` (-1: under the root) at depth ``depths[n]``, parents
+    before children. Nodes with token -1 and nodes deeper than ``max_len`` are
+    never chosen.
+    """
+    b, n = tokens.shape
+    if b == 0 or n == 0 or max_len <= 0:
+        return [np.zeros(0, dtype=np.int64) for _ in range(b)]
+    path_p = np.empty((b, n), dtype=np.float64)
+    value = np.empty((b, n), dtype=np.float64)
+    usable = (tokens >= 0) & (depths < max_len)[None, :]
+    for level in range(int(depths.max()) + 1):
+        nodes = np.flatnonzero(depths == level)
+        par = parents[nodes]
+        if level == 0:
+            parent_p, parent_v, parent_ok = 1.0, 0.0, True
+        else:
+            parent_p, parent_v, parent_ok = path_p[:, par], value[:, par], usable[:, par]
+        usable[:, nodes] &= parent_ok
+        path_p[:, nodes] = parent_p * p_edge[:, nodes]
+        value[:, nodes] = parent_v + path_p[:, nodes] - min_token_gain
+    value[~usable] = -np.inf
+    best = np.argmax(value, axis=1)
+    chains = []
+    for row, node in enumerate(best):
+        if not value[row, node] > 0.0:
+            chains.append(np.zeros(0, dtype=np.int64))
+            continue
+        path = []
+        while node >= 0:
+            path.append(node)
+            node = parents[node]
+        chains.append(np.asarray(path[::-1], dtype=np.int64))
+    return chains
