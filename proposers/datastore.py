@@ -1,0 +1,152 @@
+"""The retrieval datastore on disk: token shards with suffix arrays, memory-mapped, never unpickled.
+
+A datastore is a directory:
+
+- ``manifest.json``: ``format`` ("freespec-datastore"), ``version`` (1), ``tokenizer``
+  (``{"name", "fingerprint"}``, the fingerprint from ``freespec.proposers.vocab``),
+  ``vocab_size``, ``separator`` (the token id written between documents, 2**32 - 1:
+  never a real token, so no match and no continuation crosses a document boundary),
+  ``shards`` (list, see below), ``total_tokens``, ``documents``, ``created``
+  (ISO time) and ``sources`` (the input paths, informational);
+- per shard ``NAME.tokens``: little-endian uint32 token ids (documents separated by
+  ``separator``) and ``NAME.sa``: little-endian uint32 suffix array of that shard (the
+  start positions of its suffixes in lexicographic order; a shard holds fewer than
+  2**32 tokens). Each shard entry: ``{"name", "tokens", "tokens_sha256", "sa_sha256"}``.
+
+Shards let a corpus larger than RAM be built one shard at a time; a query searches each
+shard's suffix array (binary search: O(log n) per shard). Files are opened with
+``numpy.memmap`` read-only, so several workers on one host share one copy through the page
+cache and none holds the datastore in its own memory.
+
+Opening checks the format version, the tokenizer fingerprint and each file's size against
+the manifest (a truncated shard fails at start); ``verify`` also recomputes the checksums
+and spot-checks that each suffix array is sorted.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+FORMAT = "freespec-datastore"
+VERSION = 1
+SEPARATOR = np.uint32(2**32 - 1)
+MANIFEST = "manifest.json"
+
+
+class DatastoreError(ValueError):
+    """A datastore that must not be used; the message names the directory, the file and the reason."""
+
+
+@dataclass
+class Shard:
+    name: str
+    tokens: np.ndarray  # uint32 memmap [n]
+    sa: np.ndarray  # uint32 memmap [n]
+
+
+def file_sha256(path: Path, chunk: int = 1 << 24) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_manifest(directory: str | os.PathLike) -> dict:
+    path = Path(directory) / MANIFEST
+    if not path.exists():
+        raise DatastoreError(f"retrieval datastore {str(directory)!r}: no {MANIFEST} (not a datastore, or not built yet)")
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise DatastoreError(f"retrieval datastore {str(directory)!r}: unreadable {MANIFEST} ({e})") from e
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise DatastoreError(f"retrieval datastore {str(directory)!r}: {MANIFEST} is not a {FORMAT} manifest")
+    if manifest.get("version") != VERSION:
+        raise DatastoreError(
+            f"retrieval datastore {str(directory)!r}: format version {manifest.get('version')!r}, "
+            f"this freespec reads version {VERSION}; rebuild it with `freespec datastore build`"
+        )
+    return manifest
+
+
+class Datastore:
+    """An opened datastore: read-only memory maps of every shard."""
+
+    def __init__(self, directory: str | os.PathLike, manifest: dict, shards: list[Shard]) -> None:
+        self.directory = Path(directory)
+        self.manifest = manifest
+        self.shards = shards
+
+    @property
+    def total_tokens(self) -> int:
+        return int(self.manifest["total_tokens"])
+
+    @classmethod
+    def open(cls, directory: str | os.PathLike, tokenizer_fingerprint: str | None = None) -> "Datastore":
+        """Map every shard; refuse another tokenizer, another format version or a truncated file."""
+        directory = Path(directory)
+        manifest = read_manifest(directory)
+        theirs = (manifest.get("tokenizer") or {}).get("fingerprint")
+        if tokenizer_fingerprint is not None and theirs != tokenizer_fingerprint:
+            name = (manifest.get("tokenizer") or {}).get("name")
+            raise DatastoreError(
+                f"retrieval datastore {str(directory)!r} was built with another tokenizer ({name!r}, {theirs}); "
+                f"this model's tokenizer is {tokenizer_fingerprint}. Rebuild it with "
+                "`freespec datastore build --tokenizer MODEL_DIR ...`"
+            )
+        shards = []
+        for entry in manifest.get("shards", []):
+            n = int(entry["tokens"])
+            arrays = []
+            for suffix in ("tokens", "sa"):
+                path = directory / f"{entry['name']}.{suffix}"
+                if not path.exists():
+                    raise DatastoreError(f"retrieval datastore {str(directory)!r}: missing file {path.name}")
+                size = path.stat().st_size
+                if size != 4 * n:
+                    raise DatastoreError(
+                        f"retrieval datastore {str(directory)!r}: {path.name} has {size} bytes, the manifest "
+                        f"says {4 * n} ({n} tokens): truncated or from another build"
+                    )
+                arrays.append(np.memmap(path, dtype="<u4", mode="r", shape=(n,)) if n else np.zeros(0, "<u4"))
+            shards.append(Shard(entry["name"], arrays[0], arrays[1]))
+        return cls(directory, manifest, shards)
+
+    def verify(self, samples: int = 10_000, progress=None) -> list[str]:
+        """Problems found (empty: fine): checksums of every file and sortedness of sampled suffix-array neighbours."""
+        problems = []
+        for entry, shard in zip(self.manifest["shards"], self.shards):
+            for suffix, key in (("tokens", "tokens_sha256"), ("sa", "sa_sha256")):
+                path = self.directory / f"{entry['name']}.{suffix}"
+                if file_sha256(path) != entry.get(key):
+                    problems.append(f"{path.name}: checksum mismatch (modified or corrupt)")
+                if progress is not None:
+                    progress.update(path.stat().st_size)
+            problems += _check_sorted(shard, samples)
+        return problems
+
+
+def _check_sorted(shard: Shard, samples: int, width: int = 64) -> list[str]:
+    n = len(shard.sa)
+    if n < 2:
+        return []
+    rng = np.random.default_rng(0)
+    for i in rng.integers(0, n - 1, size=min(samples, n - 1)):
+        a, b = int(shard.sa[i]), int(shard.sa[i + 1])
+        if a >= n or b >= n:
+            return [f"{shard.name}.sa: position out of range at {i}"]
+        x, y = shard.tokens[a : a + width], shard.tokens[b : b + width]
+        m = min(len(x), len(y))
+        diff = np.flatnonzero(x[:m] != y[:m])
+        if len(diff):
+            if x[diff[0]] > y[diff[0]]:
+                return [f"{shard.name}.sa: not sorted at {i}"]
+        elif len(x) > len(y) and m < width:
+            return [f"{shard.name}.sa: not sorted at {i}"]
+    return []

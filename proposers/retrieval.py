@@ -1,0 +1,123 @@
+"""The ``retrieval`` proposer: draft from a datastore of earlier text (REST), fused with the request's own context (RASD).
+
+Per step and request: the longest suffix of the context (``max_match`` down to ``min_match``
+tokens) that occurs in the datastore (``suffix_search``: binary search in each shard's suffix
+array, O(log n)); what followed a bounded, evenly spaced sample of its occurrences
+(``max_continuations``); and, when ``fuse_copy`` is on, the ``copy`` proposer's chain from the
+request's own prompt and output. ``scorers.fusion`` merges the chains by common prefix and
+drafts the most supported one, cut where support falls below ``min_support`` (so a draft may be
+short or empty). Source weights are the learned acceptance rates of each source's tokens.
+
+Memory: the datastore is memory-mapped read-only (``datastore``), so it lives in the page
+cache, shared by every worker on the host; per request only the copy proposer's state (see
+docs/copy.md) and the last draft's bookkeeping.
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional, Sequence
+
+import numpy as np
+from pydantic import Field, field_validator, model_validator
+
+from freespec.proposers.base import EngineInfo, Proposer, ProposerOptions, Row
+from freespec.proposers.copy import CopyOptions, CopyProposer
+from freespec.proposers.datastore import SEPARATOR, Datastore, read_manifest
+from freespec.proposers.suffix_search import continuations, longest_match
+from freespec.scorers.fusion import Candidates, SourceWeights, fuse
+
+
+class RetrievalOptions(ProposerOptions):
+    datastore: str = Field(..., description="datastore directory built by `freespec datastore build`")
+    max_match: int = Field(16, ge=1, le=256, description="longest context suffix looked up")
+    min_match: int = Field(2, ge=1, le=64, description="shortest context suffix that may match")
+    max_continuations: int = Field(64, ge=1, le=4096, description="occurrences sampled per lookup")
+    min_support: float = Field(0.2, ge=0.0, le=10.0, description="stop the draft where support falls below this")
+    fuse_copy: bool = Field(True, description="also draft from the request's own context and fuse (RASD)")
+
+    @field_validator("datastore")
+    @classmethod
+    def _exists(cls, path: str) -> str:
+        if not os.path.isdir(path):
+            raise ValueError(f"datastore directory {path!r} does not exist")
+        read_manifest(path)  # a clear error now (format, version), before any worker starts
+        return path
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "RetrievalOptions":
+        if self.max_match < self.min_match:
+            raise ValueError(f"max_match ({self.max_match}) must be >= min_match ({self.min_match})")
+        return self
+
+
+class RetrievalProposer(Proposer):
+    Options = RetrievalOptions
+
+    def __init__(self, options: RetrievalOptions, num_speculative_tokens: int) -> None:
+        super().__init__(options, num_speculative_tokens)
+        self.store: Optional[Datastore] = None
+        self.copy = CopyProposer(CopyOptions(), num_speculative_tokens) if options.fuse_copy else None
+        self.weights = SourceWeights()
+        self._supported: dict[int, dict[str, int]] = {}  # key -> leading draft tokens each source supported
+
+    def bind(self, info: EngineInfo) -> None:
+        fingerprint = info.tokenizer_fingerprint() if info.tokenizer_fingerprint else None
+        self.store = Datastore.open(self.options.datastore, fingerprint)
+        if self.copy is not None:
+            self.copy.bind(info)
+
+    def lookup(self, context: np.ndarray) -> Optional[Candidates]:
+        """Chains that followed the longest matching suffix of ``context`` in the datastore."""
+        o = self.options
+        tail = np.ascontiguousarray(context[-o.max_match :], dtype=np.uint32)
+        found = []
+        for shard in self.store.shards:
+            if len(shard.sa):
+                found.append((shard, *longest_match(np.asarray(shard.tokens), np.asarray(shard.sa), tail, o.min_match, o.max_match)))
+        best = max((m for _, m, _, _ in found), default=0)
+        if best == 0:
+            return None
+        parts = []
+        total = sum(hi - lo for _, m, lo, hi in found if m == best)
+        for shard, m, lo, hi in found:
+            if m == best and hi > lo:
+                # Each shard contributes samples in proportion to its occurrences.
+                samples = max(1, round(o.max_continuations * (hi - lo) / total))
+                parts.append(continuations(np.asarray(shard.tokens), np.asarray(shard.sa), lo, hi, m, self.k, samples, SEPARATOR))
+        chains = np.concatenate(parts)
+        return Candidates("retrieval", chains, np.ones(len(chains)))
+
+    def propose(self, rows: Sequence[Row]) -> list[list[int]]:
+        if self.store is None:
+            raise RuntimeError("retrieval proposer used before bind()")
+        copy_drafts = self.copy.propose(rows) if self.copy is not None else [[] for _ in rows]
+        drafts: list[list[int]] = []
+        for row, copy_draft in zip(rows, copy_drafts):
+            supported = self._supported.pop(row.key, None)
+            if supported is not None and row.num_new > 0:
+                self.weights.observe(supported, row.num_new - 1)
+            if row.num_new == 0 or len(row.tokens) < self.options.min_match:
+                drafts.append([])
+                continue
+            sources = []
+            found = self.lookup(row.tokens)
+            if found is not None:
+                found.source_weight = self.weights.weight("retrieval")
+                sources.append(found)
+            if copy_draft:
+                sources.append(
+                    Candidates("copy", np.asarray([copy_draft], dtype=np.int64), np.ones(1), self.weights.weight("copy"))
+                )
+            draft, _, supported = fuse(sources, self.k, self.options.min_support)
+            if draft:
+                self._supported[row.key] = supported
+            drafts.append(draft)
+        return drafts
+
+    def release(self, key: int) -> None:
+        self._supported.pop(key, None)
+        if self.copy is not None:
+            self.copy.release(key)
+
+    def state_bytes(self) -> int:
+        return self.copy.state_bytes() if self.copy is not None else 0
