@@ -402,6 +402,17 @@ def _combine_spec(a: dict[str, float] | None, b: dict[str, float] | None) -> dic
     return {key: a.get(key, 0.0) + b.get(key, 0.0) for key in set(a) | set(b)}
 
 
+def _percentile(values: Sequence[float], q: float) -> float | None:
+    """Linear-interpolated percentile (numpy's default), None without values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
 def block_metrics(requests: Sequence[dict], wall_s: float, spec: dict[str, float] | None) -> dict[str, Any]:
     """Metrics of one block (or of several blocks pooled: summed wall time and counters).
 
@@ -421,6 +432,9 @@ def block_metrics(requests: Sequence[dict], wall_s: float, spec: dict[str, float
         "wall_s": wall_s,
         "tok_per_s": tokens / wall_s if wall_s > 0 else None,
         "mean_latency_s": sum(latencies) / len(latencies) if latencies else None,
+        "p50_latency_s": _percentile(latencies, 50),
+        "p90_latency_s": _percentile(latencies, 90),
+        "p99_latency_s": _percentile(latencies, 99),
         "num_drafts": None,
         "num_draft_tokens": None,
         "num_accepted_tokens": None,
@@ -535,7 +549,7 @@ def render_markdown(rows: Sequence[dict], baseline: str = BASELINE) -> str:
     """Markdown table: a row per config x category, a column group per concurrency."""
     configs, concurrencies, categories = ordered_keys(rows)
     index = {(r["config"], r["concurrency"], r["category"]): r for r in rows}
-    columns = ("tok/s", f"×{baseline}", "acc len", "acc rate", "tok/fwd", "match")
+    columns = ("tok/s", f"×{baseline}", "acc len", "acc rate", "tok/fwd", "match", "p50/p90 s")
     header = ["config", "category"] + [f"c={c} {col}" for c in concurrencies for col in columns]
     rule = "|" + "|".join(["---", "---"] + ["---:"] * (len(header) - 2)) + "|"
     lines = ["| " + " | ".join(header) + " |", rule]
@@ -562,6 +576,7 @@ def render_markdown(rows: Sequence[dict], baseline: str = BASELINE) -> str:
                     _fmt(row["acceptance_rate"], ".1%"),
                     _fmt(row["tokens_per_forward"], ".2f"),
                     match,
+                    f'{_fmt(row.get("p50_latency_s"), ".1f")}/{_fmt(row.get("p90_latency_s"), ".1f")}',
                 ]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

@@ -68,10 +68,17 @@ class Proposer(ABC):
     # > 0: the proposer wants the target's top-``target_topk`` candidates at every scored
     # position, delivered through ``observe`` before each ``propose``.
     target_topk: int = 0  # instances may set it from their options
+    # Set by the adapter before each step when the load-aware policy is on: the expected
+    # accepted tokens one more draft token must bring to pay for verifying it (scorers/policy.py).
+    token_cost: Optional[float] = None
 
     def __init__(self, options: ProposerOptions, num_speculative_tokens: int) -> None:
         self.options = options
         self.k = num_speculative_tokens
+
+    def gain_threshold(self, fixed: float) -> float:
+        """The bar for one more draft token: the policy's measured cost, else the plugin's fixed option."""
+        return fixed if self.token_cost is None else self.token_cost
 
     def bind(self, info: EngineInfo) -> None:
         """Called once before the first step with what is known about the target model."""

@@ -47,7 +47,10 @@ class CopyOptions(ProposerOptions):
         262_144, ge=0, le=1 << 26, description="tokens of departed requests' outputs kept (0 = own context only)"
     )
     min_token_gain: float = Field(
-        0.2, ge=0.0, le=1.0, description="draft one more token while its acceptance chance is at least this"
+        0.2,
+        ge=0.0,
+        le=1.0,
+        description='draft one more token while its acceptance chance is at least this (with "policy": "fixed")',
     )
     adaptive: bool = Field(True, description="choose the length from acceptance estimates (False: draft up to k)")
 
@@ -206,7 +209,7 @@ class CopyProposer(Proposer):
             return []
         if self.options.adaptive:
             est = self._estimates[cls[0]][cls[1]]
-            length = draft_length(est.alpha, self.k, self.options.min_token_gain)
+            length = draft_length(est.alpha, self.k, self.gain_threshold(self.options.min_token_gain))
             if length == 0:
                 est.skipped += 1
                 length = 1 if est.skipped % PROBE_EVERY == 0 else 0

@@ -53,7 +53,10 @@ class RecycleOptions(ProposerOptions):
     )
     adaptive: bool = Field(True, description="choose chain and length by expected gain (False: top-1 chain of k)")
     min_token_gain: float = Field(
-        0.1, ge=0.0, le=1.0, description="draft one more token while its expected acceptance is at least this"
+        0.1,
+        ge=0.0,
+        le=1.0,
+        description='draft one more token while its expected acceptance is at least this (with "policy": "fixed")',
     )
     matrix_path: Optional[str] = Field(None, description="warm-start file: loaded at start, saved periodically and at exit")
     save_every_s: float = Field(300.0, ge=0.0, description="seconds between saves to matrix_path (0: only at exit)")
@@ -158,7 +161,9 @@ class RecycleProposer(Proposer):
             tokens, edge_probs = expand_tree(self.ids, self.probs, roots, self.parents, self.ranks)
             if self.options.adaptive:
                 p = self.acceptance.estimate(np.broadcast_to(self.ranks, tokens.shape), edge_probs)
-                chains = best_chains(tokens, p, self.parents, self.depths, self.options.min_token_gain, self.k)
+                chains = best_chains(
+                    tokens, p, self.parents, self.depths, self.gain_threshold(self.options.min_token_gain), self.k
+                )
             else:
                 chains = [self._top1_path(tokens[j]) for j in range(len(live))]
             for j, i in enumerate(live):

@@ -24,7 +24,7 @@ from freespec.proposers.base import EngineInfo, Proposer, ProposerOptions, Row
 from freespec.proposers.copy import CopyOptions, CopyProposer
 from freespec.proposers.datastore import SEPARATOR, Datastore, read_manifest
 from freespec.proposers.suffix_search import continuations, longest_match
-from freespec.scorers.fusion import Candidates, SourceWeights, fuse
+from freespec.scorers.fusion import Candidates, SourceWeights, fuse, paying_prefix
 
 
 class RetrievalOptions(ProposerOptions):
@@ -90,6 +90,8 @@ class RetrievalProposer(Proposer):
     def propose(self, rows: Sequence[Row]) -> list[list[int]]:
         if self.store is None:
             raise RuntimeError("retrieval proposer used before bind()")
+        if self.copy is not None:
+            self.copy.token_cost = self.token_cost
         copy_drafts = self.copy.propose(rows) if self.copy is not None else [[] for _ in rows]
         drafts: list[list[int]] = []
         for row, copy_draft in zip(rows, copy_drafts):
@@ -108,7 +110,10 @@ class RetrievalProposer(Proposer):
                 sources.append(
                     Candidates("copy", np.asarray([copy_draft], dtype=np.int64), np.ones(1), self.weights.weight("copy"))
                 )
-            draft, _, supported = fuse(sources, self.k, self.options.min_support)
+            draft, support, supported = fuse(sources, self.k, self.options.min_support)
+            if self.token_cost is not None:
+                draft = draft[: paying_prefix(support, self.token_cost)]
+                supported = {name: min(n, len(draft)) for name, n in supported.items()}
             if draft:
                 self._supported[row.key] = supported
             drafts.append(draft)

@@ -70,6 +70,18 @@ def fuse(sources: list[Candidates], max_len: int, min_support: float) -> tuple[l
     return draft, supports, supported
 
 
+def paying_prefix(support: list[float], token_cost: float) -> int:
+    """Tokens of a fused draft worth verifying: while the chance the prefix is accepted (the product of
+    per-token supports, each capped at 1) is at least the policy's per-token cost."""
+    p, n = 1.0, 0
+    for s in support:
+        p *= min(1.0, s)
+        if p < token_cost:
+            break
+        n += 1
+    return n
+
+
 @dataclass
 class SourceWeights:
     """How often each source's supported draft tokens are accepted (per-token Beta estimate)."""

@@ -319,6 +319,12 @@ def test_text_match_skips_failed_requests():
 # ---------------------------------------------------------------- rendering and CLI
 
 
+def test_latency_percentiles():
+    assert bench._percentile([], 50) is None
+    assert bench._percentile([3.0, 1.0, 2.0, 4.0], 50) == 2.5
+    assert bench._percentile([1.0, 2.0, 3.0, 4.0, 5.0], 90) == 4.6
+
+
 def test_render_markdown_table():
     requests, blocks = _synthetic_run()
     blocks_c2 = [dict(b, concurrency=2) for b in blocks]
@@ -330,9 +336,9 @@ def test_render_markdown_table():
     assert len(lines) == 2 + 6  # header, rule, 2 configs x (a, b, all)
     ngram_a = next(line for line in lines if line.startswith("| ngram | a |"))
     cells = [c.strip() for c in ngram_a.strip("|").split("|")]
-    # tok/s, ratio, acc len, acc rate, tok/fwd, match for c=1, then the same for c=2
+    # tok/s, ratio, acc len, acc rate, tok/fwd, match, latency p50/p90 for c=1, then the same for c=2
     assert cells[2:8] == ["20.0", "2.00", "3.00", "25.0%", "1.25", "1/2"]
-    assert cells[8:14] == cells[2:8]
+    assert "/" in cells[8] and cells[9:16] == cells[2:9]
     none_all = next(line for line in lines if line.startswith("| none | all |"))
     assert [c.strip() for c in none_all.strip("|").split("|")][2:8] == ["10.0", "–", "–", "–", "1.00", "–"]
     assert lines.index(none_all) < lines.index(ngram_a)

@@ -49,3 +49,12 @@ def test_plugin_given_as_module_and_class_path():
 def test_unloadable_plugin_paths_are_refused(plugin):
     with pytest.raises(ValueError, match="cannot be loaded|not a freespec Proposer"):
         translate({"plugin": plugin, "num_speculative_tokens": 2}, None)
+
+
+def test_policy_key_goes_to_the_adapter_and_defaults_to_goodput():
+    _, extra = translate({"plugin": "copy", "num_speculative_tokens": 4}, None)
+    assert extra["freespec"]["policy"] == "goodput"
+    _, extra = translate({"plugin": "copy", "num_speculative_tokens": 4, "policy": "fixed"}, None)
+    assert extra["freespec"]["policy"] == "fixed" and "policy" not in extra["freespec"]["options"]
+    with pytest.raises(FreespecConfigError, match="'policy' must be one of \\['goodput', 'fixed'\\]"):
+        translate({"plugin": "copy", "num_speculative_tokens": 4, "policy": "fast"}, None)

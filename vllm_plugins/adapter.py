@@ -20,6 +20,7 @@ import numpy as np
 from freespec.proposers.base import EngineInfo, Row
 from freespec.proposers.registry import load_proposer_class
 from freespec.proposers.request_tracker import RequestTracker
+from freespec.scorers.policy import GoodputPolicy
 from freespec.vllm_plugins.frontend import ADDITIONAL_CONFIG_KEY, validate_options
 from freespec.vllm_plugins.target_topk import TargetTopK
 
@@ -56,6 +57,9 @@ class FreespecProposer:
                 'or use --speculative-config \'{"plugin": NAME, ...}\''
             )
         self.plugin = cfg["plugin"]
+        # Load-aware draft length (scorers/policy.py) unless the config says "policy": "fixed".
+        self.policy = GoodputPolicy() if cfg.get("policy", "goodput") == "goodput" else None
+        self._last_step_at: float | None = None
         spec = vllm_config.speculative_config
         self.k = int(spec.num_speculative_tokens)
         self.vocab_size = int(vllm_config.model_config.get_vocab_size())
@@ -73,6 +77,7 @@ class FreespecProposer:
         # Proposers that learn from the target's own predictions get them through this adapter.
         self.target_topk = TargetTopK(self.proposer.target_topk) if self.proposer.target_topk else None
         self._last_drafts: dict[int, list[int]] = {}  # request key -> what we proposed last step
+        self._prefilling: set[int] = set()  # keys whose last step was a partial prefill chunk
         self.tracker = RequestTracker()
         self.stats = ProposerStats()
         self._last_log = time.monotonic()
@@ -90,6 +95,8 @@ class FreespecProposer:
         keys, departed = self.tracker.update(views)
         start = time.perf_counter()
         try:
+            if self.policy is not None:
+                self._observe_step(views, keys, start)
             for key in departed:
                 self.proposer.release(key)
             if self.target_topk is not None:
@@ -107,8 +114,19 @@ class FreespecProposer:
                 logger.exception("freespec: plugin %r failed; this step drafts nothing (logged once)", self.plugin)
             drafts = [[] for _ in range(n_rows)]
         self._last_drafts = dict(zip(keys, drafts))
+        self._prefilling = {key for key, (_, num_new) in zip(keys, views) if num_new == 0}
         self._count(drafts, time.perf_counter() - start)
         return drafts
+
+    def _observe_step(self, views, keys, now: float) -> None:
+        """Feed the policy the step that just ran (time since the last call, tokens it scored and produced)."""
+        if self._last_step_at is not None:
+            prev = [None if key in self._prefilling else self._last_drafts.get(key) for key in keys]
+            counted = step_tokens(views, prev)
+            if counted is not None:
+                self.policy.observe_step(counted[0], counted[1], now - self._last_step_at, rows=len(views))
+        self._last_step_at = now
+        self.proposer.token_cost = self.policy.token_cost()
 
     def _safe(self, draft, num_tokens: int, num_new: int) -> list[int]:
         if num_new == 0:
@@ -130,11 +148,27 @@ class FreespecProposer:
         now = time.monotonic()
         if now - self._last_log >= STATS_LOG_EVERY_S:
             self._last_log = now
-            extra = ""
+            extra = f" token_cost={self.proposer.token_cost}" if self.policy is not None else ""
             if self.target_topk is not None:
                 t = self.target_topk
-                extra = f" target_topk steps={t.steps} mismatched={t.mismatched_steps} seconds={t.topk_seconds:.3f}"
+                extra += f" target_topk steps={t.steps} mismatched={t.mismatched_steps} seconds={t.topk_seconds:.3f}"
             logger.info("freespec: plugin %r stats %s%s", self.plugin, s.as_dict(), extra)
+
+
+def step_tokens(views, prev_drafts) -> tuple[int, int] | None:
+    """(tokens the last step scored, tokens it produced) for a pure decode step; None if it prefilled.
+
+    A decode row scored its last token plus the draft it was given; a row seen for the first time
+    (``prev_drafts[i] is None``) or mid-prefill (``num_new == 0``) also ran prompt tokens whose number
+    the seam does not show, so such steps are left out of the step-time fit rather than guessed.
+    """
+    scored = produced = 0
+    for (_, num_new), draft in zip(views, prev_drafts):
+        if num_new == 0 or draft is None:
+            return None
+        scored += 1 + len(draft)
+        produced += num_new
+    return (scored, produced) if scored else None
 
 
 def tokenizer_fingerprint(tokenizer_path: str) -> str:

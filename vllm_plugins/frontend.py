@@ -58,8 +58,13 @@ def validate_options(plugin: str, raw: dict[str, Any]):
         ) from None
 
 
-# Keys of a ``{"plugin": ...}`` config that stay with vLLM; every other key is a plugin option.
+# Keys of a ``{"plugin": ...}`` config that stay with vLLM; every other key is a plugin option
+# or one of the adapter's own keys.
 VLLM_KEYS = ("num_speculative_tokens", "disable_by_batch_size")
+# The adapter's keys, with their allowed values (first: default). ``policy``: "goodput" sets every
+# step's bar for one more draft token from measured step times (scorers/policy.py); "fixed" uses
+# each plugin's own fixed threshold (for experiments).
+ADAPTER_KEYS = {"policy": ("goodput", "fixed")}
 
 
 def translate(
@@ -83,9 +88,21 @@ def translate(
         raise FreespecConfigError(
             f"freespec plugin {plugin!r}: 'num_speculative_tokens' must be an integer >= 1, got {k!r}"
         )
+    adapter = {}
+    for key, allowed in ADAPTER_KEYS.items():
+        value = spec.pop(key, allowed[0])
+        if value not in allowed:
+            raise FreespecConfigError(
+                f"freespec: speculative_config {key!r} must be one of {list(allowed)}, got {value!r}"
+            )
+        adapter[key] = value
     raw_options = {key: spec.pop(key) for key in list(spec) if key not in VLLM_KEYS}
     options = validate_options(plugin, raw_options)
     new_spec = {"method": "custom_class", "model": ADAPTER_CLASS, **spec}
     new_additional = dict(additional_config or {})
-    new_additional[ADDITIONAL_CONFIG_KEY] = {"plugin": plugin, "options": options.model_dump(mode="json")}
+    new_additional[ADDITIONAL_CONFIG_KEY] = {
+        "plugin": plugin,
+        "options": options.model_dump(mode="json"),
+        **adapter,
+    }
     return new_spec, new_additional

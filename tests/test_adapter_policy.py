@@ -1,0 +1,55 @@
+"""The adapter feeds the goodput policy and hands its bar to the proposer."""
+from types import SimpleNamespace
+
+import numpy as np
+
+from freespec.vllm_plugins import adapter as adapter_module
+from freespec.vllm_plugins.adapter import FreespecProposer, step_tokens
+from freespec.vllm_plugins.frontend import translate
+
+
+def seq(n):
+    return np.arange(n, dtype=np.int32)
+
+
+def test_step_tokens_counts_decode_steps_and_skips_prefills():
+    views = [(seq(10), 3), (seq(5), 1)]
+    assert step_tokens(views, [[1, 2, 3], []]) == (4 + 1, 4)
+    assert step_tokens(views, [[1, 2, 3], None]) is None  # a row seen for the first time: it prefilled
+    assert step_tokens([(seq(10), 0)], [[]]) is None  # a partial prefill chunk
+
+
+def make_adapter(policy: str) -> FreespecProposer:
+    _, extra = translate({"plugin": "copy", "num_speculative_tokens": 4, "policy": policy}, None)
+    cfg = SimpleNamespace(
+        additional_config=extra,
+        speculative_config=SimpleNamespace(num_speculative_tokens=4),
+        model_config=SimpleNamespace(get_vocab_size=lambda: 1000, max_model_len=4096, model="m", tokenizer=None),
+    )
+    return FreespecProposer(cfg)
+
+
+def drive(adapter, monkeypatch, steps=200):
+    """Decode steps whose time grows by 2 ms per scored token over a 20 ms base."""
+    clock = {"t": 0.0}
+    monkeypatch.setattr(adapter_module.time, "perf_counter", lambda: clock["t"])
+    # Random text over a tiny alphabet: copy finds matches of varying promise, so draft lengths vary.
+    tokens = np.random.default_rng(0).integers(0, 6, size=(1, 2000)).astype(np.int32)
+    length = np.array([100], dtype=np.int32)
+    drafts = adapter.propose([[int(tokens[0, 99])]], length, tokens)
+    for _ in range(steps):
+        clock["t"] += 0.020 + 0.002 * (1 + len(drafts[0]))
+        accepted = min(len(drafts[0]), 1)
+        length[0] += accepted + 1
+        drafts = adapter.propose([tokens[0, length[0] - accepted - 1 : length[0]].tolist()], length, tokens)
+    return adapter.proposer.token_cost
+
+
+def test_goodput_policy_sets_the_bar_from_measured_step_times(monkeypatch):
+    cost = drive(make_adapter("goodput"), monkeypatch)
+    # plain decoding: 1 token per (20 + 2) ms, each draft token costs 2 ms -> the bar is at least 2/22
+    assert cost is not None and 0.09 <= cost <= 0.5
+
+
+def test_fixed_policy_leaves_the_plugins_own_threshold(monkeypatch):
+    assert drive(make_adapter("fixed"), monkeypatch) is None

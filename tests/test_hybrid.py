@@ -1,0 +1,57 @@
+"""The hybrid proposer: several sources, one fused chain per request."""
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from freespec.proposers.base import EngineInfo, Row, ScoredPositions
+from freespec.proposers.hybrid import HybridOptions, HybridProposer
+
+
+def make(**opts):
+    p = HybridProposer(HybridOptions(**opts), 4)
+    p.bind(EngineInfo(vocab_size=100))
+    return p
+
+
+def row(key, tokens, num_new=1):
+    return Row(key, np.asarray(tokens, dtype=np.int32), num_new)
+
+
+def test_options_are_checked():
+    with pytest.raises(ValidationError, match="distinct names"):
+        HybridOptions(sources=("copy", "magic"))
+    with pytest.raises(ValidationError, match="needs the \"datastore\" option"):
+        HybridOptions(sources=("copy", "retrieval"))
+    with pytest.raises(ValidationError, match="not among the sources"):
+        HybridOptions(datastore="/tmp")
+
+
+def test_needs_the_target_topk_only_with_recycle():
+    assert make(sources=("copy",)).target_topk == 0
+    assert make().target_topk == 8
+
+
+def test_each_request_gets_the_source_that_knows_something():
+    p = make()
+    # recycle has learned 40 -> 41 -> 42 -> 43 -> 44 with confidence
+    p.observe(
+        ScoredPositions(
+            np.array([40, 41, 42, 43], np.int32),
+            np.array([[41] + [0] * 7, [42] + [0] * 7, [43] + [0] * 7, [44] + [0] * 7], np.int32),
+            np.full((4, 8), 0.0, np.float32) + np.array([[0.97] + [0.0] * 7], np.float32),
+        )
+    )
+    copying = [5, 6, 7, 8, 9, 10, 11, 5, 6, 7]  # repeats itself: copy knows 8, 9, 10, 11
+    drafts = p.propose([row(0, copying), row(1, [1, 2, 40])])
+    assert drafts[0][:2] == [8, 9]
+    assert drafts[1][:2] == [41, 42]
+    p.release(0)
+    p.release(1)
+    assert p._supported == {}
+
+
+def test_a_high_bar_cuts_drafts():
+    p = make(sources=("copy",))
+    copying = [5, 6, 7, 8, 9, 10, 11, 5, 6, 7]
+    p.token_cost = 0.99
+    assert p.propose([row(0, copying)]) == [[]]

@@ -1,0 +1,44 @@
+"""The goodput policy: step-time fit and the per-token threshold it implies."""
+import numpy as np
+
+from freespec.scorers.policy import GoodputPolicy, StepTimeModel
+
+
+def test_step_time_fit_recovers_base_and_slope_from_noisy_steps():
+    rng = np.random.default_rng(0)
+    model = StepTimeModel()
+    for _ in range(500):
+        tokens = int(rng.integers(1, 60))
+        model.observe(tokens, 0.020 + 0.0015 * tokens + rng.normal(0, 0.0005))
+    base, per_token = model.fit()
+    assert abs(base - 0.020) < 0.001 and abs(per_token - 0.0015) < 0.0001
+
+
+def test_slope_is_not_identified_without_spread_in_tokens():
+    model = StepTimeModel()
+    for _ in range(100):
+        model.observe(8, 0.03)
+    assert model.fit() is None
+    assert GoodputPolicy().token_cost() is None
+
+
+def run(policy, base, per_token, batch, draft, accepted_per_step, steps=300, seed=0):
+    rng = np.random.default_rng(seed)
+    for _ in range(steps):
+        d = int(rng.integers(0, draft + 1))
+        tokens = batch * (1 + d)
+        output = batch + int(accepted_per_step * d / max(draft, 1))
+        policy.observe_step(tokens, output, base + per_token * tokens, rows=batch)
+    return policy.token_cost()
+
+
+def test_cheap_verification_means_a_low_bar_and_a_full_machine_a_high_one():
+    # Memory-bound accelerator at batch 1: a step costs the same whatever its size.
+    assert run(GoodputPolicy(), base=0.010, per_token=0.00001, batch=1, draft=8, accepted_per_step=2) < 0.01
+    # Compute-bound, 39 requests, drafts mostly rejected: a draft token must beat plain decoding,
+    # whose goodput is 39 / (base + 39 * per_token): it must be nearly certain.
+    cost = run(GoodputPolicy(), base=0.0005, per_token=0.002, batch=39, draft=4, accepted_per_step=4)
+    assert abs(cost - 0.002 * 39 / (0.0005 + 0.002 * 39)) < 0.02
+    # Batch 1 with a real per-token cost (a CPU): the bar sits at per_token / step time.
+    cost = run(GoodputPolicy(), base=0.030, per_token=0.002, batch=1, draft=8, accepted_per_step=3)
+    assert 0.05 < cost < 0.2
