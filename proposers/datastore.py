@@ -49,11 +49,14 @@ class Shard:
     sa: np.ndarray  # uint32 memmap [n]
 
 
-def file_sha256(path: Path, chunk: int = 1 << 24) -> str:
+def file_sha256(path: Path, chunk: int = 1 << 24, progress=None) -> str:
+    """sha256 of a file, read in chunks; ``progress`` (a tqdm bar, optional) is advanced by the bytes read."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(chunk):
             h.update(block)
+            if progress is not None:
+                progress.update(len(block))
     return h.hexdigest()
 
 
@@ -100,9 +103,23 @@ class Datastore:
                 f"this model's tokenizer is {tokenizer_fingerprint}. Rebuild it with "
                 "`freespec datastore build --tokenizer MODEL_DIR ...`"
             )
+        if manifest.get("separator", int(SEPARATOR)) != int(SEPARATOR):
+            raise DatastoreError(
+                f"retrieval datastore {str(directory)!r}: separator {manifest.get('separator')!r}, "
+                f"this freespec uses {int(SEPARATOR)}"
+            )
+        entries = manifest.get("shards")
+        if not isinstance(entries, list):
+            raise DatastoreError(f"retrieval datastore {str(directory)!r}: {MANIFEST} has no shard list")
         shards = []
-        for entry in manifest.get("shards", []):
-            n = int(entry["tokens"])
+        for entry in entries:
+            try:
+                n = int(entry["tokens"])
+                str(entry["name"])
+            except (KeyError, TypeError, ValueError):
+                raise DatastoreError(
+                    f"retrieval datastore {str(directory)!r}: malformed shard entry in {MANIFEST}: {entry!r}"
+                ) from None
             arrays = []
             for suffix in ("tokens", "sa"):
                 path = directory / f"{entry['name']}.{suffix}"
@@ -124,10 +141,8 @@ class Datastore:
         for entry, shard in zip(self.manifest["shards"], self.shards):
             for suffix, key in (("tokens", "tokens_sha256"), ("sa", "sa_sha256")):
                 path = self.directory / f"{entry['name']}.{suffix}"
-                if file_sha256(path) != entry.get(key):
+                if file_sha256(path, progress=progress) != entry.get(key):
                     problems.append(f"{path.name}: checksum mismatch (modified or corrupt)")
-                if progress is not None:
-                    progress.update(path.stat().st_size)
             problems += _check_sorted(shard, samples)
         return problems
 
@@ -136,11 +151,16 @@ def _check_sorted(shard: Shard, samples: int, width: int = 64) -> list[str]:
     n = len(shard.sa)
     if n < 2:
         return []
-    rng = np.random.default_rng(0)
-    for i in rng.integers(0, n - 1, size=min(samples, n - 1)):
+    if n - 1 <= samples:  # small shard: every neighbouring pair
+        positions = np.arange(n - 1)
+    else:
+        positions = np.random.default_rng(0).integers(0, n - 1, size=samples)
+    for i in positions:
         a, b = int(shard.sa[i]), int(shard.sa[i + 1])
         if a >= n or b >= n:
             return [f"{shard.name}.sa: position out of range at {i}"]
+        if a == b:
+            return [f"{shard.name}.sa: position {a} twice (at {i} and {i + 1})"]
         x, y = shard.tokens[a : a + width], shard.tokens[b : b + width]
         m = min(len(x), len(y))
         diff = np.flatnonzero(x[:m] != y[:m])

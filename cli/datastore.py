@@ -1,0 +1,226 @@
+"""``freespec datastore``: build, inspect and verify the retrieval proposer's datastores.
+
+    freespec datastore build --tokenizer MODEL_DIR --input PATH [PATH ...] --out DIR
+                             [--shard-tokens N] [--force]
+    freespec datastore info DIR
+    freespec datastore verify DIR
+
+``build`` tokenizes ``.txt`` / ``.jsonl`` / ``.json`` files with the model's own tokenizer (no
+special tokens) into token shards with suffix arrays (see docs/datastore.md); progress goes to
+stderr and the datastore's path is the last line of stdout. ``verify`` recomputes every checksum
+and checks suffix-array order; it exits 1 and lists the problems when there are any.
+Exit code 2: bad arguments (missing input, unreadable tokenizer, non-empty --out, bad record).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+DEFAULT_SHARD_TOKENS = 1 << 26
+
+
+def _log(message: str) -> None:
+    print(f"freespec: {message}", file=sys.stderr, flush=True)
+
+
+def _error(message: str, code: int = 2) -> int:
+    print(f"freespec: error: {message}", file=sys.stderr, flush=True)
+    return code
+
+
+def _shard_tokens(value: str) -> int:
+    try:
+        n = int(value.replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
+    if not 2 <= n < 2**32:
+        raise argparse.ArgumentTypeError(f"must be between 2 and {2**32 - 1}, not {n}")
+    return n
+
+
+def _size(nbytes: int) -> str:
+    value = float(nbytes)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{nbytes} B"  # pragma: no cover
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("datastore", help="build, inspect and verify retrieval datastores",
+                              description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="datastore_command", required=True)
+
+    build = sub.add_parser("build", help="tokenize text files into a datastore (shards + suffix arrays)")
+    build.add_argument("--tokenizer", required=True, metavar="MODEL_DIR",
+                       help="local model directory whose tokenizer the target model uses")
+    build.add_argument("--input", required=True, nargs="+", metavar="PATH",
+                       help=".txt (paragraphs), .jsonl or .json (records, chats) files")
+    build.add_argument("--out", required=True, metavar="DIR", help="datastore directory to create")
+    build.add_argument("--shard-tokens", type=_shard_tokens, default=DEFAULT_SHARD_TOKENS, metavar="N",
+                       help=f"tokens per shard (default {DEFAULT_SHARD_TOKENS:,}; building needs about "
+                            "20 bytes of memory per shard token)")
+    build.add_argument("--force", action="store_true", help="replace an existing datastore in DIR")
+
+    info = sub.add_parser("info", help="summary of a datastore's manifest")
+    info.add_argument("dir", metavar="DIR")
+
+    verify = sub.add_parser("verify", help="recompute checksums and check suffix-array order")
+    verify.add_argument("dir", metavar="DIR")
+    verify.add_argument("--samples", type=int, default=10_000,
+                        help="suffix-array neighbours checked per shard (default 10000; all in smaller ones)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return {"build": _build, "info": _info, "verify": _verify}[args.datastore_command](args)
+    except KeyboardInterrupt:
+        print("\nfreespec: interrupted", file=sys.stderr)
+        return 130
+
+
+# --------------------------------------------------------------------------- build
+
+
+def load_tokenizer(model_dir: str):
+    """``AutoTokenizer.from_pretrained(model_dir)``, offline; a readable ValueError if it fails."""
+    path = Path(model_dir)
+    if not path.is_dir():
+        raise ValueError(f"tokenizer directory {model_dir} does not exist (pass a local model directory, "
+                         "e.g. the path `freespec models prepare` prints)")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as e:
+        raise ValueError(f"transformers is not installed ({e}); install vllm-freespec[cpu] or [cuda]") \
+            from None
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    except Exception as e:  # transformers raises many kinds (OSError, ValueError, KeyError, ...)
+        detail = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ValueError(f"cannot load a tokenizer from {model_dir}: {type(e).__name__}: {detail}") from None
+
+
+def _build(args: argparse.Namespace) -> int:
+    from freespec.proposers.datastore import DatastoreError
+    from freespec.proposers.datastore_build import BuildError, build_datastore, check_input
+    from freespec.proposers.vocab import vocab_fingerprint
+
+    try:
+        for path in args.input:  # before the (slow) tokenizer load
+            check_input(path)
+        tok = load_tokenizer(args.tokenizer)
+    except ValueError as e:
+        return _error(str(e))
+
+    def tokenize(texts: list[str]) -> list[list[int]]:
+        return tok(texts, add_special_tokens=False, return_attention_mask=False, verbose=False)["input_ids"]
+
+    name = Path(args.tokenizer).resolve().name
+    start = time.perf_counter()
+    try:
+        manifest = build_datastore(
+            args.input,
+            args.out,
+            tokenize,
+            tokenizer_name=name,
+            fingerprint=vocab_fingerprint(tok.get_vocab()),
+            vocab_size=len(tok),
+            shard_tokens=args.shard_tokens,
+            force=args.force,
+        )
+    except (BuildError, DatastoreError) as e:
+        return _error(str(e))
+    except OSError as e:  # disk full, permissions
+        return _error(f"building {args.out} failed: {e}", 1)
+    seconds = time.perf_counter() - start
+    _log(f"{manifest['documents']:,} documents, {manifest['total_tokens']:,} tokens, "
+         f"{len(manifest['shards'])} shard(s) in {seconds:.1f}s "
+         f"({manifest['total_tokens'] / max(seconds, 1e-9):,.0f} tokens/s)")
+    print(Path(args.out).absolute())
+    return 0
+
+
+# --------------------------------------------------------------------------- info
+
+
+def _info(args: argparse.Namespace) -> int:
+    from freespec.proposers.datastore import MANIFEST, DatastoreError, read_manifest
+
+    directory = Path(args.dir)
+    if not directory.is_dir():
+        return _error(f"{args.dir} is not a directory")
+    try:
+        manifest = read_manifest(directory)
+    except DatastoreError as e:
+        return _error(str(e))
+    tokenizer = manifest.get("tokenizer") or {}
+    shards = manifest.get("shards") or []
+    rows = []
+    on_disk = (directory / MANIFEST).stat().st_size
+    missing = []
+    for entry in shards:
+        size = 0
+        for suffix in ("tokens", "sa"):
+            path = directory / f"{entry.get('name')}.{suffix}"
+            if path.exists():
+                size += path.stat().st_size
+            else:
+                missing.append(path.name)
+        on_disk += size
+        rows.append((str(entry.get("name")), f"{int(entry.get('tokens', 0)):,}", _size(size)))
+    documents = int(manifest.get("documents", 0))
+    print(f"datastore   {directory.absolute()}")
+    print(f"format      {manifest.get('format')} version {manifest.get('version')}")
+    print(f"tokenizer   {tokenizer.get('name')} ({tokenizer.get('fingerprint')})")
+    print(f"vocab size  {manifest.get('vocab_size')}")
+    print(f"documents   {documents:,}")
+    print(f"tokens      {int(manifest.get('total_tokens', 0)):,} (including one separator per document)")
+    print(f"shards      {len(shards)}")
+    print(f"on disk     {_size(on_disk)} ({on_disk:,} bytes)")
+    print(f"created     {manifest.get('created')}")
+    for i, source in enumerate(manifest.get("sources") or []):
+        print(f"{'sources' if i == 0 else '':<11} {source}")
+    if rows:
+        widths = [max(len(r[i]) for r in rows) for i in range(3)]
+        for row in rows:
+            print(f"  {row[0]:<{widths[0]}}  {row[1]:>{widths[1]}} tokens  {row[2]:>{widths[2]}}")
+    if missing:
+        _log(f"missing files: {', '.join(missing)} (run `freespec datastore verify {args.dir}`)")
+        return 1
+    return 0
+
+
+# --------------------------------------------------------------------------- verify
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from freespec.proposers.datastore import Datastore, DatastoreError
+
+    directory = Path(args.dir)
+    if not directory.is_dir():
+        return _error(f"{args.dir} is not a directory")
+    try:
+        store = Datastore.open(directory)
+    except DatastoreError as e:
+        print(f"freespec: datastore {args.dir} is unusable:\n  - {e}", file=sys.stderr)
+        return 1
+    total = sum(shard.tokens.nbytes + shard.sa.nbytes for shard in store.shards)
+    with tqdm(total=total, desc="verifying", unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr,
+              dynamic_ncols=True) as bar:
+        problems = store.verify(samples=args.samples, progress=bar)
+    if problems:
+        print(f"freespec: datastore {args.dir} has {len(problems)} problem(s):", file=sys.stderr)
+        for problem in problems:
+            print(f"  - {problem}", file=sys.stderr)
+        return 1
+    print(f"{directory.absolute()}: ok ({len(store.shards)} shard(s), {store.total_tokens:,} tokens; "
+          "checksums and suffix-array order checked)")
+    return 0
