@@ -878,6 +878,9 @@ def _write_json(path: Path, state: RunState) -> None:
     tmp.replace(path)
 
 
+MIXED_CATEGORY = "mixed"  # the one block of all categories at concurrency > 1
+
+
 def bench_config(
     config: BenchConfig, model: str, selected: "OrderedDict[str, list[Question]]", warmup: list[str],
     args: argparse.Namespace, out: Path, state: RunState,
@@ -914,8 +917,16 @@ def bench_config(
                 server_info["warmup_s"] = warm_s
             for concurrency in session:
                 desc = f"{config.label} c={concurrency}"
+                # At concurrency 1 each category is its own block (exact per-category counters); above it
+                # all questions are submitted together as one "mixed" block, or a category's few
+                # questions would never fill the requested concurrency.
+                blocks = (
+                    list(selected.items())
+                    if concurrency == 1
+                    else [(MIXED_CATEGORY, [q for qs in selected.values() for q in qs])]
+                )
                 with tqdm(total=n_prompts, desc=desc, unit="req", leave=True) as bar:
-                    for category, questions in selected.items():
+                    for category, questions in blocks:
                         bar.set_postfix_str(category)
                         before = server.spec_counters()
                         prompts = [q.prompt for q in questions]

@@ -495,7 +495,7 @@ def test_run_end_to_end_with_a_fake_server(tmp_path, questions_file, monkeypatch
     assert len(result["requests"]) == 2 * 2 * 2 * 2  # configs x concurrency x categories x questions
     assert all(r["completion_tokens"] == 16 and r["error"] is None for r in result["requests"])
     rows = {(r["config"], r["concurrency"], r["category"]): r for r in result["aggregates"]}
-    ngram = rows[("ngram", 2, "writing")]
+    ngram = rows[("ngram", 1, "writing")]
     # 2 requests in the block, each adding 2 drafts / 8 draft tokens / 4 accepted in the fake server.
     assert (ngram["num_drafts"], ngram["num_draft_tokens"], ngram["num_accepted_tokens"]) == (4, 16, 8)
     assert ngram["mean_acceptance_length"] == pytest.approx(3.0)
@@ -503,6 +503,8 @@ def test_run_end_to_end_with_a_fake_server(tmp_path, questions_file, monkeypatch
     assert ngram["tokens_per_forward"] == pytest.approx(32 / 24)
     assert (ngram["text_identical"], ngram["text_compared"]) == (1, 2)  # "writing q1" differs
     assert rows[("ngram", 1, "all")]["text_compared"] == 4
+    # Above concurrency 1, all questions go in together as one "mixed" block.
+    assert ("ngram", 2, "writing") not in rows and rows[("ngram", 2, "mixed")]["num_requests"] == 4
     assert rows[("none", 1, "writing")]["num_drafts"] is None
     assert (out / "results.png").read_bytes()[:4] == b"\x89PNG"
     md = (out / "results.md").read_text()
