@@ -93,6 +93,10 @@ def load_tokenizer(model_dir: str):
     if not path.is_dir():
         raise ValueError(f"tokenizer directory {model_dir} does not exist (pass a local model directory, "
                          "e.g. the path `freespec models prepare` prints)")
+    markers = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "config.json")
+    if not any((path / name).is_file() for name in markers):
+        raise ValueError(f"{model_dir} holds no tokenizer (none of {', '.join(markers)}); pass a model "
+                         "directory, e.g. the path `freespec models prepare` prints")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         from transformers import AutoTokenizer

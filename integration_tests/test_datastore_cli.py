@@ -96,11 +96,15 @@ def test_verify(built, tmp_path):
 
 
 def test_errors_exit_2_without_traceback(tokenizer_dir, corpus, tmp_path):
+    broken = tmp_path / "broken-model"
+    broken.mkdir()
+    (broken / "tokenizer_config.json").write_text("{not json")
     cases = [
         (["--tokenizer", tokenizer_dir, "--input", str(tmp_path / "missing.jsonl")],
          "missing.jsonl: no such file"),
         (["--tokenizer", str(tmp_path / "no-model"), "--input", str(corpus)], "does not exist"),
-        (["--tokenizer", str(tmp_path), "--input", str(corpus)], "cannot load a tokenizer from"),
+        (["--tokenizer", str(tmp_path), "--input", str(corpus)], "holds no tokenizer"),
+        (["--tokenizer", str(broken), "--input", str(corpus)], "cannot load a tokenizer from"),
     ]
     for args, message in cases:
         proc = freespec("datastore", "build", *args, "--out", str(tmp_path / "ds"))

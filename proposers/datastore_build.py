@@ -239,7 +239,7 @@ def record_texts(record) -> list[str]:
 # --------------------------------------------------------------------------- suffix arrays
 
 
-def _aligned_positions(byte_sa: np.ndarray, chunk: int = _WRITE_CHUNK) -> Iterator[np.ndarray]:
+def _aligned_positions(byte_sa: np.ndarray, chunk: int = 1 << 20) -> Iterator[np.ndarray]:
     """The token positions (byte offsets divisible by 4) in the byte-level suffix array, in its order."""
     for start in range(0, len(byte_sa), chunk):
         part = byte_sa[start : start + chunk]
