@@ -89,6 +89,13 @@ class RecycleProposer(Proposer):
         widths = tuple(options.tree_widths[:num_speculative_tokens])
         widths += (1,) * (num_speculative_tokens - len(widths))
         self.parents, self.ranks, self.depths = tree_template(widths)  # vLLM's k is at least 1
+        # The template is static, so the plain top-1 chain (adaptive: false) is too: rank 0 under
+        # rank 0 at every depth. Found once here instead of per request and step.
+        top1, node = [], -1
+        for _ in range(num_speculative_tokens):
+            node = int(np.flatnonzero((self.parents == node) & (self.ranks == 0))[0])
+            top1.append(node)
+        self._top1_nodes = np.asarray(top1, dtype=np.int64)
         self.acceptance = EdgeAcceptance(options.candidates)
         self.ids: Optional[np.ndarray] = None
         self.probs: Optional[np.ndarray] = None
@@ -186,16 +193,9 @@ class RecycleProposer(Proposer):
         return drafts
 
     def _top1_path(self, tokens: np.ndarray) -> np.ndarray:
-        """Nodes of the rank-0 chain: in the breadth-first template, rank 0 of each level's first node."""
-        path = []
-        node = -1
-        for level in range(self.k):
-            children = np.flatnonzero((self.parents == node) & (self.ranks == 0))
-            if len(children) == 0 or tokens[children[0]] < 0:
-                break
-            node = int(children[0])
-            path.append(node)
-        return np.asarray(path, dtype=np.int64)
+        """The rank-0 chain's nodes, cut before the first node whose token is unknown."""
+        known = tokens[self._top1_nodes] >= 0
+        return self._top1_nodes[: len(known) if known.all() else int(np.argmin(known))]
 
     def _learn(self, row: Row) -> None:
         """The chain drafted for this request last step has been verified: num_new - 1 were accepted."""
