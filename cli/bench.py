@@ -38,6 +38,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+from freespec.cli.process_memory import tree_memory
+
 SPEC_BENCH_URL = "https://github.com/hemingkx/Spec-Bench"
 SPEC_BENCH_QUESTIONS = "data/spec_bench/question.jsonl"
 DEFAULT_QUESTIONS = "../shared/data/spec_bench/question.jsonl"
@@ -328,9 +330,10 @@ def read_questions(path: Path) -> list[Question]:
 
 
 def select_questions(
-    questions: Sequence[Question], categories: Sequence[str] | None, per_category: int | None
+    questions: Sequence[Question], categories: Sequence[str] | None, per_category: int | None,
+    offset: int = 0,
 ) -> "OrderedDict[str, list[Question]]":
-    """Questions grouped by category: the first ``per_category`` of each, in file order.
+    """Questions grouped by category: ``per_category`` of each from the ``offset``-th on, in file order.
 
     Categories keep the order of ``categories`` when given, else file order.
     Unknown category names raise BenchError listing the known ones.
@@ -351,8 +354,25 @@ def select_questions(
     selected: OrderedDict[str, list[Question]] = OrderedDict()
     for category in wanted:
         items = by_category[category]
+        items = items[offset:]
         selected[category] = list(items if per_category is None else items[:per_category])
     return selected
+
+
+def select_questions_per_level(
+    questions: Sequence[Question], categories: Sequence[str] | None, per_category: int | None,
+    levels: Sequence[int], new_per_level: bool,
+) -> "dict[int, OrderedDict[str, list[Question]]]":
+    """The questions of each concurrency level: the same for all, or with ``new_per_level`` the next
+    ``per_category`` of each category for each level in turn (so a server kept across levels never
+    sees a measured prompt twice)."""
+    if not new_per_level:
+        same = select_questions(questions, categories, per_category)
+        return {c: same for c in levels}
+    if per_category is None:
+        raise BenchError("--new-questions-per-level needs --per-category")
+    return {c: select_questions(questions, categories, per_category, offset=i * per_category)
+            for i, c in enumerate(levels)}
 
 
 def select_warmup_prompts(
@@ -881,9 +901,14 @@ def _write_json(path: Path, state: RunState) -> None:
 MIXED_CATEGORY = "mixed"  # the one block of all categories at concurrency > 1
 
 
+def _datastore_of(config: BenchConfig) -> str | None:
+    options = config.speculative_config or {}
+    return options.get("datastore") if isinstance(options.get("datastore"), str) else None
+
+
 def bench_config(
-    config: BenchConfig, model: str, selected: "OrderedDict[str, list[Question]]", warmup: list[str],
-    args: argparse.Namespace, out: Path, state: RunState,
+    config: BenchConfig, model: str, selected_per_level: "dict[int, OrderedDict[str, list[Question]]]",
+    warmup: list[str], args: argparse.Namespace, out: Path, state: RunState,
 ) -> dict[str, Any]:
     """Serve one config and run every concurrency x category block on it.
 
@@ -898,7 +923,6 @@ def bench_config(
     concurrencies = list(args.concurrency)
     sessions = [concurrencies] if args.reuse_server else [[c] for c in concurrencies]
     log_path = out / f"server_{_slug(config.label)}.log"
-    n_prompts = sum(len(qs) for qs in selected.values())
     for session in sessions:
         port = args.port or free_port()
         cmd = server_command(model, port, config, args)
@@ -917,11 +941,13 @@ def bench_config(
                 server_info["warmup_s"] = warm_s
             for concurrency in session:
                 desc = f"{config.label} c={concurrency}"
+                selected = selected_per_level[concurrency]
+                n_prompts = sum(len(qs) for qs in selected.values())
                 # At concurrency 1 each category is its own block (exact per-category counters); above it
                 # all questions are submitted together as one "mixed" block, or a category's few
                 # questions would never fill the requested concurrency.
                 blocks = (
-                    list(selected.items())
+                    [(category, qs) for category, qs in selected.items() if qs]
                     if concurrency == 1
                     else [(MIXED_CATEGORY, [q for qs in selected.values() for q in qs])]
                 )
@@ -945,6 +971,8 @@ def bench_config(
                 if errors:
                     print(f"[{config.label}] c={concurrency}: {len(errors)} request(s) failed, "
                           f"first: {errors[0]['error']}", file=sys.stderr, flush=True)
+            # Resident memory of the server's processes after the measured requests (peaks included).
+            server_info["memory"] = tree_memory(server.proc.pid, _datastore_of(config))
             server_info["status"] = "ok"
         except (BenchError, OSError, ValueError) as exc:  # URLError is an OSError
             if not isinstance(exc, BenchError):
@@ -971,11 +999,14 @@ def run(args: argparse.Namespace) -> int:
         configs = parse_config_list(args.configs, args.num_speculative_tokens)
         questions = read_questions(Path(args.questions))
         categories = split_config_list(args.categories) if args.categories else None
-        selected = select_questions(questions, categories, args.per_category)
+        selected_per_level = select_questions_per_level(
+            questions, categories, args.per_category, args.concurrency, args.new_questions_per_level)
     except BenchError as exc:
         print(f"freespec bench: {exc}", file=sys.stderr)
         return 2
-    measured = [q for qs in selected.values() for q in qs]
+    selected = selected_per_level[args.concurrency[0]]
+    measured = list({(q.category, q.question_id): q for level in selected_per_level.values()
+                     for qs in level.values() for q in qs}.values())
     if not measured:
         print("freespec bench: no questions selected", file=sys.stderr)
         return 2
@@ -1009,7 +1040,10 @@ def run(args: argparse.Namespace) -> int:
 
     settings = {k: v for k, v in vars(args).items() if k != "func"}
     settings.update(model=model, questions=str(Path(args.questions).resolve()),
-                    categories=list(selected), prompts_per_category={c: len(q) for c, q in selected.items()},
+                    categories=list(selected),
+                    prompts_per_category={c: len(q) for c, q in selected.items()},
+                    question_ids_per_level={str(c): {cat: [q.question_id for q in qs] for cat, qs in level.items()}
+                                            for c, level in selected_per_level.items()},
                     warmup_prompts=warmup, baseline=BASELINE)
     state = RunState(
         started_at=_dt.datetime.now().isoformat(timespec="seconds"),
@@ -1024,7 +1058,7 @@ def run(args: argparse.Namespace) -> int:
     exit_code = 0
     try:
         for config in runnable:
-            info = bench_config(config, model, selected, warmup, args, out, state)
+            info = bench_config(config, model, selected_per_level, warmup, args, out, state)
             if info["status"] != "ok":
                 exit_code = 1
             state.aggregates = aggregate(state.requests, state.blocks)
@@ -1119,6 +1153,10 @@ def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--reuse-server", action="store_true",
                    help="one server per config for all concurrency levels (faster; proposers that remember "
                         "earlier requests then see every prompt again) instead of a fresh one per level")
+    p.add_argument("--new-questions-per-level", action="store_true",
+                   help="each concurrency level gets the next --per-category questions of each category "
+                        "(with --reuse-server: a load sweep on one warm server that never sees a measured "
+                        "prompt twice)")
     p.set_defaults(func=run)
     return p
 

@@ -7,7 +7,9 @@ A datastore is a directory:
   ``vocab_size``, ``separator`` (the token id written between documents, 2**32 - 1:
   never a real token, so no match and no continuation crosses a document boundary),
   ``shards`` (list, see below), ``total_tokens``, ``documents``, ``created``
-  (ISO time) and ``sources`` (the input paths, informational);
+  (ISO time), and, informational: ``sources`` (the input paths), ``roles`` (the chat roles
+  kept, or null) and ``excluded`` (``{"files", "ngram_words", "documents_dropped"}`` when
+  documents overlapping evaluation data were dropped, else null);
 - per shard ``NAME.tokens``: little-endian uint32 token ids (documents separated by
   ``separator``) and ``NAME.sa``: little-endian uint32 suffix array of that shard (the
   start positions of its suffixes in lexicographic order; a shard holds fewer than
@@ -170,3 +172,33 @@ def _check_sorted(shard: Shard, samples: int, width: int = 64) -> list[str]:
         elif len(x) > len(y) and m < width:
             return [f"{shard.name}.sa: not sorted at {i}"]
     return []
+
+
+_SMAPS_FIELDS = ("Rss", "Pss", "Shared_Clean", "Shared_Dirty", "Private_Clean", "Private_Dirty")
+
+
+def mapped_residency(directory: str | os.PathLike, pid: int | str = "self") -> dict | None:
+    """How process ``pid`` holds the datastore's files in memory, in bytes, from ``/proc/PID/smaps``.
+
+    Returns ``{"mappings", "shared_mappings", "Rss", "Pss", "Shared_Clean", ...}`` summed over the
+    process's mappings of the datastore's files (``shared_mappings``: how many are MAP_SHARED), or
+    None where there is no ``/proc`` (not Linux). A worker that maps the datastore as designed has
+    only clean, shared pages of it: ``Private_Dirty`` 0, and ``Pss`` below ``Rss`` as soon as another
+    process reads the same pages.
+    """
+    smaps = Path(f"/proc/{pid}/smaps")
+    if not smaps.exists():
+        return None
+    root = str(Path(directory).resolve()) + os.sep
+    totals = dict.fromkeys(("mappings", "shared_mappings", *_SMAPS_FIELDS), 0)
+    inside = False
+    for line in smaps.read_text().splitlines():
+        head = line.split(maxsplit=5)
+        if len(head) >= 5 and "-" in head[0] and ":" not in head[0]:  # a mapping's header line
+            inside = len(head) == 6 and head[5].startswith(root)
+            if inside:
+                totals["mappings"] += 1
+                totals["shared_mappings"] += head[1].endswith("s")
+        elif inside and head and head[0].rstrip(":") in _SMAPS_FIELDS:
+            totals[head[0].rstrip(":")] += int(head[1]) * 1024  # smaps counts kB
+    return totals

@@ -519,3 +519,18 @@ def test_cli_errors_exit_2(tmp_path, capsys):
         main(["datastore", "build", "--tokenizer", "x", "--input", "y.txt", "--out", "z",
               "--shard-tokens", "1"])
     assert exit_info.value.code == 2
+
+
+def test_mapped_residency_sees_the_shared_read_only_mapping(tmp_path):
+    from freespec.proposers.datastore import mapped_residency
+
+    if mapped_residency(tmp_path) is None:
+        pytest.skip("no /proc (not Linux)")
+    directory, _ = build(tmp_path, [write(tmp_path / "a.txt", "the cat sat on the mat\n\n" * 3000)])
+    assert mapped_residency(directory)["mappings"] == 0  # not opened yet
+    store = Datastore.open(directory)
+    touched = sum(int(s.tokens.sum()) + int(s.sa.sum()) for s in store.shards)  # read every page
+    assert touched > 0
+    held = mapped_residency(directory)
+    assert held["mappings"] == held["shared_mappings"] == 2 * len(store.shards)
+    assert held["Rss"] > 0 and held["Private_Dirty"] == 0
