@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, ClassVar, Optional, Sequence
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:
+    from freespec.scorers.fusion import Candidates
 
 
 class ProposerOptions(BaseModel):
@@ -89,6 +92,17 @@ class Proposer(ABC):
     @abstractmethod
     def propose(self, rows: Sequence[Row]) -> list[list[int]]:
         """One draft (0..k token ids) per row, in row order."""
+
+    def candidates(self, rows: Sequence[Row]) -> list[Optional["Candidates"]]:
+        """Each row's candidate chains, for a plugin that fuses several sources (``hybrid``).
+
+        By default the one draft ``propose`` returns; a source that knows several continuations
+        (``retrieval``: every sampled occurrence) offers them all, so fusion weighs them.
+        """
+        from freespec.scorers.fusion import Candidates
+
+        return [Candidates(type(self).__name__, np.asarray([d], dtype=np.int64), np.ones(1)) if d else None
+                for d in self.propose(rows)]
 
     def release(self, key: int) -> None:
         """The request ``key`` left the batch: drop what is kept for it."""

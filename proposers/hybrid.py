@@ -2,11 +2,14 @@
 
 Sources: ``copy`` (the request's own context and recent outputs), ``recycle`` (the target's own
 top-k from earlier steps) and ``retrieval`` (a datastore; needs the ``datastore`` option). Each
-source drafts its own chain with the same load-aware bar (``token_cost``, scorers/policy.py).
-The chains are merged by common prefix (``scorers.fusion``): a token's support is the sum of the
-learned per-token acceptance rates of the sources whose chains agree up to it, and the draft is
-cut where the chance that the whole prefix is accepted (the product of supports, capped at 1)
-falls below the bar, so a request gets copy drafts while it rewrites, datastore drafts while it
+source offers its candidates (``Proposer.candidates``): ``copy`` and ``recycle`` their one chain,
+drafted with the same load-aware bar (``token_cost``, scorers/policy.py), ``retrieval`` every
+sampled continuation of its longest match. They are fused by common prefix exactly as the
+``retrieval`` plugin fuses its two sources (``scorers.fusion``): a token's support is the sum over
+sources of the source's learned per-token acceptance rate times the share of its candidates that
+agree up to it; the draft follows the best-supported token while that support is at least
+``min_support`` and, with the goodput policy, while the chance that the whole prefix is accepted
+pays for verifying it. So a request gets copy drafts while it rewrites, datastore drafts while it
 answers from known material, recycled drafts otherwise, and agreement between sources makes a
 draft longer.
 
@@ -22,18 +25,15 @@ import numpy as np
 from pydantic import Field, field_validator, model_validator
 
 from freespec.proposers.base import EngineInfo, Proposer, ProposerOptions, Row, ScoredPositions
-from freespec.scorers.fusion import Candidates, SourceWeights, fuse, paying_prefix
+from freespec.scorers.fusion import SourceWeights, fuse, paying_prefix
 
 SOURCES = ("copy", "recycle", "retrieval")
-DEFAULT_BAR = 0.2  # with "policy": "fixed": a prefix is drafted while its acceptance chance is at least this
 
 
 class HybridOptions(ProposerOptions):
     sources: tuple[str, ...] = Field(("copy", "recycle"), min_length=1, description=f"any of {list(SOURCES)}")
     datastore: Optional[str] = Field(None, description="datastore directory, for the retrieval source")
-    min_token_gain: float = Field(
-        DEFAULT_BAR, ge=0.0, le=1.0, description='bar for one more draft token with "policy": "fixed"'
-    )
+    min_support: float = Field(0.2, ge=0.0, le=10.0, description="stop the draft where support falls below this")
 
     @field_validator("sources")
     @classmethod
@@ -87,23 +87,24 @@ class HybridProposer(Proposer):
                 source.observe(scored)
 
     def propose(self, rows: Sequence[Row]) -> list[list[int]]:
-        chains = {}
+        offered = {}
         for name, source in self.sources.items():
             source.token_cost = self.token_cost
-            chains[name] = source.propose(rows)
-        bar = self.gain_threshold(self.options.min_token_gain)
+            offered[name] = source.candidates(rows)
         drafts = []
         for i, row in enumerate(rows):
             supported = self._supported.pop(row.key, None)
             if supported is not None and row.num_new > 0:
                 self.weights.observe(supported, row.num_new - 1)
-            candidates = [
-                Candidates(name, np.asarray([chains[name][i]], dtype=np.int64), np.ones(1), self.weights.weight(name))
-                for name in self.sources
-                if chains[name][i]
-            ]
-            draft, support, supported = fuse(candidates, self.k, 0.0)
-            draft = draft[: paying_prefix(support, bar)]
+            candidates = []
+            for name in self.sources:
+                found = offered[name][i]
+                if found is not None:
+                    found.name, found.source_weight = name, self.weights.weight(name)
+                    candidates.append(found)
+            draft, support, supported = fuse(candidates, self.k, self.options.min_support)
+            if self.token_cost is not None:
+                draft = draft[: paying_prefix(support, self.token_cost)]
             if draft:
                 self._supported[row.key] = {name: min(n, len(draft)) for name, n in supported.items()}
             drafts.append(draft)

@@ -119,6 +119,15 @@ class RetrievalProposer(Proposer):
             drafts.append(draft)
         return drafts
 
+    def candidates(self, rows: Sequence[Row]) -> list[Optional[Candidates]]:
+        """Every sampled continuation of each row's longest match (retrieval only), for ``hybrid``."""
+        if self.copy is not None:  # fusing with its own copy source: offer the fused draft
+            return super().candidates(rows)
+        if self.store is None:
+            raise RuntimeError("retrieval proposer used before bind()")
+        return [self.lookup(row.tokens) if row.num_new and len(row.tokens) >= self.options.min_match else None
+                for row in rows]
+
     def release(self, key: int) -> None:
         self._supported.pop(key, None)
         if self.copy is not None:

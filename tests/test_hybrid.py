@@ -55,3 +55,24 @@ def test_a_high_bar_cuts_drafts():
     copying = [5, 6, 7, 8, 9, 10, 11, 5, 6, 7]
     p.token_cost = 0.99
     assert p.propose([row(0, copying)]) == [[]]
+
+
+def test_retrieval_source_offers_every_continuation_and_fuses_like_the_retrieval_plugin(tmp_path):
+    from freespec.proposers.retrieval import RetrievalOptions, RetrievalProposer
+    from tests.test_retrieval import FP, write_store
+
+    # "10 11 12" went on with 13 14 15 three times and with 99 98 twice: one chain could not say how sure.
+    store = write_store(tmp_path / "store", [[10, 11, 12, 13, 14, 15]] * 3 + [[10, 11, 12, 99, 98]] * 2)
+    info = EngineInfo(vocab_size=200_000, tokenizer_fingerprint=lambda: FP)
+    hybrid = HybridProposer(HybridOptions(sources=("copy", "retrieval"), datastore=store), 4)
+    fused = RetrievalProposer(RetrievalOptions(datastore=store, fuse_copy=True), 4)
+    for p in (hybrid, fused):
+        p.bind(info)
+    offered = hybrid.sources["retrieval"].candidates([row(0, [7, 10, 11, 12]), row(1, [7, 8])])
+    assert sorted(offered[0].chains[:, 0].tolist()) == [13, 13, 13, 99, 99] and offered[1] is None
+    # With the same sources the two plugins draft the same, step after step.
+    context = [7, 10, 11, 12]
+    for want in ([13, 14, 15], [14, 15]):
+        a, b = hybrid.propose([row(0, context)]), fused.propose([row(0, context)])
+        assert a == b == [want]
+        context = context + want[:1]
