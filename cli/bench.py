@@ -360,19 +360,28 @@ def select_questions(
 
 
 def select_questions_per_level(
-    questions: Sequence[Question], categories: Sequence[str] | None, per_category: int | None,
+    questions: Sequence[Question], categories: Sequence[str] | None, per_category: Sequence[int] | None,
     levels: Sequence[int], new_per_level: bool,
 ) -> "dict[int, OrderedDict[str, list[Question]]]":
-    """The questions of each concurrency level: the same for all, or with ``new_per_level`` the next
-    ``per_category`` of each category for each level in turn (so a server kept across levels never
-    sees a measured prompt twice)."""
-    if not new_per_level:
-        same = select_questions(questions, categories, per_category)
-        return {c: same for c in levels}
-    if per_category is None:
+    """The questions of each concurrency level.
+
+    ``per_category``: None (all), one count for every level, or one count per level. Each level takes
+    the first ones of each category, or with ``new_per_level`` the next ones after the earlier levels'
+    (so a server kept across levels never sees a measured prompt twice).
+    """
+    counts: list[int | None] = [None] * len(levels) if per_category is None else list(per_category)
+    if len(counts) == 1:
+        counts *= len(levels)
+    if len(counts) != len(levels):
+        raise BenchError(f"--per-category has {len(counts)} values for {len(levels)} concurrency levels; "
+                         "give one value, or one per level")
+    if new_per_level and None in counts:
         raise BenchError("--new-questions-per-level needs --per-category")
-    return {c: select_questions(questions, categories, per_category, offset=i * per_category)
-            for i, c in enumerate(levels)}
+    selected, offset = {}, 0
+    for level, count in zip(levels, counts):
+        selected[level] = select_questions(questions, categories, count, offset=offset if new_per_level else 0)
+        offset += count or 0
+    return selected
 
 
 def select_warmup_prompts(
@@ -1123,8 +1132,9 @@ def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--questions", default=DEFAULT_QUESTIONS,
                    help=f"Spec-Bench question.jsonl (default: {DEFAULT_QUESTIONS}; from {SPEC_BENCH_URL})")
     p.add_argument("--categories", default=None, help="comma-separated categories (default: all in the file)")
-    p.add_argument("--per-category", type=_positive_int, default=None,
-                   help="questions per category, the first ones in file order (default: all)")
+    p.add_argument("--per-category", type=_positive_int, nargs="+", default=None,
+                   help="questions per category, the first ones in file order (default: all); one value, "
+                        "or one per concurrency level (e.g. --concurrency 1 4 16 39 --per-category 1 2 3 3)")
     p.add_argument("--max-tokens", type=_positive_int, default=128)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--seed", type=int, default=0, help="server --seed and per-request seed")

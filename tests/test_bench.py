@@ -205,14 +205,20 @@ def test_select_questions_filters_and_limits_in_file_order(questions_file):
 
 def test_new_questions_per_level_gives_each_level_the_next_ones(questions_file):
     questions = bench.read_questions(questions_file)
-    levels = bench.select_questions_per_level(questions, ["writing", "rag"], 1, [1, 4, 16], True)
+    levels = bench.select_questions_per_level(questions, ["writing", "rag"], [1], [1, 4, 16], True)
     assert {c: [q.prompt for qs in sel.values() for q in qs] for c, sel in levels.items()} == {
         1: ["writing q0", "rag q0"], 4: ["writing q1", "rag q1"], 16: ["writing q2", "rag q2"]}
-    same = bench.select_questions_per_level(questions, ["writing"], 2, [1, 8], False)
-    assert same[1] is same[8] and [q.prompt for q in same[8]["writing"]] == ["writing q0", "writing q1"]
+    same = bench.select_questions_per_level(questions, ["writing"], [2], [1, 8], False)
+    assert same[1] == same[8] and [q.prompt for q in same[8]["writing"]] == ["writing q0", "writing q1"]
     # Past the end of a category: fewer (or no) questions, not an error.
-    beyond = bench.select_questions_per_level(questions, ["math"], 2, [1, 2], True)
+    beyond = bench.select_questions_per_level(questions, ["math"], [2], [1, 2], True)
     assert [q.prompt for q in beyond[2]["math"]] == ["math q2"]
+    # One count per level: the levels take 1, then 2 questions of each category.
+    sweep = bench.select_questions_per_level(questions, ["rag"], [1, 2], [1, 39], True)
+    assert [q.prompt for q in sweep[1]["rag"]] == ["rag q0"]
+    assert [q.prompt for q in sweep[39]["rag"]] == ["rag q1", "rag q2"]
+    with pytest.raises(bench.BenchError, match="2 values for 3 concurrency levels"):
+        bench.select_questions_per_level(questions, None, [1, 2], [1, 4, 16], True)
     with pytest.raises(bench.BenchError, match="needs --per-category"):
         bench.select_questions_per_level(questions, None, None, [1, 4], True)
 
