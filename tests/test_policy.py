@@ -42,3 +42,17 @@ def test_cheap_verification_means_a_low_bar_and_a_full_machine_a_high_one():
     # Batch 1 with a real per-token cost (a CPU): the bar sits at per_token / step time.
     cost = run(GoodputPolicy(), base=0.030, per_token=0.002, batch=1, draft=8, accepted_per_step=3)
     assert 0.05 < cost < 0.2
+
+
+def test_speculation_turns_off_under_saturation_and_back_on_when_load_drops():
+    # A 2-core CPU: a step costs 30 ms plus 2 ms per scored token. Drafts of 4 tokens, half accepted.
+    policy = GoodputPolicy()
+    calm = run(policy, base=0.030, per_token=0.002, batch=1, draft=4, accepted_per_step=2, steps=300)
+    assert calm < 0.15  # alone: a token with a 15% chance of acceptance is worth verifying
+    busy = run(policy, base=0.030, per_token=0.002, batch=39, draft=4, accepted_per_step=2 * 39, steps=300, seed=1)
+    # 39 requests fill the machine: plain decoding's goodput sets the bar near 0.7 (39 * 2 ms / 108 ms).
+    # A proposer with a 50% per-token acceptance drafts nothing at that bar.
+    assert busy > 0.65
+    # The load drops: within 200 steps (7 s of 35 ms steps) the bar is back low enough for such drafts.
+    again = run(policy, base=0.030, per_token=0.002, batch=1, draft=4, accepted_per_step=2, steps=200, seed=2)
+    assert again < 0.2
