@@ -1,0 +1,208 @@
+"""The ``pearl`` proposer: a small draft model running beside the target, drafting while the target verifies.
+
+After PEARL (Liu et al., 2025, "Parallel Speculative Decoding with Adaptive
+Draft Length"). vLLM owns the target step and calls the proposer synchronously
+once per step, so of PEARL's two halves only post-verify fits the
+``custom_class`` seam: as soon as a chain is returned, the draft model keeps
+drafting past it in a background thread, assuming the target accepts it all,
+and predicts the target's bonus token too; the next step then returns at once
+when that assumption held, and otherwise rolls the draft's KV cache back to
+what the target kept and drafts from there (``pearl_state``). Draft length
+adapts per request: chains stop before the first low-confidence prediction and
+grow while they are accepted, bounded by k. The draft model, its per-request KV
+caches and the thread are in ``pearl_draft``; docs/pearl.md has the options,
+memory, CPU core split and what is measured.
+
+Memory (outside vLLM's planning): the draft's weights plus its KV cache,
+``kv_bytes_per_token`` per cached token, at most ``max_cached_tokens`` tokens
+over at most ``max_requests`` requests (least recently used evicted first);
+``state_bytes()`` reports the current total.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from pathlib import Path
+from typing import Literal, Optional, Sequence
+
+from pydantic import Field, field_validator
+
+from freespec.proposers.base import EngineInfo, Proposer, ProposerOptions, Row
+
+logger = logging.getLogger("freespec")
+
+STATS_LOG_EVERY_S = float(os.environ.get("FREESPEC_STATS_INTERVAL_S", "60"))
+
+
+def resolve_draft_model(value: str) -> Path:
+    """A checkpoint directory, or the prepared directory of a model ``freespec models`` knows."""
+    path = Path(value).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ValueError(f"{value!r} is a directory without config.json, not a transformers checkpoint")
+        return path.resolve()
+    from freespec.cli.models import MODELS, get_spec, is_prepared, model_dir
+
+    if value in MODELS:
+        prepared = model_dir(value)
+        if not is_prepared(get_spec(value), prepared):
+            raise ValueError(f"model {value!r} is not prepared at {prepared}; run `freespec models prepare {value}`")
+        return prepared
+    raise ValueError(f"{value!r} is neither a checkpoint directory nor a model name known to `freespec models` "
+                     f"({', '.join(MODELS)})")
+
+
+class PearlOptions(ProposerOptions):
+    draft_model: str = Field(
+        ..., description="draft model: a checkpoint directory, or a name from `freespec models list`"
+    )
+    device: str = Field("cpu", description='where the draft model runs: "cpu" or "cuda:N"')
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="draft weights and KV dtype")
+    draft_cores: Optional[str] = Field(
+        None, description='CPU ids the draft thread runs on, e.g. "1" or "2-3" (default: the caller\'s)'
+    )
+    draft_threads: int = Field(1, ge=1, le=256, description="torch intra-op threads of the draft thread")
+    min_confidence: float = Field(
+        0.1, ge=0.0, le=1.0, description="a chain stops before the first draft token with lower draft probability"
+    )
+    adaptive_length: bool = Field(
+        True, description="grow the chain budget after full acceptance, shrink it after a rejection (False: k)"
+    )
+    max_requests: int = Field(64, ge=1, le=1 << 16, description="requests whose draft KV cache is kept")
+    max_cached_tokens: int = Field(
+        32_768, ge=1, le=1 << 30, description="draft KV cache tokens kept over all requests (docs/pearl.md: bytes)"
+    )
+    sync_feed_tokens: int = Field(
+        16, ge=1, le=1 << 20,
+        description="a request whose draft is further behind drafts nothing until caught up in the background",
+    )
+    prefill_chunk: int = Field(32, ge=1, le=1 << 16, description="tokens per catch-up forward pass")
+
+    @field_validator("draft_model")
+    @classmethod
+    def _resolve(cls, value: str) -> str:
+        return str(resolve_draft_model(value))
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str) -> str:
+        if not re.fullmatch(r"cpu|cuda(:\d+)?", value):
+            raise ValueError(f'{value!r} is not "cpu", "cuda" or "cuda:N"')
+        return value
+
+    @field_validator("draft_cores")
+    @classmethod
+    def _cores(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None:
+            from freespec.proposers.pearl_draft import parse_cores
+
+            cores = parse_cores(value)
+            missing = sorted(c for c in cores if c >= (os.cpu_count() or 1))
+            if missing:
+                raise ValueError(f"CPU ids {missing} do not exist here ({os.cpu_count()} CPUs)")
+        return value
+
+
+def tokenizer_dir_fingerprint(path: Path) -> Optional[str]:
+    """Fingerprint of the tokenizer saved with a checkpoint, or None if it has none."""
+    if not any((path / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
+        return None
+    from transformers import AutoTokenizer
+
+    from freespec.proposers.vocab import vocab_fingerprint
+
+    return vocab_fingerprint(AutoTokenizer.from_pretrained(str(path)).get_vocab())
+
+
+class PearlProposer(Proposer):
+    Options = PearlOptions
+
+    def __init__(self, options: PearlOptions, num_speculative_tokens: int) -> None:
+        super().__init__(options, num_speculative_tokens)
+        import torch
+
+        from freespec.proposers.pearl_draft import DraftWorker, TorchDraftModel, parse_cores
+        from freespec.proposers.pearl_state import PearlDrafter
+
+        if options.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"pearl: option 'device' is {options.device!r}, but torch sees no CUDA device here")
+        try:
+            self.draft = TorchDraftModel.load(options.draft_model, options.device, options.dtype)
+        except Exception as e:
+            raise ValueError(f"pearl: option 'draft_model' ({options.draft_model}) cannot be loaded: {e}") from e
+        self.drafter = PearlDrafter(
+            self.draft,
+            num_speculative_tokens,
+            min_confidence=options.min_confidence,
+            adaptive_length=options.adaptive_length,
+            max_requests=options.max_requests,
+            max_cached_tokens=options.max_cached_tokens,
+            sync_feed_tokens=options.sync_feed_tokens,
+            prefill_chunk=options.prefill_chunk,
+            max_position=self.draft.max_position,
+        )
+        cores = parse_cores(options.draft_cores) if options.draft_cores else None
+        if cores and options.device == "cpu" and hasattr(os, "sched_getaffinity"):
+            shared = cores & os.sched_getaffinity(0)
+            if shared:
+                logger.warning(
+                    "freespec: pearl draft_cores %s overlap the cores the target's thread runs on %s; "
+                    "give vLLM the others with VLLM_CPU_OMP_THREADS_BIND (docs/pearl.md)",
+                    sorted(cores), sorted(os.sched_getaffinity(0)),
+                )
+        self.worker = DraftWorker(self.drafter, cores=cores, threads=options.draft_threads, device=options.device)
+        self.worker.start()  # a bad core list fails here, at engine start, not at the first step
+        self._bound = False
+        self._last_log = time.monotonic()
+
+    def bind(self, info: EngineInfo) -> None:
+        """Refuse a draft model whose vocabulary is not the target's."""
+        path = Path(self.options.draft_model)
+        target_fp = info.tokenizer_fingerprint() if info.tokenizer_fingerprint else None
+        draft_fp = tokenizer_dir_fingerprint(path) if target_fp else None
+        if target_fp and draft_fp:
+            if target_fp != draft_fp:
+                raise ValueError(
+                    f"pearl: option 'draft_model' ({path}) has a different tokenizer than the target "
+                    f"{info.model or ''} ({draft_fp[:19]}... vs {target_fp[:19]}...); the draft model must share "
+                    "the target's token ids"
+                )
+        elif self.draft.vocab_size != info.vocab_size:
+            raise ValueError(
+                f"pearl: option 'draft_model' ({path}) has a vocabulary of {self.draft.vocab_size} tokens and the "
+                f"target {info.model or ''} has {info.vocab_size}; without both tokenizers to compare, "
+                "they must be equal"
+            )
+        # Same tokenizer, possibly padded differently: never draft an id the target does not have.
+        self.draft.vocab_limit = min(self.draft.vocab_size, info.vocab_size)
+        self._bound = True
+
+    def propose(self, rows: Sequence[Row]) -> list[list[int]]:
+        if not self._bound:
+            raise RuntimeError("pearl proposer used before bind()")
+        chains = self.worker.step(rows)
+        now = time.monotonic()
+        if now - self._last_log >= STATS_LOG_EVERY_S:
+            self._last_log = now
+            logger.info("freespec: pearl %s", self.stats())
+        return chains
+
+    def release(self, key: int) -> None:
+        self.worker.release(key)
+
+    def state_bytes(self) -> int:
+        return self.draft.weight_bytes() + self.draft.kv_bytes()
+
+    def stats(self) -> dict:
+        """Drafter counters and where the time went (docs/pearl.md explains each)."""
+        return {**self.drafter.stats.as_dict(), **self.worker.times.as_dict(), "state_bytes": self.state_bytes()}
+
+    def wait_idle(self, timeout: float = 30.0) -> bool:
+        """Block until post-verify has finished (tests, measurements)."""
+        return self.worker.wait_idle(timeout)
+
+    def close(self) -> None:
+        """Stop the draft thread (the process exiting does it too: the thread is a daemon)."""
+        self.worker.close()
