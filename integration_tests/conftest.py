@@ -132,3 +132,33 @@ def assert_lossless_greedy(baseline, other):
     base, got = baseline["greedy"], other["greedy"]
     problems = greedy_mismatches(base["token_ids"], base["top_logprobs"], got["token_ids"])
     assert not problems, "\n".join(problems)
+
+
+# ---------------------------------------------------------------- a datastore of the model's own answers
+def build_datastore_of(tmp_path, model_path: str, texts: list[str], fingerprint: str | None = None) -> str:
+    """A retrieval datastore holding ``texts`` (one document each), built with the model's tokenizer."""
+    from transformers import AutoTokenizer
+
+    from freespec.proposers.datastore_build import build_datastore
+    from freespec.proposers.vocab import vocab_fingerprint
+
+    tok = AutoTokenizer.from_pretrained(model_path)
+    corpus = tmp_path / "answers.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    out = tmp_path / "datastore"
+    build_datastore(
+        [corpus],
+        out,
+        lambda batch: [tok(t, add_special_tokens=False)["input_ids"] for t in batch],
+        tokenizer_name=model_path,
+        fingerprint=fingerprint or vocab_fingerprint(tok.get_vocab()),
+        vocab_size=len(tok),
+        progress=False,
+    )
+    return str(out)
+
+
+@pytest.fixture(scope="session")
+def answers_datastore(baseline, model_path, tmp_path_factory) -> str:
+    """What the model answered without speculation, as a datastore (like one built from past traffic)."""
+    return build_datastore_of(tmp_path_factory.mktemp("ds"), model_path, baseline["greedy"]["texts"])

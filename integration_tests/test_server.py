@@ -1,86 +1,27 @@
 """`vllm serve` with a freespec plugin: the OpenAI server as a subprocess on 127.0.0.1."""
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import socket
 import subprocess
-import sys
-import time
-import urllib.request
-from pathlib import Path
 
 import pytest
 
 from integration_tests.conftest import COPY_HEAVY
+from integration_tests.serving import free_port, metric, serve_args, start_server, stop
 
 pytestmark = pytest.mark.integration
 
 
-def vllm_command() -> str:
-    """The `vllm` command of the environment running the tests (freespec's, which works on CPU)."""
-    path = Path(sys.executable).with_name("vllm")
-    return str(path) if path.exists() else shutil.which("vllm")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def serve_args(model: str, port: int, spec: dict) -> list[str]:
-    return [
-        vllm_command(), "serve", model, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-        "--max-model-len", "2048", "--gpu-memory-utilization", "0.3", "--enforce-eager",
-        "--speculative-config", json.dumps(spec),
-    ]
-
-
-def metric(port: int, name: str) -> float:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + "{"))
-
-
 @pytest.fixture(scope="module")
 def server(model_path, tmp_path_factory):
-    port = free_port()
-    log = (tmp_path_factory.mktemp("server") / "server.log").open("w")
-    proc = subprocess.Popen(
-        serve_args(model_path, port, {"plugin": "copy", "num_speculative_tokens": 6, "min_match": 2}),
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )
+    spec = {"plugin": "copy", "num_speculative_tokens": 6, "min_match": 2}
     try:
-        deadline = time.time() + 600
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vllm serve exited with {proc.returncode}:\n{Path(log.name).read_text()[-4000:]}")
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
-                break
-            except OSError:
-                if time.time() > deadline:
-                    pytest.fail("vllm serve did not become healthy in 600 s")
-                time.sleep(2)
+        proc, port = start_server(model_path, spec, tmp_path_factory.mktemp("server") / "server.log")
+    except RuntimeError as e:
+        pytest.fail(str(e))
+    try:
         yield port
     finally:
         stop(proc)
-        log.close()
-
-
-def stop(proc: subprocess.Popen) -> None:
-    """Stop the server and every process it started (it runs in its own process group)."""
-    for sig, wait in ((15, 60), (9, 10)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def test_vllm_serve_with_copy_plugin_answers_chat_completions(server, model_path):
