@@ -35,7 +35,7 @@ def test_config_error_is_a_value_error():
     assert issubclass(FreespecConfigError, ValueError)
 
 
-@pytest.mark.parametrize("version, ok", [("0.32.0", True), ("0.32.5+cpu", True), ("0.31.9", False), ("0.33.0", False)])
+@pytest.mark.parametrize("version, ok", [("0.32.0", True), ("0.32.5+cpu", True), ("0.31.0", True), ("0.30.9", False), ("0.33.0", False)])
 def test_supported_range(version, ok):
     assert is_supported(version) is ok
 

