@@ -53,3 +53,14 @@ def test_goodput_policy_sets_the_bar_from_measured_step_times(monkeypatch):
 
 def test_fixed_policy_leaves_the_plugins_own_threshold(monkeypatch):
     assert drive(make_adapter("fixed"), monkeypatch) is None
+
+
+def test_goodput_is_the_default_also_for_the_stock_vllm_spelling():
+    # --additional-config '{"freespec": {"plugin": "copy", "options": {}}}': no "policy" key at all.
+    cfg = SimpleNamespace(
+        additional_config={"freespec": {"plugin": "copy", "options": {}}},
+        speculative_config=SimpleNamespace(num_speculative_tokens=4),
+        model_config=SimpleNamespace(get_vocab_size=lambda: 1000, max_model_len=4096, model="m", tokenizer=None),
+    )
+    assert FreespecProposer(cfg).policy is not None
+    assert make_adapter("fixed").policy is None

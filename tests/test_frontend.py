@@ -51,10 +51,10 @@ def test_unloadable_plugin_paths_are_refused(plugin):
         translate({"plugin": plugin, "num_speculative_tokens": 2}, None)
 
 
-def test_policy_key_goes_to_the_adapter_and_defaults_to_fixed():
+def test_policy_key_goes_to_the_adapter_and_defaults_to_goodput():
     _, extra = translate({"plugin": "copy", "num_speculative_tokens": 4}, None)
-    assert extra["freespec"]["policy"] == "fixed"
-    _, extra = translate({"plugin": "copy", "num_speculative_tokens": 4, "policy": "goodput"}, None)
-    assert extra["freespec"]["policy"] == "goodput" and "policy" not in extra["freespec"]["options"]
-    with pytest.raises(FreespecConfigError, match="'policy' must be one of \\['fixed', 'goodput'\\]"):
+    assert extra["freespec"]["policy"] == "goodput"
+    _, extra = translate({"plugin": "copy", "num_speculative_tokens": 4, "policy": "fixed"}, None)
+    assert extra["freespec"]["policy"] == "fixed" and "policy" not in extra["freespec"]["options"]
+    with pytest.raises(FreespecConfigError, match="'policy' must be one of \\['goodput', 'fixed'\\]"):
         translate({"plugin": "copy", "num_speculative_tokens": 4, "policy": "fast"}, None)

@@ -57,8 +57,8 @@ class FreespecProposer:
                 'or use --speculative-config \'{"plugin": NAME, ...}\''
             )
         self.plugin = cfg["plugin"]
-        # Load-aware draft length (scorers/policy.py) with "policy": "goodput"; the default is "fixed".
-        self.policy = GoodputPolicy() if cfg.get("policy", "fixed") == "goodput" else None
+        # Load-aware draft length (scorers/policy.py): "policy": "goodput", the default; "fixed" turns it off.
+        self.policy = GoodputPolicy() if cfg.get("policy", "goodput") == "goodput" else None
         self._last_step_at: float | None = None
         spec = vllm_config.speculative_config
         self.k = int(spec.num_speculative_tokens)
