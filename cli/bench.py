@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import datetime as _dt
+import hashlib
 import importlib.metadata
 import importlib.util
 import json
@@ -882,7 +883,11 @@ def run_requests(
 
 
 def _slug(label: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("_")[:60] or "config"
+    """A file-name-safe form of a config label; long labels (options) keep a hash so two never collide."""
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("_") or "config"
+    if len(slug) <= 60:
+        return slug
+    return f"{slug[:51]}-{hashlib.sha256(label.encode()).hexdigest()[:8]}"
 
 
 @dataclass

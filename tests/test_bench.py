@@ -574,3 +574,10 @@ def test_log_failure_hint_finds_the_root_cause():
     assert bench.log_failure_hint(log) == "ValueError: Available memory is too low."
     assert bench.log_failure_hint(log.splitlines()[-1]) is None
     assert bench.log_failure_hint("all good\n") is None
+
+
+def test_server_log_names_of_long_labels_do_not_collide():
+    a = bench._slug('hybrid:{"sources":["copy","recycle","retrieval"],"datastore":"/data/ds","policy":"fixed"}')
+    b = bench._slug('hybrid:{"sources":["copy","recycle","retrieval"],"datastore":"/data/ds","policy":"goodput"}')
+    assert a != b and len(a) <= 60 and len(b) <= 60
+    assert bench._slug("none") == "none" and bench._slug('copy:{"min_match":3}') == "copy_min_match_3"
