@@ -12,7 +12,7 @@
 #   --tests "F ..."   pytest files (default: integration_tests/test_seams.py integration_tests/test_lossless.py)
 #   --venvs DIR       where the release environments live (default: $FREESPEC_RELEASE_VENVS or
 #                     ~/.cache/freespec/release-venvs); each is DIR/vllm-<release>, created when missing
-#   --out FILE        the JSON table (default: build/release_matrix.json)
+#   --out FILE        the JSON table (default: build/release_matrix.json); logs go to release_matrix_logs/ beside it
 #
 # The release pinned in pyproject.toml's `cpu` extra runs in the repo's own .venv (scripts/setup.sh).
 # Exit status: 0 when every release inside the supported range (vllm_plugins/version_gate.py) passes
@@ -97,6 +97,12 @@ EOF
   echo $(( $(date +%s) - start )) > "$WORK/$release.seconds"
   tail -3 "$WORK/$release.pytest.log" >&2
 done
+
+# Keep each release's pytest, probe and install logs and its JUnit XML beside the JSON.
+LOGS="$(dirname "$OUT")/release_matrix_logs"
+mkdir -p "$LOGS"
+cp "$WORK"/*.log "$WORK"/*.xml "$LOGS"/ 2>/dev/null || true
+echo "logs: $LOGS" >&2
 
 python3 - "$WORK" "$OUT" $RELEASES <<'EOF'
 import datetime
