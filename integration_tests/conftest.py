@@ -128,6 +128,14 @@ def baseline(engines):
     return engines.run("none", None, greedy_jobs(logprobs=True) + [SAMPLE_JOB])[0]
 
 
+def assert_accepted_share(run, share: float) -> None:
+    """More than ``share`` of the greedy job's output tokens came from accepted drafts."""
+    result = run["greedy"]
+    tokens = sum(len(t) for t in result["token_ids"])
+    accepted = result["spec"].get("vllm:spec_decode_num_accepted_tokens", 0)
+    assert accepted > share * tokens, f"{accepted} accepted draft tokens for {tokens} output tokens"
+
+
 def assert_lossless_greedy(baseline, other):
     base, got = baseline["greedy"], other["greedy"]
     problems = greedy_mismatches(base["token_ids"], base["top_logprobs"], got["token_ids"])

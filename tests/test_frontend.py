@@ -58,3 +58,8 @@ def test_policy_key_goes_to_the_adapter_and_defaults_to_goodput():
     assert extra["freespec"]["policy"] == "fixed" and "policy" not in extra["freespec"]["options"]
     with pytest.raises(FreespecConfigError, match="'policy' must be one of \\['goodput', 'fixed'\\]"):
         translate({"plugin": "copy", "num_speculative_tokens": 4, "policy": "fast"}, None)
+
+
+def test_a_missing_pearl_draft_model_is_refused_naming_the_option(tmp_path):
+    with pytest.raises(FreespecConfigError, match="draft_model.*nowhere"):
+        translate({"plugin": "pearl", "num_speculative_tokens": 4, "draft_model": str(tmp_path / "nowhere")}, None)
