@@ -12,7 +12,7 @@
 #   --tests "F ..."   pytest files (default: integration_tests/test_seams.py integration_tests/test_lossless.py)
 #   --venvs DIR       where the release environments live (default: $FREESPEC_RELEASE_VENVS or
 #                     ~/.cache/freespec/release-venvs); each is DIR/vllm-<release>, created when missing
-#   --out FILE        the JSON table (default: build/release_matrix.json); logs go to release_matrix_logs/ beside it
+#   --out FILE        the JSON table (default: build/release_matrix.json); logs go to <FILE without .json>_logs/
 #
 # The release pinned in pyproject.toml's `cpu` extra runs in the repo's own .venv (scripts/setup.sh).
 # Exit status: 0 when every release inside the supported range (vllm_plugins/version_gate.py) passes
@@ -78,11 +78,13 @@ for release in $RELEASES; do
   fi
   echo "$python" > "$WORK/$release.python"
   # The probes as `freespec doctor` runs them, as data.
-  "$python" - > "$WORK/$release.probes.json" 2>"$WORK/$release.probes.log" <<'EOF' || true
+  # (Written to a file: vLLM 0.30 logs to stdout.)
+  "$python" - "$WORK/$release.probes.json" >"$WORK/$release.probes.log" 2>&1 <<'EOF' || true
 import json
+import sys
 from freespec.vllm_plugins.seams import run_probes, vllm_version
 from freespec.vllm_plugins.version_gate import is_supported
-print(json.dumps({
+open(sys.argv[1], "w").write(json.dumps({
     "install": "ok",
     "vllm": vllm_version(),
     "supported": is_supported(vllm_version()),
@@ -99,7 +101,7 @@ EOF
 done
 
 # Keep each release's pytest, probe and install logs and its JUnit XML beside the JSON.
-LOGS="$(dirname "$OUT")/release_matrix_logs"
+LOGS="${OUT%.json}_logs"
 mkdir -p "$LOGS"
 cp "$WORK"/*.log "$WORK"/*.xml "$LOGS"/ 2>/dev/null || true
 echo "logs: $LOGS" >&2
