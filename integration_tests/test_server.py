@@ -6,7 +6,8 @@ import subprocess
 import pytest
 
 from integration_tests.conftest import COPY_HEAVY
-from integration_tests.serving import free_port, metric, serve_args, start_server, stop
+from freespec.cli.bench import BenchError
+from integration_tests.serving import free_port, metric, serve_args, start_server
 
 pytestmark = pytest.mark.integration
 
@@ -15,19 +16,19 @@ pytestmark = pytest.mark.integration
 def server(model_path, tmp_path_factory):
     spec = {"plugin": "copy", "num_speculative_tokens": 6, "min_match": 2}
     try:
-        proc, port = start_server(model_path, spec, tmp_path_factory.mktemp("server") / "server.log")
-    except RuntimeError as e:
+        server = start_server(model_path, spec, tmp_path_factory.mktemp("server") / "server.log")
+    except BenchError as e:
         pytest.fail(str(e))
     try:
-        yield port
+        yield server
     finally:
-        stop(proc)
+        server.stop()
 
 
 def test_vllm_serve_with_copy_plugin_answers_chat_completions(server, model_path):
     from openai import OpenAI
 
-    client = OpenAI(base_url=f"http://127.0.0.1:{server}/v1", api_key="none")
+    client = OpenAI(base_url=f"{server.base_url}/v1", api_key="none")
     reply = client.chat.completions.create(
         model=model_path, messages=[{"role": "user", "content": COPY_HEAVY}], max_tokens=100, temperature=0
     )

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import pytest
 
+from freespec.cli.process_memory import process_tree
 from integration_tests.conftest import K, spec_bench_prompts
-from integration_tests.serving import metric, process_tree, start_server, stop
+from integration_tests.serving import metric, start_server
 
 pytestmark = pytest.mark.integration
 
@@ -24,17 +25,17 @@ def test_two_servers_share_one_datastore(answers_datastore, model_path, tmp_path
     try:
         for i in range(2):  # one after the other: two engines starting at once on 2 cores is only slower
             servers.append(start_server(model_path, spec, tmp_path / f"server{i}.log", memory=0.15))
-        for _, port in servers:
-            client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
+        for server in servers:
+            client = OpenAI(base_url=f"{server.base_url}/v1", api_key="none")
             for prompt in spec_bench_prompts()[:4]:
                 client.chat.completions.create(model=model_path, messages=[{"role": "user", "content": prompt}],
                                                max_tokens=96, temperature=0)
             # The datastore holds these answers, so its drafts are accepted.
-            assert metric(port, "vllm:spec_decode_num_accepted_tokens_total") > 0
+            assert metric(server, "vllm:spec_decode_num_accepted_tokens_total") > 0
 
         held = []
-        for proc, _ in servers:
-            mapping = [r for pid in process_tree(proc.pid)
+        for server in servers:
+            mapping = [r for pid in process_tree(server.proc.pid)
                        if (r := mapped_residency(answers_datastore, pid)) and r["mappings"]]
             assert len(mapping) == 1, f"expected one process (the worker) to map the datastore, got {mapping}"
             held.append(mapping[0])
@@ -45,5 +46,5 @@ def test_two_servers_share_one_datastore(answers_datastore, model_path, tmp_path
         # The same pages, counted once: the two proportional shares add up to one resident copy.
         assert sum(r["Pss"] for r in held) <= max(r["Rss"] for r in held) + 65536, held
     finally:
-        for proc, _ in servers:
-            stop(proc)
+        for server in servers:
+            server.stop()
