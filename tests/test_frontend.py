@@ -63,3 +63,18 @@ def test_policy_key_goes_to_the_adapter_and_defaults_to_goodput():
 def test_a_missing_pearl_draft_model_is_refused_naming_the_option(tmp_path):
     with pytest.raises(FreespecConfigError, match="draft_model.*nowhere"):
         translate({"plugin": "pearl", "num_speculative_tokens": 4, "draft_model": str(tmp_path / "nowhere")}, None)
+
+
+def test_disable_by_batch_size_is_refused_naming_the_field_and_the_policy():
+    # No supported vLLM (0.31, 0.32) has this SpeculativeConfig field: passing it on would make vLLM
+    # refuse the config with a bare "Unexpected keyword argument".
+    with pytest.raises(FreespecConfigError, match=r"'disable_by_batch_size'.*\"policy\": \"goodput\""):
+        translate({"plugin": "copy", "num_speculative_tokens": 4, "disable_by_batch_size": 8}, None)
+
+
+def test_only_num_speculative_tokens_is_passed_through_to_vllm():
+    from freespec.vllm_plugins.frontend import VLLM_KEYS
+
+    spec, _ = translate({"plugin": "copy", "num_speculative_tokens": 4}, None)
+    assert set(spec) == {"method", "model", "num_speculative_tokens"}
+    assert VLLM_KEYS == ("num_speculative_tokens",)

@@ -203,11 +203,15 @@ def fake_spec_config(monkeypatch, methods, extra_fields=()):
 
 
 def test_spec_config_probe_accepts_custom_class_and_names_unknown_pass_through_keys(monkeypatch):
+    from freespec.vllm_plugins import frontend
+
+    # No key passed through today is missing from 0.31/0.32; a made-up one shows the probe would name it.
+    monkeypatch.setattr(frontend, "VLLM_KEYS", frontend.VLLM_KEYS + ("some_future_key",))
     fake_spec_config(monkeypatch, ("ngram", "custom_class"))
     result = seams.probe_spec_config()
-    assert result.ok and "disable_by_batch_size" in result.detail
-    fake_spec_config(monkeypatch, ("ngram", "custom_class"), extra_fields=("disable_by_batch_size",))
-    assert "disable_by_batch_size" not in seams.probe_spec_config().detail
+    assert result.ok and "some_future_key" in result.detail
+    fake_spec_config(monkeypatch, ("ngram", "custom_class"), extra_fields=("some_future_key",))
+    assert "some_future_key" not in seams.probe_spec_config().detail
 
 
 def test_spec_config_probe_fails_without_custom_class(monkeypatch):

@@ -60,7 +60,17 @@ def validate_options(plugin: str, raw: dict[str, Any]):
 
 # Keys of a ``{"plugin": ...}`` config that stay with vLLM; every other key is a plugin option
 # or one of the adapter's own keys.
-VLLM_KEYS = ("num_speculative_tokens", "disable_by_batch_size")
+VLLM_KEYS = ("num_speculative_tokens",)
+# Keys users bring from other vLLM releases or docs that no supported vLLM accepts: refused here with
+# the freespec replacement, instead of vLLM's bare "Unexpected keyword argument" at engine start.
+REFUSED_KEYS = {
+    "disable_by_batch_size": (
+        "is not a SpeculativeConfig field in any supported vLLM release (0.31, 0.32), which would refuse it. "
+        "freespec's load-aware policy does that job: \"policy\": \"goodput\" (the default) stops drafting "
+        "when verification costs more than the drafts save, e.g. under a large batch (docs/policy.md); "
+        "remove the key"
+    ),
+}
 # The adapter's keys, with their allowed values (first: default). ``policy``: "goodput" sets every
 # step's bar for one more draft token from measured step times (scorers/policy.py); "fixed" uses each
 # plugin's own threshold, for experiments. Goodput is the default: in the load sweep (docs/policy.md)
@@ -89,6 +99,9 @@ def translate(
         raise FreespecConfigError(
             f"freespec plugin {plugin!r}: 'num_speculative_tokens' must be an integer >= 1, got {k!r}"
         )
+    for key, why in REFUSED_KEYS.items():
+        if key in spec:
+            raise FreespecConfigError(f"freespec plugin {plugin!r}: speculative_config {key!r} {why}")
     adapter = {}
     for key, allowed in ADAPTER_KEYS.items():
         value = spec.pop(key, allowed[0])
