@@ -1,0 +1,38 @@
+"""The pearl plugin on the real vLLM CPU engine: SmolLM2 as its own draft model (to keep CI fast).
+
+A draft model identical to the target proposes what the target will say, so under greedy decoding nearly
+every draft token must be accepted, while the text stays exactly the text without speculation. The
+Qwen2.5-Coder 1.5B/0.5B pair is for the benchmark (docs/pearl.md).
+"""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from integration_tests.conftest import K, assert_accepted_share, assert_lossless_greedy, greedy_jobs
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="session")
+def pearl_run(engines, model_path):
+    spec = {"plugin": "pearl", "num_speculative_tokens": K, "draft_model": model_path, "sync_feed_tokens": 4096}
+    return engines.run("pearl", spec, greedy_jobs())
+
+
+def test_pearl_greedy_text_matches_no_speculation(pearl_run, baseline):
+    assert_lossless_greedy(baseline, pearl_run[0])
+
+
+def test_pearl_self_drafts_are_accepted(pearl_run):
+    assert_accepted_share(pearl_run[0], 0.6)
+
+
+def test_a_draft_model_that_cannot_load_stops_the_engine_with_a_clear_error(engines, model_path, tmp_path):
+    broken = tmp_path / "broken-draft"
+    broken.mkdir()
+    shutil.copy(f"{model_path}/config.json", broken / "config.json")  # a config, but no weights
+    spec = {"plugin": "pearl", "num_speculative_tokens": K, "draft_model": str(broken)}
+    _, log = engines.run("pearl_broken", spec, greedy_jobs(), expect_failure=True)
+    assert "option 'draft_model'" in log and "cannot be loaded" in log, log[-3000:]
