@@ -8,13 +8,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from freespec.cli import bench, datastore, doctor, models
+from freespec.cli import bench, datastore, doctor, models, recycle
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="freespec", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="command", required=True)
-    for module in (models, bench, doctor, datastore):
+    for module in (models, bench, doctor, datastore, recycle):
         module.add_parser(subparsers)
     return parser
 

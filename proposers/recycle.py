@@ -16,11 +16,17 @@ probability are accepted. ``adaptive: false`` drafts the plain top-1 chain of
 length k instead (the baseline the scorer is measured against).
 
 Memory (fixed, shared by all requests): ``vocab_size * candidates`` int32 ids
-plus float16 probabilities, i.e. 6 bytes per entry: 2.4 MB for SmolLM2's 49,152
-tokens and 7.3 MB for Qwen2.5's 151,936 at the default 8 candidates; per live
-request only the last chain's edges (at most k). Warm start: ``matrix_path``
-is loaded at start (refused if it belongs to another tokenizer or is corrupt,
-``recycle_matrix``) and saved atomically every ``save_every_s`` and at exit.
+plus float16 probabilities (6 bytes per entry) and a uint32 stamp per token:
+2.6 MB for SmolLM2's 49,152 tokens and 7.9 MB for Qwen2.5's 151,936 at the
+default 8 candidates; per live request only the last chain's edges (at most k).
+
+Persistence and fleets (``recycle_matrix``): ``matrix_path`` is this server's
+own file, loaded at start and saved atomically every ``save_every_s`` and at
+exit; ``merge_from`` files (other replicas' files, or one merged by ``freespec
+recycle merge``) are merged in at start and again whenever one changes (checked
+every ``save_every_s``), newest row winning. A file of another tokenizer or
+vocabulary, or a corrupt one, is refused at start naming the field; later, a bad
+``merge_from`` file is logged and skipped (the server keeps what it has).
 """
 from __future__ import annotations
 
@@ -35,7 +41,7 @@ from pydantic import Field, field_validator, model_validator
 
 from freespec.kernels.tree import expand_tree, tree_template
 from freespec.proposers.base import EngineInfo, Proposer, ProposerOptions, Row, ScoredPositions
-from freespec.proposers.recycle_matrix import load_matrix, save_matrix
+from freespec.proposers.recycle_matrix import STAMP_MAX, Matrix, MatrixFileError, load_matrix, merge_into, write_matrix
 from freespec.scorers.chain import EdgeAcceptance, best_chains
 
 logger = logging.getLogger("freespec")
@@ -59,7 +65,14 @@ class RecycleOptions(ProposerOptions):
         description='draft one more token while its expected acceptance is at least this (with "policy": "fixed")',
     )
     matrix_path: Optional[str] = Field(None, description="warm-start file: loaded at start, saved periodically and at exit")
-    save_every_s: float = Field(300.0, ge=0.0, description="seconds between saves to matrix_path (0: only at exit)")
+    merge_from: tuple[str, ...] = Field(
+        (),
+        max_length=256,
+        description="matrix files of other replicas (or a merged one) to merge in at start and whenever they change",
+    )
+    save_every_s: float = Field(
+        300.0, ge=0.0, description="seconds between saves to matrix_path and checks of merge_from (0: only at start/exit)"
+    )
 
     @field_validator("tree_widths")
     @classmethod
@@ -72,10 +85,13 @@ class RecycleOptions(ProposerOptions):
     def _widths_fit(self) -> "RecycleOptions":
         if max(self.tree_widths) > self.candidates:
             raise ValueError(f"tree_widths {list(self.tree_widths)} exceed candidates ({self.candidates})")
-        if self.matrix_path is not None:
-            directory = os.path.dirname(os.path.abspath(self.matrix_path))
+        # A file may not exist yet (first start, a peer that has not saved yet); its directory must.
+        for name, path in [("matrix_path", self.matrix_path)] + [("merge_from", p) for p in self.merge_from]:
+            if path is None:
+                continue
+            directory = os.path.dirname(os.path.abspath(path))
             if not os.path.isdir(directory):
-                raise ValueError(f"matrix_path {self.matrix_path!r}: directory {directory!r} does not exist")
+                raise ValueError(f"{name} {path!r}: directory {directory!r} does not exist")
         return self
 
 
@@ -97,50 +113,85 @@ class RecycleProposer(Proposer):
             top1.append(node)
         self._top1_nodes = np.asarray(top1, dtype=np.int64)
         self.acceptance = EdgeAcceptance(options.candidates)
-        self.ids: Optional[np.ndarray] = None
-        self.probs: Optional[np.ndarray] = None
+        self.matrix: Optional[Matrix] = None
         self.updates = 0
         self._chains: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # key -> (ranks, buckets) drafted
         self._empty_steps: dict[int, int] = {}
         self._info: Optional[EngineInfo] = None
         self._fingerprint = ""
         self._last_save = time.monotonic()
+        self._merged_stat: dict[str, tuple[int, int]] = {}  # merge_from path -> (mtime_ns, size) last read
+
+    # The matrix's arrays, by their old names (the tree expansion and tests read them).
+    @property
+    def ids(self) -> Optional[np.ndarray]:
+        return None if self.matrix is None else self.matrix.ids
+
+    @property
+    def probs(self) -> Optional[np.ndarray]:
+        return None if self.matrix is None else self.matrix.probs
 
     # ---------------------------------------------------------------- set-up and persistence
     def bind(self, info: EngineInfo) -> None:
         self._info = info
-        c = self.options.candidates
-        self.ids = np.full((info.vocab_size, c), -1, dtype=np.int32)
-        self.probs = np.zeros((info.vocab_size, c), dtype=np.float16)
+        self.matrix = Matrix.empty(info.vocab_size, self.options.candidates, "", info.model)
         path = self.options.matrix_path
-        if path is None:
+        if path is None and not self.options.merge_from:
             return
         if info.tokenizer_fingerprint is None:
-            raise ValueError("recycle matrix_path needs the tokenizer's identity, which this engine does not give")
-        self._fingerprint = info.tokenizer_fingerprint()
-        if os.path.exists(path):
-            self.ids, self.probs, meta = load_matrix(
-                path, vocab_size=info.vocab_size, candidates=c, tokenizer=self._fingerprint
-            )
-            self.updates = int(meta.get("updates", 0))
+            raise ValueError("recycle matrix_path/merge_from need the tokenizer's identity, which this engine does not give")
+        self._fingerprint = self.matrix.tokenizer = info.tokenizer_fingerprint()
+        if path is not None and os.path.exists(path):
+            own = self._load(path, "recycle matrix_path")
+            self.matrix.ids, self.matrix.probs, self.matrix.stamps = own.ids, own.probs, own.stamps
+            self.updates = own.updates
             logger.info("freespec: recycle matrix loaded from %s (%d updates)", path, self.updates)
-        else:
+        elif path is not None:
             logger.info("freespec: recycle matrix %s does not exist yet; starting cold, will save there", path)
-        atexit.register(self.save)
+        self._merge_changed(at_start=True)
+        if path is not None:
+            atexit.register(self.save)
+
+    def _load(self, path: str, what: str) -> Matrix:
+        return load_matrix(
+            path, vocab_size=self.matrix.vocab_size, candidates=self.options.candidates,
+            tokenizer=self._fingerprint, what=what,
+        )
+
+    def _merge_changed(self, at_start: bool = False) -> None:
+        """Merge every ``merge_from`` file that changed since it was last read (newest row wins).
+
+        At start a bad file stops the engine (like ``matrix_path``); later it is logged and skipped
+        until it changes again, so a peer writing garbage cannot take the server down.
+        """
+        for path in self.options.merge_from:
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                if at_start:
+                    logger.info("freespec: recycle merge_from %s does not exist yet; will merge it when it does", path)
+                continue
+            stat = (st.st_mtime_ns, st.st_size)
+            if self._merged_stat.get(path) == stat:
+                continue
+            self._merged_stat[path] = stat
+            try:
+                peer = self._load(path, "recycle merge_from")
+            except MatrixFileError:
+                if at_start:
+                    raise
+                logger.warning("freespec: recycle merge_from %s skipped", path, exc_info=True)
+                continue
+            taken = merge_into(self.matrix, peer)
+            logger.info("freespec: recycle matrix merged %d rows from %s", taken, path)
 
     def save(self) -> None:
         """Write the matrix to ``matrix_path`` (atomically); a no-op without one."""
-        if self.options.matrix_path is None or self.ids is None:
+        if self.options.matrix_path is None or self.matrix is None:
             return
+        self.matrix.updates = self.updates
         try:
-            save_matrix(
-                self.options.matrix_path,
-                self.ids,
-                self.probs,
-                tokenizer=self._fingerprint,
-                model=self._info.model if self._info else "",
-                updates=self.updates,
-            )
+            write_matrix(self.options.matrix_path, self.matrix)
         except OSError:
             logger.exception("freespec: could not save the recycle matrix to %s", self.options.matrix_path)
         self._last_save = time.monotonic()
@@ -153,6 +204,8 @@ class RecycleProposer(Proposer):
         # Fancy assignment: when a token was scored twice in one step, the later row wins.
         self.ids[scored.tokens, :c] = scored.topk_ids[:, :c]
         self.probs[scored.tokens, :c] = scored.topk_probs[:, :c]
+        # When the row was written, for merging with other replicas (newest wins).
+        self.matrix.stamps[scored.tokens] = min(int(time.time()), STAMP_MAX)
         self.updates += len(scored.tokens)
 
     # ---------------------------------------------------------------- drafting
@@ -186,10 +239,12 @@ class RecycleProposer(Proposer):
                 drafts[i] = [int(t) for t in tokens[j, nodes]]
                 _, buckets = EdgeAcceptance.cells(self.ranks[nodes], edge_probs[j, nodes])
                 self._chains[key] = (self.ranks[nodes].astype(np.int64), buckets)
-        if self.options.matrix_path and self.options.save_every_s and (
+        if (self.options.matrix_path or self.options.merge_from) and self.options.save_every_s and (
             time.monotonic() - self._last_save >= self.options.save_every_s
         ):
+            self._merge_changed()
             self.save()
+            self._last_save = time.monotonic()
         return drafts
 
     def _top1_path(self, tokens: np.ndarray) -> np.ndarray:
@@ -209,5 +264,5 @@ class RecycleProposer(Proposer):
         self._empty_steps.pop(key, None)
 
     def state_bytes(self) -> int:
-        matrix = 0 if self.ids is None else self.ids.nbytes + self.probs.nbytes
+        matrix = 0 if self.matrix is None else self.matrix.nbytes()
         return matrix + sum(r.nbytes + b.nbytes for r, b in self._chains.values())

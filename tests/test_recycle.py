@@ -82,7 +82,7 @@ def test_learns_from_what_vllm_accepts():
 def test_release_and_state_bytes():
     p = make()
     base = p.state_bytes()
-    assert base == VOCAB * 8 * (4 + 2)
+    assert base == VOCAB * 8 * (4 + 2) + VOCAB * 4  # ids + probs, and a stamp per token
     p.observe(scored({1: [(2, 0.97)]}))
     p.propose([row(7, 1)])
     assert p.state_bytes() > base
@@ -119,12 +119,12 @@ def saved(tmp_path, **kw):
 
 def test_refuses_a_matrix_from_another_tokenizer_or_size(tmp_path):
     path = saved(tmp_path, tokenizer="sha256:other", model="other-model")
-    with pytest.raises(MatrixFileError, match="another tokenizer.*other-model"):
+    with pytest.raises(MatrixFileError, match="another tokenizer: field 'tokenizer'.*other-model"):
         make(matrix_path=path)
     path = saved(tmp_path)
-    with pytest.raises(MatrixFileError, match="vocabulary size 100"):
+    with pytest.raises(MatrixFileError, match="field 'vocab_size' is 100.*has 200"):
         load_matrix(path, vocab_size=200, candidates=8, tokenizer=FP)
-    with pytest.raises(MatrixFileError, match="`candidates` is 4"):
+    with pytest.raises(MatrixFileError, match="field 'candidates' is 8.*`candidates` is 4"):
         load_matrix(path, vocab_size=VOCAB, candidates=4, tokenizer=FP)
 
 
@@ -148,14 +148,14 @@ def test_refuses_corrupt_truncated_foreign_and_pickled_files(tmp_path):
     # Same shapes, modified content: the checksum catches it.
     path = saved(tmp_path)
     with np.load(path) as z:
-        ids, probs, meta = z["ids"].copy(), z["probs"], z["meta"]
+        ids, probs, stamps, meta = z["ids"].copy(), z["probs"], z["stamps"], z["meta"]
     ids[3, 0] = 7
-    np.savez(path, ids=ids, probs=probs, meta=meta)
+    np.savez(path, ids=ids, probs=probs, stamps=stamps, meta=meta)
     with pytest.raises(MatrixFileError, match="checksum"):
         make(matrix_path=path)
 
     meta2 = json.loads(meta.tobytes())
     meta2["version"] = 99
-    np.savez(path, ids=ids, probs=probs, meta=np.frombuffer(json.dumps(meta2).encode(), np.uint8))
+    np.savez(path, ids=ids, probs=probs, stamps=stamps, meta=np.frombuffer(json.dumps(meta2).encode(), np.uint8))
     with pytest.raises(MatrixFileError, match="format version 99"):
         make(matrix_path=path)
