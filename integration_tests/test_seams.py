@@ -107,7 +107,8 @@ def test_probes_pass_on_the_supported_release():
     lines = dict(l.split(" ", 1) for l in out.splitlines())
     if not on_supported_release():
         pytest.skip(f"vLLM {installed_version()} is outside the supported range")
-    for seam in ("frontend", "spec_config", "custom_class", "cpu_rejection_sampler", "target_topk", "spec_metrics"):
+    for seam in ("frontend", "spec_config", "custom_class", "cpu_rejection_sampler", "target_topk", "spec_metrics",
+                 "draft_rank"):
         assert lines[seam].startswith("True"), out
 
 
@@ -142,6 +143,18 @@ def test_a_plugin_needing_target_topk_is_dropped_when_that_seam_moved(monkeypatc
     if on_supported_release() and not seams.blocking_probes(uses_target_topk=False):
         spec, _ = seams._frontend_rewrite({"plugin": "copy", "num_speculative_tokens": 4}, None)
         assert spec is not None  # copy does not use that seam
+
+
+def test_draft_rank_probe_names_what_moved(monkeypatch):
+    """On the real vLLM: if drafts came from another worker than TP rank 0, the probe says so."""
+    from vllm.v1.executor.multiproc_executor import MultiprocExecutor
+
+    from freespec.vllm_plugins import seams
+
+    assert seams.probe_draft_rank().ok  # the same at 0.30, 0.31 and 0.32
+    monkeypatch.setattr(MultiprocExecutor, "_get_output_rank", lambda self: self.world_size - 1)
+    result = seams.probe_draft_rank()
+    assert not result.ok and "takes drafts from worker 1 of a PP=1 PCP=1 TP=2 world" in result.detail
 
 
 def test_vllm_command_starts_on_cpu():

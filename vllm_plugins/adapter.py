@@ -8,6 +8,11 @@ at most k in-vocabulary token ids per row, none past the model's length limit.
 A proposer that raises drafts nothing for that step: the text is unchanged
 (vLLM decodes one token as without speculation), the first error is logged
 with its traceback, later ones are counted.
+
+Under tensor parallelism every rank builds this adapter, but vLLM takes drafts
+from one rank only (``seams.draft_rank``). On the others no proposer is built,
+so no datastore is mapped, no draft model loaded, no matrix kept, and
+``propose`` returns empty drafts at once.
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ from freespec.proposers.registry import load_proposer_class
 from freespec.proposers.request_tracker import RequestTracker
 from freespec.scorers.policy import GoodputPolicy
 from freespec.vllm_plugins.frontend import ADDITIONAL_CONFIG_KEY, validate_options
+from freespec.vllm_plugins.seams import draft_rank
 from freespec.vllm_plugins.target_topk import TargetTopK
 
 logger = logging.getLogger("freespec")
@@ -57,6 +63,17 @@ class FreespecProposer:
                 'or use --speculative-config \'{"plugin": NAME, ...}\''
             )
         self.plugin = cfg["plugin"]
+        options = validate_options(self.plugin, cfg.get("options") or {})  # same error on every rank
+        where = draft_rank(vllm_config)
+        self.drafting = where.drafts
+        if not self.drafting:
+            self.proposer = None
+            logger.info(
+                "freespec: %s: plugin %r not built here (%s); this rank drafts nothing",
+                where.rank, self.plugin, where.why,
+            )
+            return
+        logger.info("freespec: %s: plugin %r runs here (%s)", where.rank, self.plugin, where.why)
         # Load-aware draft length (scorers/policy.py): "policy": "goodput", the default; "fixed" turns it off.
         self.policy = GoodputPolicy() if cfg.get("policy", "goodput") == "goodput" else None
         self._last_step_at: float | None = None
@@ -64,7 +81,6 @@ class FreespecProposer:
         self.k = int(spec.num_speculative_tokens)
         self.vocab_size = int(vllm_config.model_config.get_vocab_size())
         self.max_model_len = int(vllm_config.model_config.max_model_len)
-        options = validate_options(self.plugin, cfg.get("options") or {})
         self.proposer = load_proposer_class(self.plugin)(options, self.k)
         model_config = vllm_config.model_config
         self.proposer.bind(
@@ -85,11 +101,13 @@ class FreespecProposer:
 
     def load_model(self, target_model) -> None:
         """vLLM hands over the target model; only the ``target_topk`` adapter needs it."""
-        if self.target_topk is not None:
+        if self.drafting and self.target_topk is not None:
             self.target_topk.install(target_model)
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None, **_):
         n_rows = len(sampled_token_ids)
+        if not self.drafting:  # vLLM ignores this rank's drafts
+            return [[] for _ in range(n_rows)]
         lengths = np.asarray(num_tokens_no_spec[:n_rows])
         views = [(token_ids_cpu[i, : lengths[i]], len(sampled_token_ids[i])) for i in range(n_rows)]
         keys, departed = self.tracker.update(views)

@@ -18,6 +18,8 @@ def _status(probe, expand_hook: bool) -> str:
         return "FAIL"
     if probe.seam == "target_topk":
         return "FAIL (plugins using target top-k)"
+    if probe.seam == "draft_rank":  # safe fallback: correct, only each TP rank pays for a proposer
+        return "WARN, every TP rank builds its proposer"
     return "WARN"
 
 

@@ -17,7 +17,9 @@ moved. Patches are named, applied only where they are needed, and idempotent:
 
 Probes that only report (never disable a plugin): ``cpu_expand_kernel`` (a
 defect freespec patches), ``spec_metrics`` (metric names freespec's tests and
-``freespec bench`` read), ``vllm_cli``. Every other failed probe drops
+``freespec bench`` read), ``vllm_cli``, ``draft_rank`` (which worker's drafts
+vLLM takes; when it fails, every tensor-parallel rank builds its proposer, as
+vLLM itself would have it). Every other failed probe drops
 speculation with one warning (``blocking_probes``). The releases differ here
 (docs/compatibility.md has the matrix):
 
@@ -41,6 +43,7 @@ speculation with one warning (``blocking_probes``). The releases differ here
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import logging
 import os
@@ -298,6 +301,119 @@ def probe_vllm_cli() -> ProbeResult:
     )
 
 
+# ---------------------------------------------------------------- seam: which worker's drafts vLLM takes
+# How vLLM numbers the workers of one engine (``parallel_state.initialize_model_parallel``, whitespace
+# removed): the tensor-parallel rank varies fastest, then the prefill-context-parallel rank, then the
+# pipeline stage.
+RANK_LAYOUT = (
+    "torch.arange(world_size).reshape(-1,data_parallel_size,pipeline_model_parallel_size,"
+    "prefill_context_model_parallel_size,tensor_model_parallel_size,)"
+)
+# (pipeline stages, prefill-context ranks, tensor ranks) of the worlds the probe asks vLLM about.
+_WORLDS = ((1, 1, 2), (2, 1, 4), (3, 2, 2))
+
+
+def _squeeze(text: str) -> str:
+    return "".join(text.split())
+
+
+def probe_draft_rank() -> ProbeResult:
+    """vLLM takes draft tokens from one worker: TP rank 0 and PCP rank 0 of the last pipeline stage.
+
+    Every tensor-parallel rank of the last stage builds the ``custom_class``
+    proposer, but ``MultiprocExecutor.take_draft_token_ids`` asks only
+    ``self.output_rank`` (``_get_output_rank``: world size - TP x PCP, the first
+    worker of the last stage), and the single-process and Ray executors keep the
+    first worker's reply (``Executor.take_draft_token_ids``: ``output[0]``). The
+    probe asks ``_get_output_rank`` itself for a few world shapes.
+    """
+    from types import SimpleNamespace
+
+    try:  # import_module: a test can stand in for these modules in sys.modules
+        parallel_state = importlib.import_module("vllm.distributed.parallel_state")
+        abstract = importlib.import_module("vllm.v1.executor.abstract")
+        multiproc_executor = importlib.import_module("vllm.v1.executor.multiproc_executor")
+    except ImportError as e:
+        return ProbeResult("draft_rank", False, f"module missing: {e}")
+    needed = ("model_parallel_is_initialized", "get_tp_group", "get_pcp_group", "initialize_model_parallel")
+    missing = [name for name in needed if not hasattr(parallel_state, name)]
+    if missing:
+        return ProbeResult("draft_rank", False, f"vllm.distributed.parallel_state has no {missing}")
+    if RANK_LAYOUT not in _squeeze(inspect.getsource(parallel_state.initialize_model_parallel)):
+        return ProbeResult("draft_rank", False, "the worker rank layout changed (TP rank no longer varies fastest)")
+    executor = getattr(multiproc_executor, "MultiprocExecutor", None)
+    if executor is None or not hasattr(executor, "_get_output_rank"):
+        return ProbeResult("draft_rank", False, "MultiprocExecutor._get_output_rank is gone")
+    take = _squeeze(inspect.getsource(executor.take_draft_token_ids))
+    if "unique_reply_rank=self.output_rank" not in take:
+        return ProbeResult("draft_rank", False, "MultiprocExecutor no longer takes drafts from its output rank only")
+    for pp, pcp, tp in _WORLDS:
+        fake = SimpleNamespace(
+            world_size=pp * pcp * tp,
+            parallel_config=SimpleNamespace(
+                pipeline_parallel_size=pp, prefill_context_parallel_size=pcp, tensor_parallel_size=tp
+            ),
+        )
+        try:
+            got = executor._get_output_rank(fake)
+        except Exception as e:
+            why = f"MultiprocExecutor._get_output_rank reads more than PP/PCP/TP sizes ({e!r})"
+            return ProbeResult("draft_rank", False, why)
+        if got != (pp - 1) * pcp * tp:
+            return ProbeResult(
+                "draft_rank",
+                False,
+                f"MultiprocExecutor takes drafts from worker {got} of a PP={pp} PCP={pcp} TP={tp} world, "
+                f"not from TP rank 0 of the last stage (worker {(pp - 1) * pcp * tp})",
+            )
+    if "output[0]" not in _squeeze(inspect.getsource(abstract.Executor.take_draft_token_ids)):
+        return ProbeResult("draft_rank", False, "Executor.take_draft_token_ids no longer keeps worker 0's reply")
+    return ProbeResult("draft_rank", True, "drafts are taken from TP rank 0 (PCP rank 0) of the last pipeline stage")
+
+
+@dataclass(frozen=True)
+class DraftRank:
+    """Whether vLLM uses the drafts of the worker asking, and which worker that is (for its log line)."""
+
+    drafts: bool
+    rank: str
+    why: str
+
+
+def decide_draft_rank(
+    tp_rank: int, tp_size: int, pcp_rank: int, pcp_size: int, probe: ProbeResult, backend: str | None = None
+) -> DraftRank:
+    """The rule, kept free of vLLM so it can be tested: only TP rank 0 / PCP rank 0 drafts."""
+    rank = f"TP rank {tp_rank} of {tp_size}"
+    if pcp_size > 1:
+        rank += f", PCP rank {pcp_rank} of {pcp_size}"
+    if backend == "external_launcher":  # torchrun: each rank is an engine of its own and uses its own drafts
+        return DraftRank(True, rank, "external_launcher: every rank's engine uses its own drafts")
+    if not probe.ok:  # drafting everywhere is only wasteful; drafting nowhere would silently lose the speed-up
+        return DraftRank(True, rank, f"every rank drafts, since {probe.seam} moved: {probe.detail}")
+    if tp_rank == 0 and pcp_rank == 0:
+        return DraftRank(True, rank, "vLLM takes its drafts from this rank")
+    return DraftRank(False, rank, "vLLM takes drafts from TP rank 0 only")
+
+
+def draft_rank(vllm_config) -> DraftRank:
+    """Seam ``draft_rank``: whether this worker's drafts reach vLLM (called in the worker, once ranks are set)."""
+    backend = getattr(getattr(vllm_config, "parallel_config", None), "distributed_executor_backend", None)
+    try:
+        parallel_state = importlib.import_module("vllm.distributed.parallel_state")
+        if not parallel_state.model_parallel_is_initialized():  # built outside a vLLM worker: the only rank
+            return DraftRank(True, "single process", "no vLLM worker ranks")
+        tp, pcp = parallel_state.get_tp_group(), parallel_state.get_pcp_group()
+        ranks = (tp.rank_in_group, tp.world_size, pcp.rank_in_group, pcp.world_size)
+    except Exception as e:
+        return DraftRank(True, "rank unknown", f"every rank drafts, since reading the rank failed ({e!r})")
+    if ranks[1] * ranks[3] == 1:
+        probe = ProbeResult("draft_rank", True, "one rank")  # nothing to decide: skip the probe's imports
+    else:
+        probe = _run(globals()["probe_draft_rank"])  # looked up at call time, so a test can stand in for it
+    return decide_draft_rank(*ranks, probe, backend)
+
+
 PROBES = (
     probe_frontend_hook,
     probe_spec_config,
@@ -307,6 +423,7 @@ PROBES = (
     probe_target_logits,
     probe_spec_metrics,
     probe_vllm_cli,
+    probe_draft_rank,
 )
 
 
