@@ -50,7 +50,7 @@ ALL_CATEGORIES = "all"
 
 # vLLM's own speculative methods that need no plugin; anything else is a
 # freespec plugin name and goes into the speculative config as ``"plugin"``.
-VLLM_METHODS = ("ngram", "suffix")
+VLLM_METHODS = ("ngram", "suffix", "draft_model")
 # vLLM 0.32 (vllm/config/speculative.py) fills prompt_lookup_min/max with 5 and
 # 5 when neither is given; they are written out so the recorded config is
 # complete. Override with e.g. ``ngram:{"prompt_lookup_min":2,"prompt_lookup_max":4}``.
@@ -263,6 +263,11 @@ def parse_config_spec(spec: str, num_speculative_tokens: int) -> BenchConfig:
         sc: dict[str, Any] = {"method": name, "num_speculative_tokens": num_speculative_tokens}
         if name == "ngram" and not ({"prompt_lookup_min", "prompt_lookup_max"} & options.keys()):
             sc.update(NGRAM_DEFAULTS)
+        if name == "draft_model" and "model" not in options:
+            raise ConfigSpecError(
+                f"config {spec!r}: draft_model needs option 'model', the draft checkpoint, "
+                "e.g. draft_model:{\"model\": \"/path/to/draft\"}"
+            )
     else:
         sc = {"plugin": name, "num_speculative_tokens": num_speculative_tokens}
     sc.update(options)

@@ -4,14 +4,16 @@ After PEARL (Liu et al., 2025, "Parallel Speculative Decoding with Adaptive
 Draft Length"). vLLM owns the target step and calls the proposer synchronously
 once per step, so of PEARL's two halves only post-verify fits the
 ``custom_class`` seam: as soon as a chain is returned, the draft model keeps
-drafting past it in a background thread, assuming the target accepts it all,
+drafting past it in the background, assuming the target accepts it all,
 and predicts the target's bonus token too; the next step then returns at once
 when that assumption held, and otherwise rolls the draft's KV cache back to
 what the target kept and drafts from there (``pearl_state``). Draft length
 adapts per request: chains stop before the first low-confidence prediction and
 grow while they are accepted, bounded by k. The draft model, its per-request KV
-caches and the thread are in ``pearl_draft``; docs/pearl.md has the options,
-memory, CPU core split and what is measured.
+caches and the thread are in ``pearl_draft``; ``placement: "process"`` (the
+default) runs them in a child process (``pearl_process``), ``"thread"`` in a
+thread of vLLM's worker. docs/pearl.md has the options, memory, CPU core split
+and what is measured.
 
 Memory (outside vLLM's planning): the draft's weights plus its KV cache,
 ``kv_bytes_per_token`` per cached token, at most ``max_cached_tokens`` tokens
@@ -20,10 +22,12 @@ over at most ``max_requests`` requests (least recently used evicted first);
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import re
 import time
+import weakref
 from pathlib import Path
 from typing import Literal, Optional, Sequence
 
@@ -59,11 +63,21 @@ class PearlOptions(ProposerOptions):
         ..., description="draft model: a checkpoint directory, or a name from `freespec models list`"
     )
     device: str = Field("cpu", description='where the draft model runs: "cpu" or "cuda:N"')
+    placement: Literal["process", "thread"] = Field(
+        "process",
+        description='"process": the draft runs in a child process (no GIL shared with the target); '
+        '"thread": in a thread of vLLM\'s worker process',
+    )
+    step_timeout_s: float = Field(
+        30.0, gt=0, le=3600,
+        description='placement "process": a step the draft process does not answer in time drafts nothing '
+        "and the process is restarted",
+    )
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="draft weights and KV dtype")
     draft_cores: Optional[str] = Field(
-        None, description='CPU ids the draft thread runs on, e.g. "1" or "2-3" (default: the caller\'s)'
+        None, description='CPU ids the draft runs on, e.g. "1" or "2-3" (default: the caller\'s)'
     )
-    draft_threads: int = Field(1, ge=1, le=256, description="torch intra-op threads of the draft thread")
+    draft_threads: int = Field(1, ge=1, le=256, description="torch intra-op threads of the draft")
     min_confidence: float = Field(
         0.1, ge=0.0, le=1.0, description="a chain stops before the first draft token with lower draft probability"
     )
@@ -123,25 +137,17 @@ class PearlProposer(Proposer):
         super().__init__(options, num_speculative_tokens)
         import torch
 
-        from freespec.proposers.pearl_draft import DraftWorker, TorchDraftModel, parse_cores
-        from freespec.proposers.pearl_state import PearlDrafter
+        from freespec.proposers.pearl_draft import parse_cores
 
         if options.device.startswith("cuda") and not torch.cuda.is_available():
             raise ValueError(f"pearl: option 'device' is {options.device!r}, but torch sees no CUDA device here")
-        try:
-            self.draft = TorchDraftModel.load(options.draft_model, options.device, options.dtype)
-        except Exception as e:
-            raise ValueError(f"pearl: option 'draft_model' ({options.draft_model}) cannot be loaded: {e}") from e
-        self.drafter = PearlDrafter(
-            self.draft,
-            num_speculative_tokens,
+        drafter_options = dict(
             min_confidence=options.min_confidence,
             adaptive_length=options.adaptive_length,
             max_requests=options.max_requests,
             max_cached_tokens=options.max_cached_tokens,
             sync_feed_tokens=options.sync_feed_tokens,
             prefill_chunk=options.prefill_chunk,
-            max_position=self.draft.max_position,
         )
         cores = parse_cores(options.draft_cores) if options.draft_cores else None
         if cores and options.device == "cpu" and hasattr(os, "sched_getaffinity"):
@@ -152,10 +158,40 @@ class PearlProposer(Proposer):
                     "give vLLM the others with VLLM_CPU_OMP_THREADS_BIND (docs/pearl.md)",
                     sorted(cores), sorted(os.sched_getaffinity(0)),
                 )
-        self.worker = DraftWorker(self.drafter, cores=cores, threads=options.draft_threads, device=options.device)
-        self.worker.start()  # a bad core list fails here, at engine start, not at the first step
+        self.draft = self.drafter = None  # placement "thread" only: the process keeps them in the child
+        if options.placement == "process":
+            from freespec.proposers.pearl_process import DraftProcess, DraftProcessError
+
+            spec = dict(model=options.draft_model, device=options.device, dtype=options.dtype,
+                        k=num_speculative_tokens, cores=sorted(cores) if cores else None,
+                        threads=options.draft_threads, drafter=drafter_options)
+            self.worker = DraftProcess(spec, step_timeout_s=options.step_timeout_s)
+            try:
+                self.worker.start()
+            except DraftProcessError as e:
+                if "draft_cores" in str(e):
+                    raise ValueError(f"pearl: option {e}") from e
+                raise ValueError(f"pearl: option 'draft_model' ({options.draft_model}) cannot be loaded in the draft "
+                                 f"process: {e}") from e
+            self._vocab_size = int(self.worker.info["vocab_size"])
+        else:
+            from freespec.proposers.pearl_draft import DraftWorker, TorchDraftModel
+            from freespec.proposers.pearl_state import PearlDrafter
+
+            try:
+                self.draft = TorchDraftModel.load(options.draft_model, options.device, options.dtype)
+            except Exception as e:
+                raise ValueError(f"pearl: option 'draft_model' ({options.draft_model}) cannot be loaded: {e}") from e
+            self.drafter = PearlDrafter(self.draft, num_speculative_tokens, max_position=self.draft.max_position,
+                                        **drafter_options)
+            self.worker = DraftWorker(self.drafter, cores=cores, threads=options.draft_threads, device=options.device)
+            self.worker.start()  # a bad core list fails here, at engine start, not at the first step
+            self._vocab_size = self.draft.vocab_size
         self._bound = False
+        self._closed = False
         self._last_log = time.monotonic()
+        # vLLM never closes a proposer: at exit, log the final stats and end the child.
+        atexit.register(_close_ref, weakref.ref(self))
 
     def bind(self, info: EngineInfo) -> None:
         """Refuse a draft model whose vocabulary is not the target's."""
@@ -169,14 +205,18 @@ class PearlProposer(Proposer):
                     f"{info.model or ''} ({draft_fp[:19]}... vs {target_fp[:19]}...); the draft model must share "
                     "the target's token ids"
                 )
-        elif self.draft.vocab_size != info.vocab_size:
+        elif self._vocab_size != info.vocab_size:
             raise ValueError(
-                f"pearl: option 'draft_model' ({path}) has a vocabulary of {self.draft.vocab_size} tokens and the "
+                f"pearl: option 'draft_model' ({path}) has a vocabulary of {self._vocab_size} tokens and the "
                 f"target {info.model or ''} has {info.vocab_size}; without both tokenizers to compare, "
                 "they must be equal"
             )
         # Same tokenizer, possibly padded differently: never draft an id the target does not have.
-        self.draft.vocab_limit = min(self.draft.vocab_size, info.vocab_size)
+        vocab_limit = min(self._vocab_size, info.vocab_size)
+        if self.draft is not None:
+            self.draft.vocab_limit = vocab_limit
+        else:
+            self.worker.bind(vocab_limit)
         self._bound = True
 
     def propose(self, rows: Sequence[Row]) -> list[list[int]]:
@@ -193,16 +233,43 @@ class PearlProposer(Proposer):
         self.worker.release(key)
 
     def state_bytes(self) -> int:
-        return self.draft.weight_bytes() + self.draft.kv_bytes()
+        if self.draft is not None:
+            return self.draft.weight_bytes() + self.draft.kv_bytes()
+        s = self.worker.stats()  # as of the child's last reply
+        return int(s.get("weight_bytes", self.worker.info.get("weight_bytes", 0))) + int(s.get("kv_bytes", 0))
 
     def stats(self) -> dict:
-        """Drafter counters and where the time went (docs/pearl.md explains each)."""
-        return {**self.drafter.stats.as_dict(), **self.worker.times.as_dict(), "state_bytes": self.state_bytes()}
+        """Drafter counters and where the time went (docs/pearl.md explains each).
+
+        ``target_wait_ms`` is the mean time per step that ``propose`` blocked (the target
+        waited for drafts); ``draft_idle_ms`` the mean time per step the draft had nothing
+        to do (it waited for the target).
+        """
+        if self.draft is not None:
+            s = {**self.drafter.stats.as_dict(), **self.worker.times.as_dict()}
+        else:
+            s = self.worker.stats()
+        steps = max(1, int(s.get("steps", 0)))
+        s["target_wait_ms"] = round(1000 * float(s.get("step_wait", 0.0)) / steps, 3)
+        s["draft_idle_ms"] = round(1000 * float(s.get("idle", 0.0)) / steps, 3)
+        s["placement"] = self.options.placement
+        s["state_bytes"] = self.state_bytes()
+        return s
 
     def wait_idle(self, timeout: float = 30.0) -> bool:
         """Block until post-verify has finished (tests, measurements)."""
         return self.worker.wait_idle(timeout)
 
     def close(self) -> None:
-        """Stop the draft thread (the process exiting does it too: the thread is a daemon)."""
+        """Log the final stats and stop the draft (thread or child process); also run at exit."""
+        if self._closed:
+            return
+        self._closed = True
+        logger.info("freespec: pearl final stats %s", self.stats())
         self.worker.close()
+
+
+def _close_ref(ref) -> None:
+    proposer = ref()
+    if proposer is not None:
+        proposer.close()

@@ -104,6 +104,13 @@ def test_parse_config_spec_builtin_methods():
     assert suffix.speculative_config == {"method": "suffix", "num_speculative_tokens": 6}
 
 
+def test_parse_config_spec_vllm_draft_model_needs_its_model():
+    sc = bench.parse_config_spec('draft_model:{"model": "/m/draft"}', 4).speculative_config
+    assert sc == {"method": "draft_model", "num_speculative_tokens": 4, "model": "/m/draft"}
+    with pytest.raises(bench.ConfigSpecError, match=r"draft_model needs option 'model'"):
+        bench.parse_config_spec("draft_model", 4)
+
+
 def test_parse_config_spec_ngram_options_replace_lookup_defaults():
     sc = bench.parse_config_spec('ngram:{"prompt_lookup_min": 2}', 8).speculative_config
     assert sc == {"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_min": 2}

@@ -48,6 +48,7 @@ def reference(tiny_dir):
 
 
 def make(tiny_dir, k=4, **options):
+    options.setdefault("placement", "thread")  # these tests look inside the drafter; the process tests are below
     options.setdefault("min_confidence", 0.0)
     options.setdefault("adaptive_length", False)
     p = PearlProposer(PearlOptions(draft_model=tiny_dir, **options), k)
@@ -186,7 +187,7 @@ def test_release_frees_the_request_cache(tiny_dir):
 
 
 def test_adaptive_defaults_stay_within_k(tiny_dir):
-    p = PearlProposer(PearlOptions(draft_model=tiny_dir), 5)
+    p = PearlProposer(PearlOptions(draft_model=tiny_dir, placement="thread"), 5)
     p.bind(EngineInfo(vocab_size=VOCAB))
     try:
         ctx = list(range(10))
@@ -234,7 +235,7 @@ def test_bad_options_are_refused_naming_the_field(tiny_dir, options, message):
 def test_unloadable_draft_model_fails_at_construction_naming_it(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 10}))
     with pytest.raises(ValueError, match=r"option 'draft_model'.*cannot be loaded"):
-        PearlProposer(PearlOptions(draft_model=str(tmp_path)), 4)
+        PearlProposer(PearlOptions(draft_model=str(tmp_path), placement="thread"), 4)
 
 
 def test_directory_without_config_is_refused(tmp_path):
@@ -243,7 +244,7 @@ def test_directory_without_config_is_refused(tmp_path):
 
 
 def test_other_vocabulary_is_refused_at_bind(tiny_dir):
-    p = PearlProposer(PearlOptions(draft_model=tiny_dir), 4)
+    p = PearlProposer(PearlOptions(draft_model=tiny_dir, placement="thread"), 4)
     try:
         with pytest.raises(ValueError, match=r"option 'draft_model'.*vocabulary of 96 tokens.*has 151936"):
             p.bind(EngineInfo(vocab_size=151936, model="qwen"))
@@ -255,7 +256,7 @@ def test_other_tokenizer_is_refused_at_bind(tiny_dir, monkeypatch):
     import freespec.proposers.pearl as pearl
 
     monkeypatch.setattr(pearl, "tokenizer_dir_fingerprint", lambda path: "sha256:" + "a" * 64)
-    p = PearlProposer(PearlOptions(draft_model=tiny_dir, min_confidence=0.0), 4)
+    p = PearlProposer(PearlOptions(draft_model=tiny_dir, min_confidence=0.0, placement="thread"), 4)
     try:
         with pytest.raises(ValueError, match=r"different tokenizer"):
             p.bind(EngineInfo(vocab_size=VOCAB, tokenizer_fingerprint=lambda: "sha256:" + "b" * 64))
