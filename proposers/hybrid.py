@@ -95,12 +95,12 @@ class HybridProposer(Proposer):
         for i, row in enumerate(rows):
             supported = self._supported.pop(row.key, None)
             if supported is not None and row.num_new > 0:
-                self.weights.observe(supported, row.num_new - 1, row.key)
+                self.weights.observe(supported, row.num_new - 1)
             candidates = []
             for name in self.sources:
                 found = offered[name][i]
                 if found is not None:
-                    found.name, found.source_weight = name, self.weights.weight(name, row.key)
+                    found.name, found.source_weight = name, self.weights.weight(name)
                     candidates.append(found)
             draft, support, supported = fuse(candidates, self.k, self.options.min_support)
             if self.token_cost is not None:
@@ -112,7 +112,6 @@ class HybridProposer(Proposer):
 
     def release(self, key: int) -> None:
         self._supported.pop(key, None)
-        self.weights.forget(key)
         for source in self.sources.values():
             source.release(key)
 

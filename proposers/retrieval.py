@@ -97,18 +97,18 @@ class RetrievalProposer(Proposer):
         for row, copy_draft in zip(rows, copy_drafts):
             supported = self._supported.pop(row.key, None)
             if supported is not None and row.num_new > 0:
-                self.weights.observe(supported, row.num_new - 1, row.key)
+                self.weights.observe(supported, row.num_new - 1)
             if row.num_new == 0 or len(row.tokens) < self.options.min_match:
                 drafts.append([])
                 continue
             sources = []
             found = self.lookup(row.tokens)
             if found is not None:
-                found.source_weight = self.weights.weight("retrieval", row.key)
+                found.source_weight = self.weights.weight("retrieval")
                 sources.append(found)
             if copy_draft:
                 sources.append(
-                    Candidates("copy", np.asarray([copy_draft], dtype=np.int64), np.ones(1), self.weights.weight("copy", row.key))
+                    Candidates("copy", np.asarray([copy_draft], dtype=np.int64), np.ones(1), self.weights.weight("copy"))
                 )
             draft, support, supported = fuse(sources, self.k, self.options.min_support)
             if self.token_cost is not None:
@@ -130,7 +130,6 @@ class RetrievalProposer(Proposer):
 
     def release(self, key: int) -> None:
         self._supported.pop(key, None)
-        self.weights.forget(key)
         if self.copy is not None:
             self.copy.release(key)
 

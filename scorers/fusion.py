@@ -12,13 +12,11 @@ datastore and the context agree the draft is confident, and where only one sourc
 something, that source decides.
 
 Source weights are learned (``SourceWeights``): the acceptance rate of tokens each source
-supported, over all requests and within each request, so a source that is often wrong for this
-workload, or for this request, counts for less.
+supported, so a source that is often wrong for this workload counts for less.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 import numpy as np
 
@@ -84,42 +82,19 @@ def paying_prefix(support: list[float], token_cost: float) -> int:
     return n
 
 
-# Pseudo-observations the global estimate counts for inside one request: a request's own evidence
-# outweighs it after a few drafts, so a request that is rewriting its context trusts copy, one answering
-# from known material trusts the datastore, whatever the rest of the traffic does.
-REQUEST_PRIOR_TOKENS = 4.0
-
-
 @dataclass
 class SourceWeights:
-    """How often each source's supported draft tokens are accepted (per-token Beta estimates).
-
-    Kept globally (all requests) and per request; a request's weight for a source is its own
-    acceptance with the global estimate as prior. Per-request state: one estimate per source per
-    request, dropped by ``forget`` when the request leaves.
-    """
+    """How often each source's supported draft tokens are accepted (per-token Beta estimate)."""
 
     estimates: dict[str, AcceptanceEstimate] = field(default_factory=dict)
-    requests: dict[int, dict[str, AcceptanceEstimate]] = field(default_factory=dict)
 
-    def weight(self, name: str, key: Optional[int] = None) -> float:
-        prior = self.estimates.setdefault(name, AcceptanceEstimate()).alpha
-        own = self.requests.get(key, {}).get(name) if key is not None else None
-        if own is None:
-            return prior
-        # own holds only this request's observations (its Beta prior of 1/1 removed below).
-        s, f = own.successes - 1.0, own.failures - 1.0
-        return (s + REQUEST_PRIOR_TOKENS * prior) / (s + f + REQUEST_PRIOR_TOKENS)
+    def weight(self, name: str) -> float:
+        return self.estimates.setdefault(name, AcceptanceEstimate()).alpha
 
-    def observe(self, supported: dict[str, int], accepted: int, key: Optional[int] = None) -> None:
+    def observe(self, supported: dict[str, int], accepted: int) -> None:
         for name, n in supported.items():
             if n > 0:
                 est = self.estimates.setdefault(name, AcceptanceEstimate())
                 est.observe(n, min(accepted, n))
                 if est.successes + est.failures > 4000:
                     est.decay(0.5)
-                if key is not None:
-                    self.requests.setdefault(key, {}).setdefault(name, AcceptanceEstimate()).observe(n, min(accepted, n))
-
-    def forget(self, key: int) -> None:
-        self.requests.pop(key, None)

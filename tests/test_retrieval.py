@@ -103,21 +103,6 @@ def test_source_weights_learn_acceptance():
     assert w.weight("good") > 0.9 and w.weight("bad") < 0.55
 
 
-def test_source_weights_follow_each_request_with_the_global_estimate_as_prior():
-    w = SourceWeights()
-    for _ in range(40):  # across the traffic, the datastore is right and the context is not ...
-        w.observe({"retrieval": 3}, 3, key=1)
-        w.observe({"copy": 3}, 0, key=1)
-    assert w.weight("retrieval", key=2) == w.weight("retrieval")  # a new request starts from the global estimate
-    for _ in range(12):  # ... but request 2 is rewriting its own context
-        w.observe({"copy": 4}, 4, key=2)
-        w.observe({"retrieval": 4}, 0, key=2)
-    assert w.weight("copy", key=2) > 0.8 > w.weight("copy")
-    assert w.weight("retrieval", key=2) < 0.3 < w.weight("retrieval")
-    w.forget(2)
-    assert w.weight("copy", key=2) == w.weight("copy") and 2 not in w.requests
-
-
 def make(tmp_path, docs, k=4, shards=1, **opts):
     path = write_store(tmp_path / "store", docs, shards)
     p = RetrievalProposer(RetrievalOptions(datastore=path, **opts), k)
