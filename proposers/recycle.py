@@ -164,7 +164,10 @@ class RecycleProposer(Proposer):
         At start a bad file stops the engine (like ``matrix_path``); later it is logged and skipped
         until it changes again, so a peer writing garbage cannot take the server down.
         """
+        own = os.path.abspath(self.options.matrix_path) if self.options.matrix_path else None
         for path in self.options.merge_from:
+            if os.path.abspath(path) == own:  # a peer list that names this server's own file: it is here already
+                continue
             try:
                 st = os.stat(path)
             except FileNotFoundError:

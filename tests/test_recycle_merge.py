@@ -180,3 +180,13 @@ def test_cli_merge_refuses_a_foreign_input_naming_the_field(tmp_path, capsys):
     assert main(["recycle", "merge", a, b, "-o", str(tmp_path / "o.npz")]) == 2
     assert "field 'vocab_size' is 60" in capsys.readouterr().err
     assert main(["recycle", "merge", a, str(tmp_path / "missing.npz"), "-o", str(tmp_path / "o.npz")]) == 2
+
+
+def test_a_merge_from_list_naming_the_servers_own_file_does_not_reread_it(tmp_path, caplog):
+    own = str(tmp_path / "r1.npz")
+    p = make(matrix_path=own, merge_from=(own, str(tmp_path / "r2.npz")), save_every_s=1e-6)
+    learn(p, {1: 2})
+    with caplog.at_level(logging.INFO, logger="freespec"):
+        draft(p, 1)
+        draft(p, 1)  # the first call saved r1.npz; the second must not merge it back in
+    assert "merged" not in caplog.text
