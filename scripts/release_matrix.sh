@@ -19,6 +19,7 @@
 #   --models "M ..."  models prepared once, before any release runs, and shared by all
 #                     (default: smollm2-135m-instruct qwen2.5-coder-0.5b-instruct)
 #   --timeout S       limit on one release's pytest, seconds (default: 2700)
+#   --no-setup        use the repo's .venv as it is (skip scripts/setup.sh, e.g. while others use it)
 #   --venvs DIR       where the release environments live (default: $FREESPEC_RELEASE_VENVS or
 #                     ~/.cache/freespec/release-venvs); each is DIR/vllm-<release>, created when missing
 #   --out FILE        the JSON table (default: build/release_matrix.json); logs go to <FILE without .json>_logs/
@@ -36,6 +37,7 @@ TESTS="integration_tests/test_seams.py integration_tests/test_lossless.py"
 OUTSIDE_TESTS="integration_tests/test_seams.py"
 MODELS="smollm2-135m-instruct qwen2.5-coder-0.5b-instruct"
 TIMEOUT=2700
+SETUP=1
 VENVS=${FREESPEC_RELEASE_VENVS:-$HOME/.cache/freespec/release-venvs}
 OUT=build/release_matrix.json
 while [ $# -gt 0 ]; do
@@ -46,9 +48,10 @@ while [ $# -gt 0 ]; do
     --outside-tests) OUTSIDE_TESTS=$2; shift 2 ;;
     --models) MODELS=$2; shift 2 ;;
     --timeout) TIMEOUT=$2; shift 2 ;;
+    --no-setup) SETUP=0; shift ;;
     --venvs) VENVS=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
-    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -109,7 +112,7 @@ done
 RELEASES=$resolved
 
 # One model preparation for every release (the cache ~/.cache/freespec/models is shared).
-bash scripts/setup.sh >&2
+[ "$SETUP" = 1 ] && bash scripts/setup.sh >&2
 for model in $MODELS; do
   .venv/bin/freespec models prepare "$model" >/dev/null
 done

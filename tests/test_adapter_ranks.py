@@ -252,3 +252,10 @@ def test_probe_fails_when_every_worker_is_asked_for_drafts(monkeypatch):
                         "take_draft_token_ids", Executor.take_draft_token_ids)
     got = seams.probe_draft_rank()
     assert not got.ok and "output rank only" in got.detail
+
+
+def test_doctor_says_what_a_failed_draft_rank_probe_costs():
+    from freespec.vllm_plugins.doctor import _status
+
+    assert _status(MOVED, expand_hook=True) == "WARN, every TP rank builds its proposer"
+    assert "draft_rank" not in seams.BLOCKING  # a moved rank rule never turns speculation off
