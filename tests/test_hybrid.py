@@ -57,6 +57,23 @@ def test_a_high_bar_cuts_drafts():
     assert p.propose([row(0, copying)]) == [[]]
 
 
+def test_a_source_that_cannot_pay_on_its_own_is_not_asked(monkeypatch):
+    p = make()
+    calls = []
+    for name, source in p.sources.items():
+        monkeypatch.setattr(source, "candidates", lambda rows, name=name: calls.append(name) or [None] * len(rows))
+    for _ in range(30):  # recycle's drafts keep failing, copy's are accepted
+        p.weights.observe({"recycle": 2}, 0)
+        p.weights.observe({"copy": 2}, 2)
+    p.token_cost = 0.5
+    p.propose([row(0, [1, 2, 3])])
+    assert calls == ["copy"]
+    calls.clear()
+    p.token_cost = None  # fixed bars: every source is asked
+    p.propose([row(0, [1, 2, 3])])
+    assert calls == ["copy", "recycle"]
+
+
 def test_retrieval_source_offers_every_continuation_and_fuses_like_the_retrieval_plugin(tmp_path):
     from freespec.proposers.retrieval import RetrievalOptions, RetrievalProposer
     from tests.test_retrieval import FP, write_store

@@ -144,3 +144,17 @@ def test_refusals(tmp_path):
         f.truncate(8)
     with pytest.raises(DatastoreError, match="truncated"):
         Datastore.open(path, FP)
+
+
+def test_under_a_bar_the_datastore_cannot_clear_it_is_not_searched(tmp_path, monkeypatch):
+    p = make(tmp_path, [[10, 11, 12, 13, 14, 15]] * 4, fuse_copy=False)
+    for _ in range(30):
+        p.weights.observe({"retrieval": 3}, 0)  # its drafts keep being rejected
+    searched = []
+    original = p.lookup
+    monkeypatch.setattr(p, "lookup", lambda tokens: searched.append(1) or original(tokens))
+    p.token_cost = 0.5
+    assert p.propose([row(0, [7, 10, 11, 12])]) == [[]] and not searched
+    p.token_cost = 0.01  # a bar it can clear: searched again
+    p.propose([row(0, [7, 10, 11, 12])])
+    assert searched

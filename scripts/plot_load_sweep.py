@@ -1,0 +1,71 @@
+"""Chart of a `freespec bench` load sweep: each config's throughput as a ratio to no speculation, per load.
+
+    .venv/bin/python scripts/plot_load_sweep.py bench_results/RUN/results.json [MORE.json ...] -o docs/img/load_sweep.png
+
+Several results files (runs with their own `none`) are drawn on one chart; each ratio is to the `none` of
+its own run. Config labels are shortened to the plugin name plus its policy (options such as datastore
+paths are left out of the legend).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def short_label(config: str) -> str:
+    name, _, options = config.partition(":")
+    if not options:
+        return name
+    policy = json.loads(options).get("policy")
+    return f"{name} ({policy})" if policy else name
+
+
+def ratios_by_config(results: dict) -> dict[str, dict[int, float]]:
+    """{short label: {concurrency: ratio to none}} over the 'all' category of one run."""
+    out: dict[str, dict[int, float]] = {}
+    for agg in results["aggregates"]:
+        if agg["category"] != "all" or agg["ratio"] is None:
+            continue
+        out.setdefault(short_label(agg["config"]), {})[agg["concurrency"]] = agg["ratio"]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("results", nargs="+", type=Path)
+    ap.add_argument("-o", "--out", type=Path, required=True)
+    ap.add_argument("--floor", type=float, default=0.97, help="aim line (default 0.97x)")
+    args = ap.parse_args()
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    ax.set_prop_cycle(color=plt.get_cmap("tab20").colors)  # more configs than the default 10 colours
+    levels: set[int] = set()
+    for path in args.results:
+        for label, by_level in ratios_by_config(json.loads(path.read_text())).items():
+            xs = sorted(by_level)
+            levels.update(xs)
+            fixed = "(fixed)" in label or label in ("ngram", "suffix")
+            ax.plot(xs, [by_level[x] for x in xs], marker="o", linestyle="--" if fixed else "-", label=label)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.axhline(args.floor, color="red", linewidth=0.8, linestyle=":", label=f"aim: {args.floor}x")
+    ax.set_xscale("log")
+    ax.set_xticks(sorted(levels), [str(x) for x in sorted(levels)])
+    ax.set_xlabel("requests in flight (concurrency)")
+    ax.set_ylabel("tokens/s ÷ no speculation")
+    ax.set_title("Throughput against load (dashed: fixed draft length)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(args.out, dpi=110)
+    print(args.out)
+
+
+if __name__ == "__main__":
+    main()
