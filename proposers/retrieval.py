@@ -63,6 +63,7 @@ class RetrievalProposer(Proposer):
     def bind(self, info: EngineInfo) -> None:
         fingerprint = info.tokenizer_fingerprint() if info.tokenizer_fingerprint else None
         self.store = Datastore.open(self.options.datastore, fingerprint)
+        self.store.read_ahead()
         if self.copy is not None:
             self.copy.bind(info)
 

@@ -158,3 +158,12 @@ def test_under_a_bar_the_datastore_cannot_clear_it_is_not_searched(tmp_path, mon
     p.token_cost = 0.01  # a bar it can clear: searched again
     p.propose([row(0, [7, 10, 11, 12])])
     assert searched
+
+
+def test_binding_asks_the_kernel_to_read_the_datastore_ahead(tmp_path, monkeypatch):
+    import os
+
+    advised = []
+    monkeypatch.setattr(os, "posix_fadvise", lambda fd, offset, length, advice: advised.append(advice))
+    make(tmp_path, [[10, 11, 12, 13]], shards=2)
+    assert advised == [os.POSIX_FADV_WILLNEED] * 4  # tokens and suffix array of each shard
