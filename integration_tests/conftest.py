@@ -27,16 +27,17 @@ def total(rows, column):
 COPY_HEAVY = f"Rewrite this Python code exactly as it is, but rename the function `total` to `column_sum`:\n\n{CODE}"
 
 
-def spec_bench_prompts(per_category: int = 1, limit: int = 12) -> list[str]:
-    """The first question of each Spec-Bench category, in file order (deterministic)."""
+def spec_bench_prompts(per_category: int = 1, limit: int = 12, skip: int = 0) -> list[str]:
+    """Questions ``skip`` .. ``skip + per_category - 1`` of each Spec-Bench category, in file order (deterministic)."""
     if not QUESTIONS.exists():
         pytest.fail(f"Spec-Bench questions not found at {QUESTIONS}")
     seen: dict[str, int] = {}
     prompts = []
     for line in QUESTIONS.read_text().splitlines():
         q = json.loads(line)
-        if seen.get(q["category"], 0) < per_category:
-            seen[q["category"]] = seen.get(q["category"], 0) + 1
+        index = seen.get(q["category"], 0)
+        seen[q["category"]] = index + 1
+        if skip <= index < skip + per_category:
             prompts.append(q["turns"][0])
     return prompts[:limit]
 
@@ -123,9 +124,32 @@ SAMPLE_JOB = {
 }
 
 
+# Full batch: 39 requests at once (3 per Spec-Bench category, none of them a greedy_jobs prompt), the load
+# under which speculation spends compute the batch needed. Prefilled once untimed (so every timed repeat
+# finds the prompts in the prefix cache alike), then timed REPEATS times in the same engine: the spread of
+# those repeats is the run-to-run noise a throughput comparison is judged against.
+FULL_BATCH_REPEATS = 3
+
+
+def full_batch_jobs() -> list[dict]:
+    prompts = spec_bench_prompts(per_category=3, limit=39, skip=1)
+    prefill = {"name": "full_batch_0", "prompts": prompts, "max_tokens": 1}
+    timed = [{"name": f"full_batch_{i}", "prompts": prompts, "max_tokens": 48} for i in range(1, FULL_BATCH_REPEATS + 1)]
+    return [prefill] + timed
+
+
+def tokens_per_second(run) -> list[float]:
+    """Output tokens per second of each timed full-batch repeat (the prefill run is left out)."""
+    rates = []
+    for job in full_batch_jobs()[1:]:
+        result = run[job["name"]]
+        rates.append(sum(len(t) for t in result["token_ids"]) / result["seconds"])
+    return rates
+
+
 @pytest.fixture(scope="session")
 def baseline(engines):
-    return engines.run("none", None, greedy_jobs(logprobs=True) + [SAMPLE_JOB])[0]
+    return engines.run("none", None, greedy_jobs(logprobs=True) + [SAMPLE_JOB] + full_batch_jobs())[0]
 
 
 def assert_accepted_share(run, share: float) -> None:

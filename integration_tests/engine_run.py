@@ -4,11 +4,13 @@ Used by the integration tests as ``python -m integration_tests.engine_run IN.jso
 each engine lives in its own process, so tests see vLLM's worker logs and no
 engine outlives its test. IN.json: ``{"model", "dtype", "speculative_config", "engine_args"?,
 "jobs": [{"name", "prompts": [chat text], "max_tokens", "temperature", "seeds"?, "logprobs"?}]}``.
+Each job's result holds its texts, token ids, top-2 logprobs, spec-decode counters and wall seconds.
 """
 from __future__ import annotations
 
 import json
 import sys
+import time
 
 
 def main(in_path: str, out_path: str) -> None:
@@ -40,13 +42,16 @@ def main(in_path: str, out_path: str) -> None:
             for seed in seeds
         ]
         before = spec_counters(llm)
+        started = time.perf_counter()
         outputs = llm.chat(messages, params, use_tqdm=False)
+        seconds = time.perf_counter() - started
         after = spec_counters(llm)
         results[job["name"]] = {
             "texts": [o.outputs[0].text for o in outputs],
             "token_ids": [list(o.outputs[0].token_ids) for o in outputs],
             "top_logprobs": [top2(o.outputs[0].logprobs) for o in outputs],
             "spec": {k: after[k] - before.get(k, 0) for k in after},
+            "seconds": seconds,
         }
     json.dump(results, open(out_path, "w"))
 
