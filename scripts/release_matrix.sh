@@ -16,6 +16,8 @@
 #                     (default: integration_tests/test_seams.py integration_tests/test_lossless.py)
 #   --outside-tests "F ..."  for releases outside it, where freespec only proves that it steps aside
 #                     (default: integration_tests/test_seams.py)
+#   --pinned-tests "F ..."  for the release pinned in pyproject.toml (default: as --tests); CI's matrix
+#                     job narrows it to what `.ci/run` (scripts/test.sh) does not already run there
 #   --models "M ..."  models prepared once, before any release runs, and shared by all
 #                     (default: smollm2-135m-instruct qwen2.5-coder-0.5b-instruct)
 #   --timeout S       limit on one release's pytest, seconds (default: 2700)
@@ -35,6 +37,7 @@ RELEASES="0.30.0 0.31.0 0.32.0"
 NON_BLOCKING="latest"
 TESTS="integration_tests/test_seams.py integration_tests/test_lossless.py"
 OUTSIDE_TESTS="integration_tests/test_seams.py"
+PINNED_TESTS=""
 MODELS="smollm2-135m-instruct qwen2.5-coder-0.5b-instruct"
 TIMEOUT=2700
 SETUP=1
@@ -46,12 +49,13 @@ while [ $# -gt 0 ]; do
     --non-blocking) NON_BLOCKING=$2; shift 2 ;;
     --tests) TESTS=$2; shift 2 ;;
     --outside-tests) OUTSIDE_TESTS=$2; shift 2 ;;
+    --pinned-tests) PINNED_TESTS=$2; shift 2 ;;
     --models) MODELS=$2; shift 2 ;;
     --timeout) TIMEOUT=$2; shift 2 ;;
     --no-setup) SETUP=0; shift ;;
     --venvs) VENVS=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
-    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -148,6 +152,7 @@ open(sys.argv[1], "w").write(json.dumps({
 EOF
   # The tests, exactly as CI runs them, with this release's Python.
   tests=$TESTS
+  if [ "$release" = "$PINNED" ] && [ -n "$PINNED_TESTS" ]; then tests=$PINNED_TESTS; fi
   supported "$release" || tests=$OUTSIDE_TESTS
   if [[ " $NON_BLOCKING " == *" $release "* ]]; then touch "$WORK/$release.non-blocking"; fi
   start=$(date +%s)
