@@ -2,8 +2,8 @@
 
     .venv/bin/python scripts/plot_load_sweep.py bench_results/RUN/results.json [MORE.json ...] -o docs/img/load_sweep.png
 
-Several results files (runs with their own `none`) are drawn on one chart; each ratio is to the `none` of
-its own run. Config labels are shortened to the plugin name plus its policy (options such as datastore
+Several results files (runs with their own `none`) are drawn on one chart, each label tagged with its run's
+folder; each ratio is to the `none` of its own run. Config labels are shortened to the plugin name plus its policy (options such as datastore
 paths are left out of the legend).
 """
 from __future__ import annotations
@@ -48,9 +48,11 @@ def main() -> None:
     levels: set[int] = set()
     for path in args.results:
         for label, by_level in ratios_by_config(json.loads(path.read_text())).items():
+            fixed = "(fixed)" in label or label in ("ngram", "suffix")
+            if len(args.results) > 1:
+                label = f"{label} [{path.parent.name}]"  # which run: each is a ratio to its own `none`
             xs = sorted(by_level)
             levels.update(xs)
-            fixed = "(fixed)" in label or label in ("ngram", "suffix")
             ax.plot(xs, [by_level[x] for x in xs], marker="o", linestyle="--" if fixed else "-", label=label)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.axhline(args.floor, color="red", linewidth=0.8, linestyle=":", label=f"aim: {args.floor}x")
