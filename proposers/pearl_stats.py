@@ -42,15 +42,19 @@ def read_stats(text: str) -> list[dict]:
 
 
 def windows(stats: list[dict]) -> list[dict]:
-    """Differences of the counters between consecutive lines (a drop means a new server: from zero)."""
-    out, prev = [], dict.fromkeys(COUNTERS, 0)
+    """Differences of the counters between consecutive lines of one server (fewer steps: a new server).
+
+    A server's first line is left out: it counts from the proposer's construction, so its ``idle``
+    holds the draft's wait while vLLM loaded and compiled the target.
+    """
+    out, prev = [], None
     for b in stats:
-        if b.get("steps", 0) < prev["steps"]:
-            prev = dict.fromkeys(COUNTERS, 0)
-        d = {name: b.get(name, 0) - prev[name] for name in COUNTERS}
-        prev = {name: b.get(name, 0) for name in COUNTERS}
-        if d["steps"] > 0:
-            out.append(d)
+        cur = {name: b.get(name, 0) for name in COUNTERS}
+        if prev is not None and cur["steps"] >= prev["steps"]:
+            d = {name: cur[name] - prev[name] for name in COUNTERS}
+            if d["steps"] > 0:
+                out.append(d)
+        prev = cur
     return out
 
 
