@@ -15,34 +15,8 @@ transformers = pytest.importorskip("transformers")
 from freespec.proposers.base import EngineInfo, Row  # noqa: E402
 from freespec.proposers.pearl import PearlOptions, PearlProposer  # noqa: E402
 
-VOCAB = 96
+VOCAB = 96  # the tiny_dir fixture's vocabulary (tests/conftest.py)
 pytestmark = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux only")
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-    )
-    path = tmp_path_factory.mktemp("tiny-llama-proc")
-    transformers.LlamaForCausalLM(cfg).save_pretrained(path)
-    return str(path)
-
-
-@pytest.fixture(scope="module")
-def reference(tiny_dir):
-    lm = transformers.AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
-
-    @torch.no_grad()
-    def greedy(prefix, n):
-        seq = list(prefix)
-        for _ in range(n):
-            seq.append(int(lm(input_ids=torch.tensor([seq])).logits[0, -1].argmax()))
-        return seq[len(prefix) :]
-
-    return greedy
 
 
 def make(tiny_dir, k=4, **options):
