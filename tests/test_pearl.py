@@ -37,12 +37,14 @@ def target_from(rng_seed, p_reject):
     def verify(context, chain, reference):
         seq = list(context)
         for tok in chain:
-            if random.Random(hash((rng_seed, len(seq)))).random() < p_reject:
+            # Seeded from a string, not hash(): str hashing is salted per process (PYTHONHASHSEED), and a run
+            # whose salt happened to reject nothing once failed the "rollbacks really happened" check.
+            if random.Random(f"{rng_seed}-{len(seq)}").random() < p_reject:
                 break
             seq.append(tok)
         # Bonus: usually the draft's own next token (so post-verify can hit), sometimes another.
         nxt = reference(seq, 1)[0]
-        if random.Random(hash((rng_seed, len(seq), "bonus"))).random() < p_reject:
+        if random.Random(f"{rng_seed}-{len(seq)}-bonus").random() < p_reject:
             nxt = (nxt + 1) % VOCAB
         return seq + [nxt]
     return verify
