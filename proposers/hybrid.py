@@ -89,9 +89,7 @@ class HybridProposer(Proposer):
     def propose(self, rows: Sequence[Row]) -> list[list[int]]:
         offered = {}
         for name, source in self.sources.items():
-            if self.token_cost is not None and self.weights.weight(name) < self.token_cost:
-                # Its tokens are accepted less often than one draft token costs, so on its own this source
-                # cannot clear the bar: skip its lookups, which under a full batch cost the engine real time.
+            if not self.weights.can_pay(name, self.token_cost):
                 offered[name] = [None] * len(rows)
                 continue
             source.token_cost = self.token_cost

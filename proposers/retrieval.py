@@ -94,9 +94,7 @@ class RetrievalProposer(Proposer):
         if self.copy is not None:
             self.copy.token_cost = self.token_cost
         copy_drafts = self.copy.propose(rows) if self.copy is not None else [[] for _ in rows]
-        # A datastore whose tokens are accepted less often than one draft token costs cannot clear the
-        # bar on its own: under a full batch, skip its lookups (they cost the engine real time).
-        ask_store = self.token_cost is None or self.weights.weight("retrieval") >= self.token_cost
+        ask_store = self.weights.can_pay("retrieval", self.token_cost)
         drafts: list[list[int]] = []
         for row, copy_draft in zip(rows, copy_drafts):
             supported = self._supported.pop(row.key, None)

@@ -17,6 +17,7 @@ supported, so a source that is often wrong for this workload counts for less.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 import numpy as np
 
@@ -90,6 +91,14 @@ class SourceWeights:
 
     def weight(self, name: str) -> float:
         return self.estimates.setdefault(name, AcceptanceEstimate()).alpha
+
+    def can_pay(self, name: str, token_cost: Optional[float]) -> bool:
+        """Whether ``name``'s drafts can clear the policy's bar on their own (always, with fixed bars).
+
+        A source whose tokens are accepted less often than one draft token costs cannot: callers skip
+        its lookups, which under a full batch cost the engine time the batch needs.
+        """
+        return token_cost is None or self.weight(name) >= token_cost
 
     def observe(self, supported: dict[str, int], accepted: int) -> None:
         for name, n in supported.items():
