@@ -197,7 +197,6 @@ class RecycleProposer(Proposer):
             write_matrix(self.options.matrix_path, self.matrix)
         except OSError:
             logger.exception("freespec: could not save the recycle matrix to %s", self.options.matrix_path)
-        self._last_save = time.monotonic()
 
     # ---------------------------------------------------------------- learning
     def observe(self, scored: ScoredPositions) -> None:
