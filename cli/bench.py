@@ -493,19 +493,66 @@ def block_metrics(requests: Sequence[dict], wall_s: float, spec: dict[str, float
     return row
 
 
+def sample_of(record: dict) -> tuple[int, int]:
+    """(round, repeat) of a request or block; records without them (one measurement) are (0, 0)."""
+    return int(record.get("round", 0)), int(record.get("repeat", 0))
+
+
 def text_match(requests: Sequence[dict], baseline: Sequence[dict]) -> tuple[int, int]:
     """(identical, compared): outputs equal to the baseline's for the same question.
 
-    Only questions answered without error by both sides are compared.
+    With repeats, the baseline's reference output of a question is its earliest sample's (round,
+    repeat) that succeeded; every repeat of ``requests`` is compared with it. When ``requests`` are
+    the baseline's own, the reference requests themselves are skipped, so the baseline's later
+    repeats are checked against its first. Only questions answered without error by both sides count.
     """
-    base = {r["question_id"]: r.get("output") for r in baseline if _ok(r)}
+    reference: dict[Any, dict] = {}
+    for r in sorted((r for r in baseline if _ok(r)), key=sample_of):
+        reference.setdefault(r["question_id"], r)
     compared = identical = 0
     for r in requests:
-        if not _ok(r) or r["question_id"] not in base:
+        ref = reference.get(r["question_id"])
+        if not _ok(r) or ref is None or ref is r:
             continue
         compared += 1
-        identical += int(r.get("output") == base[r["question_id"]])
+        identical += int(r.get("output") == ref.get("output"))
     return identical, compared
+
+
+def combine_samples(samples: Sequence[dict[str, Any]], requests: Sequence[dict], spec: dict | None) -> dict:
+    """One row from the per-sample metrics of a config x concurrency x category.
+
+    ``tok_per_s`` is the mean of the samples' tokens/s, with ``tok_per_s_min`` / ``_max``; counts,
+    wall time and vLLM's counters are summed over the samples, so acceptance figures and tokens per
+    forward are ratios of totals; latency percentiles are over every request. With one sample the row
+    is that sample's ``block_metrics``.
+    """
+    row = block_metrics(requests, sum(s["wall_s"] for s in samples), spec)
+    rates = [s["tok_per_s"] for s in samples]
+    known = [r for r in rates if r is not None]
+    row["tok_per_s"] = sum(known) / len(known) if known and len(known) == len(rates) else None
+    row["tok_per_s_min"] = min(known) if row["tok_per_s"] is not None else None
+    row["tok_per_s_max"] = max(known) if row["tok_per_s"] is not None else None
+    row["samples"] = len(samples)
+    row["per_sample"] = [
+        {key: s[key] for key in ("round", "repeat", "tok_per_s", "wall_s", "completion_tokens", "num_errors",
+                                 "mean_acceptance_length", "acceptance_rate", "tokens_per_forward")}
+        for s in samples
+    ]
+    return row
+
+
+def ratio_interval(row: dict, base: dict) -> tuple[float | None, float | None]:
+    """(low, high) bounds of ``row``'s ratio to ``base``: its slowest sample over the baseline's fastest,
+    its fastest over the baseline's slowest. (None, None) unless both sides have two or more samples:
+    one sample says nothing about noise."""
+    if row.get("samples", 1) < 2 or base.get("samples", 1) < 2:
+        return None, None
+    lo, hi = row["tok_per_s_min"], row["tok_per_s_max"]
+    base_lo, base_hi = base["tok_per_s_min"], base["tok_per_s_max"]
+    if None in (lo, hi) or not base_lo or not base_hi:
+        return None, None
+    return lo / base_hi, hi / base_lo
 
 
 def aggregate(
@@ -514,46 +561,75 @@ def aggregate(
     """Rows per config x concurrency x category, plus an ``all`` row per config x concurrency.
 
     ``requests``: dicts with config, concurrency, category, question_id, output,
-    completion_tokens, latency_s, error. ``blocks``: dicts with config,
-    concurrency, category, wall_s, spec (counter deltas or None).
+    completion_tokens, latency_s, error, and with repeats ``round`` and ``repeat``. ``blocks``: dicts
+    with config, concurrency, category, wall_s, spec (counter deltas or None), round, repeat.
 
-    Each row adds ``ratio`` (tok/s over the baseline's at the same concurrency
-    and category) and ``text_match`` / ``text_compared`` against the baseline's
-    outputs (None on the baseline's own rows).
+    A sample is one (round, repeat): one pass over a block. Each sample gets its own metrics (the
+    ``all`` one pools that sample's category blocks); the row combines the samples (combine_samples).
+    Each row adds ``ratio`` (mean tok/s over the baseline's mean at the same concurrency and category),
+    ``ratio_low`` / ``ratio_high`` (ratio_interval), each sample's ratio to the baseline's same sample,
+    and ``text_match`` / ``text_compared`` against the baseline's outputs (text_match; on the baseline's
+    own rows: its later repeats against its first, None with one sample).
     """
     grouped: dict[tuple, list[dict]] = {}
     for r in requests:
-        grouped.setdefault((r["config"], r["concurrency"], r["category"]), []).append(r)
+        grouped.setdefault((r["config"], r["concurrency"], r["category"], sample_of(r)), []).append(r)
 
-    rows: list[dict[str, Any]] = []
-    pooled: OrderedDict[tuple, dict[str, Any]] = OrderedDict()
+    # (config, concurrency, category) -> {sample: (metrics, requests, spec)}, in first-seen order.
+    cells: OrderedDict[tuple, OrderedDict[tuple, tuple[dict, list, dict | None]]] = OrderedDict()
+    pooled: OrderedDict[tuple, OrderedDict[tuple, dict[str, Any]]] = OrderedDict()
     for block in blocks:
+        sample = sample_of(block)
         key = (block["config"], block["concurrency"], block["category"])
-        reqs = grouped.get(key, [])
-        rows.append({"config": key[0], "concurrency": key[1], "category": key[2], "_requests": reqs,
-                     **block_metrics(reqs, block["wall_s"], block.get("spec"))})
-        pool = pooled.setdefault((key[0], key[1]), {"wall_s": 0.0, "spec": None, "requests": []})
+        reqs = grouped.get((*key, sample), [])
+        metrics = block_metrics(reqs, block["wall_s"], block.get("spec"))
+        cells.setdefault(key, OrderedDict())[sample] = ({"round": sample[0], "repeat": sample[1], **metrics},
+                                                        reqs, block.get("spec"))
+        pool = pooled.setdefault((key[0], key[1]), OrderedDict()).setdefault(
+            sample, {"wall_s": 0.0, "spec": None, "requests": []})
         pool["wall_s"] += block["wall_s"]
         pool["spec"] = _combine_spec(pool["spec"], block.get("spec"))
         pool["requests"].extend(reqs)
-    for (config, concurrency), pool in pooled.items():
-        rows.append({"config": config, "concurrency": concurrency, "category": ALL_CATEGORIES,
-                     "_requests": pool["requests"],
-                     **block_metrics(pool["requests"], pool["wall_s"], pool["spec"])})
+    for (config, concurrency), per_sample in pooled.items():
+        cells[(config, concurrency, ALL_CATEGORIES)] = OrderedDict(
+            (sample, ({"round": sample[0], "repeat": sample[1],
+                       **block_metrics(p["requests"], p["wall_s"], p["spec"])}, p["requests"], p["spec"]))
+            for sample, p in per_sample.items())
+
+    rows: list[dict[str, Any]] = []
+    for (config, concurrency, category), per_sample in cells.items():
+        samples = [m for m, _, _ in per_sample.values()]
+        reqs = [r for _, rs, _ in per_sample.values() for r in rs]
+        spec = None
+        for _, _, s in per_sample.values():
+            spec = _combine_spec(spec, s)
+        rows.append({"config": config, "concurrency": concurrency, "category": category, "_requests": reqs,
+                     **combine_samples(samples, reqs, spec)})
 
     index = {(r["config"], r["concurrency"], r["category"]): r for r in rows}
     for row in rows:
         base = index.get((baseline, row["concurrency"], row["category"]))
-        row["ratio"] = None
+        row["ratio"] = row["ratio_low"] = row["ratio_high"] = None
         row["text_match"] = None
         row["text_identical"] = None
         row["text_compared"] = None
-        if base is not None and row["config"] != baseline:
+        base_by_sample = {(s["round"], s["repeat"]): s for s in base["per_sample"]} if base else {}
+        for s in row["per_sample"]:
+            b = base_by_sample.get((s["round"], s["repeat"]))
+            s["ratio"] = (s["tok_per_s"] / b["tok_per_s"]
+                          if row["config"] != baseline and b and s["tok_per_s"] is not None and b["tok_per_s"]
+                          else None)
+        if base is None:
+            continue
+        identical, compared = text_match(row["_requests"], base["_requests"])
+        if row["config"] != baseline:
             if row["tok_per_s"] is not None and base["tok_per_s"]:
                 row["ratio"] = row["tok_per_s"] / base["tok_per_s"]
-            identical, compared = text_match(row["_requests"], base["_requests"])
-            row["text_identical"], row["text_compared"] = identical, compared
-            row["text_match"] = identical / compared if compared else None
+                row["ratio_low"], row["ratio_high"] = ratio_interval(row, base)
+        elif not compared:
+            continue  # the baseline with one sample: nothing to compare it with
+        row["text_identical"], row["text_compared"] = identical, compared
+        row["text_match"] = identical / compared if compared else None
     for row in rows:
         del row["_requests"]
     return rows
@@ -580,8 +656,17 @@ def ordered_keys(rows: Sequence[dict]) -> tuple[list[str], list[Any], list[str]]
     return configs, concurrencies, categories
 
 
+def half_range(low: float | None, high: float | None) -> float | None:
+    """Half the distance between the slowest and the fastest sample: the ``±`` of the table."""
+    return None if low is None or high is None else (high - low) / 2
+
+
 def render_markdown(rows: Sequence[dict], baseline: str = BASELINE) -> str:
-    """Markdown table: a row per config x category, a column group per concurrency."""
+    """Markdown table: a row per config x category, a column group per concurrency.
+
+    A row measured more than once shows tok/s as ``mean ±half-range`` and the ratio as
+    ``ratio (low–high)`` (ratio_interval); one measurement shows plain values.
+    """
     configs, concurrencies, categories = ordered_keys(rows)
     index = {(r["config"], r["concurrency"], r["category"]): r for r in rows}
     columns = ("tok/s", f"×{baseline}", "acc len", "acc rate", "tok/fwd", "match", "p50/p90 s")
@@ -599,6 +684,11 @@ def render_markdown(rows: Sequence[dict], baseline: str = BASELINE) -> str:
                     cells += ["–"] * len(columns)
                     continue
                 tok_s = _fmt(row["tok_per_s"], ".1f")
+                ratio = _fmt(row["ratio"], ".2f")
+                if row.get("samples", 1) > 1:
+                    tok_s += f' ±{_fmt(half_range(row["tok_per_s_min"], row["tok_per_s_max"]), ".1f")}'
+                    if row.get("ratio_low") is not None:
+                        ratio += f' ({row["ratio_low"]:.2f}–{row["ratio_high"]:.2f})'
                 if row.get("num_errors"):
                     tok_s += f" ({row['num_errors']} err)"
                 match = "–"
@@ -606,7 +696,7 @@ def render_markdown(rows: Sequence[dict], baseline: str = BASELINE) -> str:
                     match = f"{row['text_identical']}/{row['text_compared']}"
                 cells += [
                     tok_s,
-                    _fmt(row["ratio"], ".2f"),
+                    ratio,
                     _fmt(row["mean_acceptance_length"], ".2f"),
                     _fmt(row["acceptance_rate"], ".1%"),
                     _fmt(row["tokens_per_forward"], ".2f"),
@@ -618,7 +708,8 @@ def render_markdown(rows: Sequence[dict], baseline: str = BASELINE) -> str:
 
 
 def plot_ratios(rows: Sequence[dict], path: Path, baseline: str = BASELINE, title: str | None = None) -> bool:
-    """Grouped bars of the speed-up over the baseline: one panel per concurrency.
+    """Grouped bars of the speed-up over the baseline: one panel per concurrency; error bars show
+    the ratio interval (ratio_low to ratio_high) where a row was measured more than once.
 
     Returns False (and writes nothing) when there is nothing to compare.
     """
@@ -639,13 +730,17 @@ def plot_ratios(rows: Sequence[dict], path: Path, baseline: str = BASELINE, titl
     width = 0.8 / len(configs)
     for ax, concurrency in zip(axes[:, 0], concurrencies):
         for i, config in enumerate(configs):
-            values = []
+            values, below, above = [], [], []
             for category in categories:
-                row = index.get((config, concurrency, category))
-                value = row["ratio"] if row else None
+                row = index.get((config, concurrency, category)) or {}
+                value, low, high = row.get("ratio"), row.get("ratio_low"), row.get("ratio_high")
                 values.append(float("nan") if value is None else value)
+                # Error bars: the ratio interval of repeated measurements (none with one).
+                below.append(value - low if value is not None and low is not None else 0.0)
+                above.append(high - value if value is not None and high is not None else 0.0)
             xs = [x + (i - (len(configs) - 1) / 2) * width for x in range(len(categories))]
-            ax.bar(xs, values, width=width, label=config)
+            errors = {"yerr": [below, above], "capsize": 2} if any(below) or any(above) else {}
+            ax.bar(xs, values, width=width, label=config, **errors)
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_xticks(range(len(categories)))
         ax.set_xticklabels(categories, rotation=30, ha="right")
@@ -927,17 +1022,21 @@ def _datastore_of(config: BenchConfig) -> str | None:
 
 def bench_config(
     config: BenchConfig, model: str, selected_per_level: "dict[int, OrderedDict[str, list[Question]]]",
-    warmup: list[str], args: argparse.Namespace, out: Path, state: RunState,
+    warmup: list[str], args: argparse.Namespace, out: Path, state: RunState, round_index: int = 0,
 ) -> dict[str, Any]:
-    """Serve one config and run every concurrency x category block on it.
+    """Serve one config and run every concurrency x category block on it, ``args.repeats`` times.
 
-    A server that fails to start or dies marks its session (and the config)
-    failed; the other sessions still run.
+    The repeats of a concurrency level follow each other on the same server after its warm-up; requests
+    and blocks carry their ``round`` (``round_index``, see --rounds) and ``repeat``. A server that fails
+    to start or dies marks its session (and the config) failed; the other sessions still run.
     """
     from tqdm import tqdm
 
+    repeats = args.repeats
     info: dict[str, Any] = {"label": config.label, "name": config.name,
                             "speculative_config": config.speculative_config, "servers": [], "status": "ok"}
+    if args.rounds > 1:
+        info["round"] = round_index
     state.configs.append(info)
     concurrencies = list(args.concurrency)
     sessions = [concurrencies] if args.reuse_server else [[c] for c in concurrencies]
@@ -960,6 +1059,8 @@ def bench_config(
                 server_info["warmup_s"] = warm_s
             for concurrency in session:
                 desc = f"{config.label} c={concurrency}"
+                if "round" in info:
+                    desc += f" round {round_index + 1}"
                 selected = selected_per_level[concurrency]
                 n_prompts = sum(len(qs) for qs in selected.values())
                 # At concurrency 1 each category is its own block (exact per-category counters); above it
@@ -970,23 +1071,26 @@ def bench_config(
                     if concurrency == 1
                     else [(MIXED_CATEGORY, [q for qs in selected.values() for q in qs])]
                 )
-                with tqdm(total=n_prompts, desc=desc, unit="req", leave=True) as bar:
-                    for category, questions in blocks:
-                        bar.set_postfix_str(category)
-                        before = server.spec_counters()
-                        prompts = [q.prompt for q in questions]
-                        results, wall = run_requests(prompts, concurrency, send, bar.update)
-                        after = server.spec_counters()
-                        for q, result in zip(questions, results):
-                            state.requests.append({"config": config.label, "concurrency": concurrency,
-                                                   "category": category, "question_id": q.question_id,
-                                                   **result})
-                        state.blocks.append({"config": config.label, "concurrency": concurrency,
-                                             "category": category, "wall_s": wall,
-                                             "spec_before": before, "spec_after": after,
-                                             "spec": counter_delta(before, after)})
+                with tqdm(total=n_prompts * repeats, desc=desc, unit="req", leave=True) as bar:
+                    for repeat in range(repeats):
+                        sample = {"round": round_index, "repeat": repeat}
+                        for category, questions in blocks:
+                            bar.set_postfix_str(category + (f" repeat {repeat + 1}" if repeats > 1 else ""))
+                            before = server.spec_counters()
+                            prompts = [q.prompt for q in questions]
+                            results, wall = run_requests(prompts, concurrency, send, bar.update)
+                            after = server.spec_counters()
+                            for q, result in zip(questions, results):
+                                state.requests.append({"config": config.label, "concurrency": concurrency,
+                                                       "category": category, "question_id": q.question_id,
+                                                       **sample, **result})
+                            state.blocks.append({"config": config.label, "concurrency": concurrency,
+                                                 "category": category, **sample, "wall_s": wall,
+                                                 "spec_before": before, "spec_after": after,
+                                                 "spec": counter_delta(before, after)})
                 errors = [r for r in state.requests
-                          if r["config"] == config.label and r["concurrency"] == concurrency and r["error"]]
+                          if r["config"] == config.label and r["concurrency"] == concurrency
+                          and r["round"] == round_index and r["error"]]
                 if errors:
                     print(f"[{config.label}] c={concurrency}: {len(errors)} request(s) failed, "
                           f"first: {errors[0]['error']}", file=sys.stderr, flush=True)
@@ -1010,6 +1114,16 @@ def bench_config(
         finally:
             server.stop()
     return info
+
+
+def repeats_note(repeats: int, rounds: int) -> str:
+    """The results.md header's sentence on reading the spread, for more than one sample."""
+    how = " × ".join(part for part in (
+        f"{rounds} rounds on fresh servers" if rounds > 1 else "",
+        f"{repeats} repeats per server" if repeats > 1 else "") if part)
+    return (f" Each block measured {repeats * rounds} times ({how}): tok/s is the mean ± half the range "
+            f"of the samples; ×{BASELINE} is the ratio of the means, (low–high) the slowest sample over "
+            f"{BASELINE}'s fastest to the fastest over {BASELINE}'s slowest; match counts every sample.")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -1073,15 +1187,23 @@ def run(args: argparse.Namespace) -> int:
     print(f"freespec bench: {len(measured)} prompts in {len(selected)} categories "
           f"({', '.join(selected)}), concurrency {' '.join(map(str, args.concurrency))}, "
           f"configs {', '.join(c.label for c in runnable)}; model {model}; results in {out}", flush=True)
+    if args.repeats > 1:
+        print(f"freespec bench: {args.repeats} repeats per level on each server; after the first, a server "
+              "sees prompts it has answered, and proposers that remember earlier outputs (suffix, copy's "
+              "pool, recycle, hybrid) replay them: compare their repeats' tok/fwd, or use --rounds",
+              flush=True)
 
     exit_code = 0
     try:
-        for config in runnable:
-            info = bench_config(config, model, selected_per_level, warmup, args, out, state)
-            if info["status"] != "ok":
-                exit_code = 1
-            state.aggregates = aggregate(state.requests, state.blocks)
-            _write_json(out / "results.json", state)
+        # --rounds: the whole config list again on fresh servers, so the samples of a config are spread
+        # over time and servers like the other configs' (one round: each config once, as before).
+        for round_index in range(args.rounds):
+            for config in runnable:
+                info = bench_config(config, model, selected_per_level, warmup, args, out, state, round_index)
+                if info["status"] != "ok":
+                    exit_code = 1
+                state.aggregates = aggregate(state.requests, state.blocks)
+                _write_json(out / "results.json", state)
         state.status = "complete" if exit_code == 0 else "complete with failures"
     except KeyboardInterrupt:
         print("\nfreespec bench: interrupted; writing partial results", file=sys.stderr)
@@ -1094,7 +1216,8 @@ def run(args: argparse.Namespace) -> int:
         _write_json(out / "results.json", state)
 
     table = render_markdown(state.aggregates)
-    notes = [f"- {c['label']}: {c['status']}" + (f": {c['note']}" if c.get("note") else "")
+    notes = [f"- {c['label']}" + (f" (round {c['round'] + 1})" if "round" in c else "")
+             + f": {c['status']}" + (f": {c['note']}" if c.get("note") else "")
              for c in state.configs if c["status"] != "ok"]
     header = (
         f"# freespec bench\n\nmodel `{model}`, dtype {args.dtype}, max_tokens {args.max_tokens}, "
@@ -1103,7 +1226,7 @@ def run(args: argparse.Namespace) -> int:
         f"×{BASELINE}: ratio to {BASELINE}; acc len: 1 + accepted/drafts; acc rate: accepted/draft tokens; "
         f"tok/fwd: tokens per target forward pass; match: outputs identical to {BASELINE}'s"
         + (" (not expected to hold when sampling, temperature > 0)" if args.temperature > 0 else "")
-        + ".\n\n"
+        + "." + (repeats_note(args.repeats, args.rounds) if args.repeats * args.rounds > 1 else "") + "\n\n"
     )
     footer = "\n" + "\n".join(notes) + "\n" if notes else ""
     (out / "results.md").write_text(header + table + footer, encoding="utf-8")
@@ -1173,6 +1296,13 @@ def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--reuse-server", action="store_true",
                    help="one server per config for all concurrency levels (faster; proposers that remember "
                         "earlier requests then see every prompt again) instead of a fresh one per level")
+    p.add_argument("--repeats", type=_positive_int, default=1,
+                   help="measure each concurrency level N times back to back on the same server, after the "
+                        "warm-up, with the same questions (default 1); tok/s is then the mean, with the "
+                        "spread, and the ratio to none gets an interval")
+    p.add_argument("--rounds", type=_positive_int, default=1,
+                   help="run the whole config list R times, fresh servers each round, so that the samples "
+                        "of each config interleave in time with the others' (default 1)")
     p.add_argument("--new-questions-per-level", action="store_true",
                    help="each concurrency level gets the next --per-category questions of each category "
                         "(with --reuse-server: a load sweep on one warm server that never sees a measured "

@@ -343,6 +343,94 @@ def test_text_match_skips_failed_requests():
     assert bench.text_match(other, base) == (1, 1)
 
 
+def test_one_measurement_keeps_the_rows_of_a_single_run():
+    requests, blocks = _synthetic_run()
+    rows = {(r["config"], r["concurrency"], r["category"]): r for r in bench.aggregate(requests, blocks)}
+    # Explicit round/repeat 0 is the same measurement as records without them.
+    tagged = bench.aggregate([dict(r, round=0, repeat=0) for r in requests],
+                             [dict(b, round=0, repeat=0) for b in blocks])
+    assert tagged == list(rows.values())
+    ngram_a = rows[("ngram", 1, "a")]
+    assert ngram_a["samples"] == 1 and ngram_a["tok_per_s_min"] == ngram_a["tok_per_s_max"] == 20.0
+    assert ngram_a["ratio_low"] is None and ngram_a["ratio_high"] is None  # one sample: no interval
+    assert rows[("none", 1, "all")]["text_compared"] is None  # the baseline has nothing to compare with
+    assert [s["ratio"] for s in rows[("ngram", 1, "all")]["per_sample"]] == [pytest.approx(0.8)]
+
+
+def _repeated_run():
+    """none and ngram at concurrency 1, categories a and b, two repeats; ngram's 2nd repeat changes q2."""
+    requests, blocks = [], []
+    walls = {("none", 0): (10.0, 10.0), ("none", 1): (8.0, 12.5),
+             ("ngram", 0): (5.0, 20.0), ("ngram", 1): (4.0, 10.0)}
+    for (config, repeat), (wall_a, wall_b) in walls.items():
+        beta = "BETA" if (config, repeat) == ("ngram", 1) else "beta"
+        requests += [dict(_req(config, 1, "a", 1, "alpha", 40), repeat=repeat),
+                     dict(_req(config, 1, "a", 2, beta, 60), repeat=repeat),
+                     dict(_req(config, 1, "b", 3, "gamma", 100), repeat=repeat)]
+        spec = {"num_drafts": 10.0 * (repeat + 1), "num_draft_tokens": 80.0,
+                "num_accepted_tokens": 20.0 * repeat}
+        for category, wall in (("a", wall_a), ("b", wall_b)):
+            blocks.append({"config": config, "concurrency": 1, "category": category, "round": 0,
+                           "repeat": repeat, "wall_s": wall, "spec": None if config == "none" else spec})
+    return requests, blocks
+
+
+def test_aggregate_with_repeats_means_spread_and_interval():
+    requests, blocks = _repeated_run()
+    rows = {(r["config"], r["concurrency"], r["category"]): r for r in bench.aggregate(requests, blocks)}
+    none_a, ngram_a = rows[("none", 1, "a")], rows[("ngram", 1, "a")]
+    # 100 tokens per repeat in category a: none 10 and 12.5 tok/s, ngram 20 and 25.
+    assert none_a["samples"] == 2 and none_a["tok_per_s"] == pytest.approx(11.25)
+    assert (none_a["tok_per_s_min"], none_a["tok_per_s_max"]) == (pytest.approx(10.0), pytest.approx(12.5))
+    assert ngram_a["tok_per_s"] == pytest.approx(22.5)
+    assert ngram_a["ratio"] == pytest.approx(22.5 / 11.25)
+    assert ngram_a["ratio_low"] == pytest.approx(20.0 / 12.5)
+    assert ngram_a["ratio_high"] == pytest.approx(25.0 / 10.0)
+    assert [s["ratio"] for s in ngram_a["per_sample"]] == [pytest.approx(2.0), pytest.approx(2.0)]
+    assert [s["repeat"] for s in ngram_a["per_sample"]] == [0, 1]
+    # Counters: per repeat, and summed for the row (ratios of totals).
+    acceptance = [s["mean_acceptance_length"] for s in ngram_a["per_sample"]]
+    assert acceptance == [pytest.approx(1.0), pytest.approx(2.0)]
+    assert ngram_a["num_drafts"] == 30.0 and ngram_a["num_accepted_tokens"] == 20.0
+    assert ngram_a["mean_acceptance_length"] == pytest.approx(1 + 20 / 30)
+    assert ngram_a["tokens_per_forward"] == pytest.approx(200 / 180)
+    assert ngram_a["completion_tokens"] == 200 and ngram_a["wall_s"] == pytest.approx(9.0)
+    # Every repeat is compared with none's first: q2 differs in ngram's second repeat only.
+    assert (ngram_a["text_identical"], ngram_a["text_compared"]) == (3, 4)
+    # none's second repeat is checked against its first.
+    assert (none_a["text_identical"], none_a["text_compared"]) == (2, 2)
+    # "all": each repeat pools its own categories (none 200/20 and 200/20.5), then the mean.
+    none_all, ngram_all = rows[("none", 1, "all")], rows[("ngram", 1, "all")]
+    assert none_all["tok_per_s"] == pytest.approx((200 / 20 + 200 / 20.5) / 2)
+    assert ngram_all["tok_per_s"] == pytest.approx((200 / 25 + 200 / 14) / 2)
+    assert ngram_all["ratio_low"] == pytest.approx((200 / 25) / (200 / 20))
+    assert ngram_all["ratio_high"] == pytest.approx((200 / 14) / (200 / 20.5))
+    assert ngram_all["ratio_low"] < ngram_all["ratio"] < ngram_all["ratio_high"]
+    assert (ngram_all["text_identical"], ngram_all["text_compared"]) == (5, 6)
+
+
+def test_text_match_reference_is_the_baselines_first_successful_sample():
+    base = [dict(_req("none", 1, "a", 1, None, 0, error="boom"), repeat=0),
+            dict(_req("none", 1, "a", 1, "late", 5), repeat=1),
+            dict(_req("none", 1, "a", 2, "x", 5), round=1, repeat=0),
+            dict(_req("none", 1, "a", 2, "y", 5), round=0, repeat=1)]
+    other = [dict(_req("ngram", 1, "a", 1, "late", 5), repeat=0),
+             dict(_req("ngram", 1, "a", 2, "y", 5), repeat=0)]
+    assert bench.text_match(other, base) == (2, 2)  # q1 from repeat 1 (repeat 0 failed), q2 from round 0
+    assert bench.text_match(base, base) == (0, 1)  # q2 of round 1 ("x") against round 0's "y"
+
+
+def test_missing_samples_do_not_make_up_an_interval():
+    requests, blocks = _repeated_run()
+    # ngram's second repeat was never measured (its server died): one sample, no interval.
+    requests = [r for r in requests if not (r["config"] == "ngram" and r["repeat"] == 1)]
+    blocks = [b for b in blocks if not (b["config"] == "ngram" and b["repeat"] == 1)]
+    rows = {(r["config"], r["concurrency"], r["category"]): r for r in bench.aggregate(requests, blocks)}
+    ngram_a = rows[("ngram", 1, "a")]
+    assert ngram_a["samples"] == 1 and ngram_a["ratio"] == pytest.approx(20.0 / 11.25)
+    assert ngram_a["ratio_low"] is None and ngram_a["ratio_high"] is None
+
+
 # ---------------------------------------------------------------- rendering and CLI
 
 
@@ -371,6 +459,33 @@ def test_render_markdown_table():
     assert lines.index(none_all) < lines.index(ngram_a)
 
 
+def test_render_markdown_one_measurement_is_unchanged():
+    # The table of a single measurement as freespec bench printed it before --repeats existed.
+    requests, blocks = _synthetic_run()
+    assert bench.render_markdown(bench.aggregate(requests, blocks)) == (
+        "| config | category | c=1 tok/s | c=1 ×none | c=1 acc len | c=1 acc rate | c=1 tok/fwd | c=1 match "
+        "| c=1 p50/p90 s |\n"
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|\n"
+        "| none | a | 10.0 | – | – | – | 1.00 | – | 1.0/1.0 |\n"
+        "| none | b | 10.0 | – | – | – | 1.00 | – | 1.0/1.0 |\n"
+        "| none | all | 10.0 | – | – | – | 1.00 | – | 1.0/1.0 |\n"
+        "| ngram | a | 20.0 | 2.00 | 3.00 | 25.0% | 1.25 | 1/2 | 1.0/1.0 |\n"
+        "| ngram | b | 5.0 | 0.50 | 1.00 | 0.0% | 1.00 | 1/1 | 1.0/1.0 |\n"
+        "| ngram | all | 8.0 | 0.80 | 1.50 | 6.2% | 1.11 | 2/3 | 1.0/1.0 |\n"
+    )
+
+
+def test_render_markdown_shows_the_spread_of_repeats():
+    requests, blocks = _repeated_run()
+    lines = bench.render_markdown(bench.aggregate(requests, blocks)).splitlines()
+    split = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
+    cells = {(row[0], row[1]): row for row in split}
+    assert cells[("none", "a")][2:4] == ["11.2 ±1.2", "–"]  # mean 11.25, half-range 1.25
+    assert cells[("none", "a")][7] == "2/2"  # none's second repeat against its first
+    assert cells[("ngram", "a")][2:4] == ["22.5 ±2.5", "2.00 (1.60–2.50)"]
+    assert cells[("ngram", "a")][7] == "3/4"
+
+
 def test_plot_ratios_writes_png(tmp_path):
     requests, blocks = _synthetic_run()
     rows = bench.aggregate(requests, blocks)
@@ -380,6 +495,26 @@ def test_plot_ratios_writes_png(tmp_path):
     only_baseline = [r for r in rows if r["config"] == "none"]
     assert not bench.plot_ratios(only_baseline, tmp_path / "none.png")
     assert not (tmp_path / "none.png").exists()
+
+
+def test_plot_ratios_with_repeats_writes_png_with_error_bars(tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    bars = []
+    original = matplotlib.axes.Axes.bar
+    monkeypatch.setattr(matplotlib.axes.Axes, "bar",
+                        lambda self, *a, **kw: bars.append(kw) or original(self, *a, **kw))
+    requests, blocks = _repeated_run()
+    rows = bench.aggregate(requests, blocks)
+    assert bench.plot_ratios(rows, tmp_path / "results.png")
+    assert (tmp_path / "results.png").read_bytes()[:4] == b"\x89PNG"
+    (below, above), = [kw["yerr"] for kw in bars]  # one config besides none: one bar call
+    ngram_a = next(r for r in rows if (r["config"], r["category"]) == ("ngram", "a"))
+    assert below[0] == pytest.approx(ngram_a["ratio"] - ngram_a["ratio_low"])
+    assert above[0] == pytest.approx(ngram_a["ratio_high"] - ngram_a["ratio"])
+    bars.clear()
+    assert bench.plot_ratios(bench.aggregate(*_synthetic_run()), tmp_path / "one.png")
+    assert "yerr" not in bars[0]  # one measurement: no error bars
 
 
 def test_add_parser_defaults_and_values():
@@ -396,6 +531,12 @@ def test_add_parser_defaults_and_values():
     assert [c.label for c in bench.parse_config_list(args.configs, 8)] == ["none", "ngram", copy]
     with pytest.raises(SystemExit):
         parser.parse_args(["bench", "--concurrency", "0"])
+    assert (args.repeats, args.rounds) == (1, 1)
+    args = parser.parse_args(["bench", "--repeats", "3", "--rounds", "2"])
+    assert (args.repeats, args.rounds) == (3, 2)
+    for option in ("--repeats", "--rounds"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["bench", option, "0"])
 
 
 def test_server_command_uses_freespec_vllm_cli():
@@ -537,6 +678,57 @@ def test_run_end_to_end_with_a_fake_server(tmp_path, questions_file, monkeypatch
     md = (out / "results.md").read_text()
     assert "| ngram | writing |" in md and "suffix: skipped" in md
     assert "| ngram | writing |" in printed
+
+
+def test_run_with_repeats_and_rounds_against_a_fake_server(tmp_path, questions_file, monkeypatch, capsys):
+    script = tmp_path / "fake_server.py"
+    script.write_text(FAKE_SERVER)
+    started = []
+
+    def fake_command(model, port, config, args):
+        started.append(config.label)
+        return [bench.sys.executable, str(script), str(port), "plain" if config.is_baseline else "spec"]
+
+    monkeypatch.setattr(bench, "server_command", fake_command)
+    monkeypatch.setattr(bench, "HEALTH_POLL_S", 0.05)
+    monkeypatch.setattr(bench, "METRICS_SETTLE_S", 0.01)
+    out = tmp_path / "out"
+    parser = argparse.ArgumentParser()
+    bench.add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args([
+        "bench", "--questions", str(questions_file), "--model", "fake-model", "--categories", "writing,math",
+        "--per-category", "2", "--max-tokens", "16", "--configs", "none,ngram", "--warmup", "1",
+        "--repeats", "2", "--rounds", "2", "--out", str(out), "--server-timeout", "60",
+    ])
+    assert bench.run(args) == 0
+    printed = capsys.readouterr().out
+    assert started == ["none", "ngram", "none", "ngram"]  # the config list once per round, fresh servers
+    assert "2 repeats per level on each server" in printed
+
+    result = json.loads((out / "results.json").read_text())
+    assert [(c["label"], c["round"]) for c in result["configs"]] == [("none", 0), ("ngram", 0), ("none", 1),
+                                                                      ("ngram", 1)]
+    assert len(result["requests"]) == 2 * 2 * 2 * 4  # configs x rounds x repeats x questions
+    samples = [(r["round"], r["repeat"]) for r in result["requests"] if r["config"] == "ngram"]
+    assert samples == [(0, 0)] * 4 + [(0, 1)] * 4 + [(1, 0)] * 4 + [(1, 1)] * 4
+    rows = {(r["config"], r["concurrency"], r["category"]): r for r in result["aggregates"]}
+    ngram = rows[("ngram", 1, "writing")]
+    assert ngram["samples"] == 4
+    assert [(s["round"], s["repeat"]) for s in ngram["per_sample"]] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    # Each repeat's counter delta covers its own block only: 2 requests x 2 drafts.
+    blocks = [b for b in result["blocks"] if (b["config"], b["category"]) == ("ngram", "writing")]
+    assert [b["spec"]["num_drafts"] for b in blocks] == [4, 4, 4, 4]
+    assert ngram["num_drafts"] == 16 and ngram["mean_acceptance_length"] == pytest.approx(3.0)
+    assert ngram["tok_per_s_min"] <= ngram["tok_per_s"] <= ngram["tok_per_s_max"]
+    assert ngram["ratio_low"] <= ngram["ratio"] <= ngram["ratio_high"]
+    assert (ngram["text_identical"], ngram["text_compared"]) == (4, 8)  # "writing q1" differs in every repeat
+    none = rows[("none", 1, "writing")]
+    assert (none["text_identical"], none["text_compared"]) == (6, 6)  # none's later samples vs its first
+    md = (out / "results.md").read_text()
+    assert "Each block measured 4 times (2 rounds on fresh servers × 2 repeats per server)" in md
+    ngram_line = next(line for line in md.splitlines() if line.startswith("| ngram | writing |"))
+    assert " ±" in ngram_line and "4/8" in ngram_line
+    assert (out / "results.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_run_reports_a_server_that_dies(tmp_path, questions_file, monkeypatch, capsys):
