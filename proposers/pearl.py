@@ -11,8 +11,9 @@ what the target kept and drafts from there (``pearl_state``). Draft length
 adapts per request: chains stop before the first low-confidence prediction and
 grow while they are accepted, bounded by k. The draft model, its per-request KV
 caches and the thread are in ``pearl_draft``; ``placement: "process"`` (the
-default) runs them in a child process (``pearl_process``), ``"thread"`` in a
-thread of vLLM's worker. docs/pearl.md has the options, memory, CPU core split
+default) runs them in a child process (``pearl_process``), ``"ray"`` in a Ray
+actor (``pearl_ray``; both share ``pearl_remote``), ``"thread"`` in a thread
+of vLLM's worker. docs/pearl.md has the options, memory, CPU core split
 and what is measured.
 
 Memory (outside vLLM's planning): the draft's weights plus its KV cache,
@@ -29,9 +30,9 @@ import re
 import time
 import weakref
 from pathlib import Path
-from typing import Literal, Optional, Sequence
+from typing import Any, Literal, Optional, Sequence
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from freespec.proposers.base import EngineInfo, Proposer, ProposerOptions, Row
 
@@ -63,15 +64,24 @@ class PearlOptions(ProposerOptions):
         ..., description="draft model: a checkpoint directory, or a name from `freespec models list`"
     )
     device: str = Field("cpu", description='where the draft model runs: "cpu" or "cuda:N"')
-    placement: Literal["process", "thread"] = Field(
+    placement: Literal["process", "thread", "ray"] = Field(
         "process",
         description='"process": the draft runs in a child process (no GIL shared with the target); '
-        '"thread": in a thread of vLLM\'s worker process',
+        '"thread": in a thread of vLLM\'s worker process; "ray": in a Ray actor, on the node or GPU Ray picks',
     )
     step_timeout_s: float = Field(
         30.0, gt=0, le=3600,
-        description='placement "process": a step the draft process does not answer in time drafts nothing '
-        "and the process is restarted",
+        description='placement "process" or "ray": a step the draft does not answer in time drafts nothing '
+        "and the draft is restarted",
+    )
+    ray_address: str = Field(
+        "auto", min_length=1,
+        description='placement "ray": the Ray cluster to join ("auto": the one this node belongs to, or host:port)',
+    )
+    ray_actor_options: Optional[dict[str, Any]] = Field(
+        None,
+        description='placement "ray": arguments of the draft actor\'s .options() (num_cpus, num_gpus, resources, '
+        "...); default num_cpus = draft_threads, and num_gpus = 1 for a cuda device",
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="draft weights and KV dtype")
     draft_cores: Optional[str] = Field(
@@ -118,6 +128,53 @@ class PearlOptions(ProposerOptions):
                 raise ValueError(f"CPU ids {missing} do not exist here ({os.cpu_count()} CPUs)")
         return value
 
+    @field_validator("ray_actor_options")
+    @classmethod
+    def _actor_options(cls, value: Optional[dict]) -> Optional[dict]:
+        if value is None:
+            return value
+        for name in ("num_cpus", "num_gpus"):
+            amount = value.get(name)
+            if amount is not None and (isinstance(amount, bool) or not isinstance(amount, (int, float))
+                                       or amount < 0):
+                raise ValueError(f"{name} must be a number >= 0, not {amount!r}")
+        resources = value.get("resources")
+        if resources is not None and (not isinstance(resources, dict) or not all(
+                isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+                for k, v in resources.items())):
+            raise ValueError(f"resources must map resource names to amounts >= 0, not {resources!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _ray_placement(self) -> "PearlOptions":
+        # Compared with the defaults, not model_fields_set: the worker re-validates a full model_dump().
+        ray_fields = [name for name, default in (("ray_address", "auto"), ("ray_actor_options", None))
+                      if getattr(self, name) != default]
+        if self.placement != "ray":
+            if ray_fields:
+                raise ValueError(f"option {ray_fields[0]!r} is only used with placement \"ray\" "
+                                 f"(placement is {self.placement!r})")
+            return self
+        if self.draft_cores is not None:
+            raise ValueError("option 'draft_cores' cannot be used with placement \"ray\": Ray assigns the cores of "
+                             "the node it places the draft actor on; ask for them with "
+                             "'ray_actor_options' (num_cpus, resources)")
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise ValueError("option 'placement' is \"ray\", but Ray is not installed here; "
+                             "pip install 'vllm-freespec[cluster]'")
+        if self.ray_actor_options:
+            from freespec.proposers.pearl_ray import check_actor_options
+
+            check_actor_options(self.ray_actor_options)
+        index = int(self.device.partition(":")[2] or 0) if self.device.startswith("cuda") else None
+        gpus = (self.ray_actor_options or {}).get("num_gpus", 1)
+        if index is not None and index >= gpus:
+            raise ValueError(f"option 'device' is {self.device!r}, but the draft actor gets {gpus} GPU(s) from Ray "
+                             "('ray_actor_options' num_gpus; inside the actor its GPUs are cuda:0, cuda:1, ...)")
+        return self
+
 
 def tokenizer_dir_fingerprint(path: Path) -> Optional[str]:
     """Fingerprint of the tokenizer saved with a checkpoint, or None if it has none."""
@@ -139,7 +196,8 @@ class PearlProposer(Proposer):
 
         from freespec.proposers.pearl_draft import parse_cores
 
-        if options.device.startswith("cuda") and not torch.cuda.is_available():
+        # With placement "ray" the GPU is the actor's, on whichever node Ray picks.
+        if options.device.startswith("cuda") and options.placement != "ray" and not torch.cuda.is_available():
             raise ValueError(f"pearl: option 'device' is {options.device!r}, but torch sees no CUDA device here")
         drafter_options = dict(
             min_confidence=options.min_confidence,
@@ -158,21 +216,29 @@ class PearlProposer(Proposer):
                     "give vLLM the others with VLLM_CPU_OMP_THREADS_BIND (docs/pearl.md)",
                     sorted(cores), sorted(os.sched_getaffinity(0)),
                 )
-        self.draft = self.drafter = None  # placement "thread" only: the process keeps them in the child
-        if options.placement == "process":
-            from freespec.proposers.pearl_process import DraftProcess, DraftProcessError
+        self.draft = self.drafter = None  # placement "thread" only: the others keep them in the draft's process
+        if options.placement in ("process", "ray"):
+            from freespec.proposers.pearl_remote import DraftError
 
             spec = dict(model=options.draft_model, device=options.device, dtype=options.dtype,
-                        k=num_speculative_tokens, cores=sorted(cores) if cores else None,
-                        threads=options.draft_threads, drafter=drafter_options)
-            self.worker = DraftProcess(spec, step_timeout_s=options.step_timeout_s)
+                        k=num_speculative_tokens, threads=options.draft_threads, drafter=drafter_options)
+            if options.placement == "process":
+                from freespec.proposers.pearl_process import DraftProcess
+
+                self.worker = DraftProcess({**spec, "cores": sorted(cores) if cores else None},
+                                           step_timeout_s=options.step_timeout_s)
+            else:
+                from freespec.proposers.pearl_ray import RayDraft
+
+                self.worker = RayDraft(spec, address=options.ray_address, options=options.ray_actor_options,
+                                       step_timeout_s=options.step_timeout_s)
             try:
                 self.worker.start()
-            except DraftProcessError as e:
+            except DraftError as e:
                 if "draft_cores" in str(e):
                     raise ValueError(f"pearl: option {e}") from e
-                raise ValueError(f"pearl: option 'draft_model' ({options.draft_model}) cannot be loaded in the draft "
-                                 f"process: {e}") from e
+                raise ValueError(f"pearl: option 'draft_model' ({options.draft_model}) cannot be loaded in the "
+                                 f"{self.worker.kind}: {e}") from e
             self._vocab_size = int(self.worker.info["vocab_size"])
         else:
             from freespec.proposers.pearl_draft import DraftWorker, TorchDraftModel
@@ -261,7 +327,7 @@ class PearlProposer(Proposer):
         return self.worker.wait_idle(timeout)
 
     def close(self) -> None:
-        """Log the final stats and stop the draft (thread or child process); also run at exit."""
+        """Log the final stats and stop the draft (thread, child process or actor); also run at exit."""
         if self._closed:
             return
         self._closed = True

@@ -1,0 +1,179 @@
+"""The pearl draft model in a Ray actor (placement "ray"), on a local Ray started here: same drafts as the
+process placement, another process, an actor killed or hung drafts nothing and comes back, option errors."""
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+ray = pytest.importorskip("ray")
+
+from pydantic import ValidationError  # noqa: E402
+
+from freespec.proposers.base import EngineInfo, Row  # noqa: E402
+from freespec.proposers.pearl import PearlOptions, PearlProposer  # noqa: E402
+
+VOCAB = 96  # the tiny_dir fixture's vocabulary (tests/conftest.py)
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # nothing outside this machine is contacted
+    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=80 << 20,
+             log_to_driver=False)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def make(tiny_dir, k=4, **options):
+    options = {"min_confidence": 0.0, "adaptive_length": False, "placement": "ray", **options}
+    p = PearlProposer(PearlOptions(draft_model=tiny_dir, **options), k)
+    p.bind(EngineInfo(vocab_size=VOCAB))
+    return p
+
+
+def arr(seq):
+    return np.asarray(seq, dtype=np.int32)
+
+
+def wait_for_chain(p, row, seconds=60.0):
+    """Steps draft nothing while a new actor loads; the first chain once it is ready."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        chain = p.propose([row])[0]
+        if chain:
+            return chain
+        time.sleep(0.05)
+    raise AssertionError("the draft actor did not come back")
+
+
+def scripted_steps(p, k, reference, steps=5):
+    """Two requests through hits, misses and rollbacks; every chain, step by step."""
+    contexts = {0: [5, 17, 33, 2], 1: [9, 1, 70, 44, 3, 8]}
+    num_new = {0: 1, 1: 1}
+    seen = []
+    for step in range(steps):
+        keys = list(contexts)[:: (-1) ** step]
+        chains = p.propose([Row(key, arr(contexts[key]), num_new[key]) for key in keys])
+        seen.append(chains)
+        for key, chain in zip(keys, chains):
+            # The target keeps step % (k + 1) draft tokens, then its own token: the draft's guess when all
+            # were kept (post-verify hits), another token otherwise (a miss, a rollback).
+            kept = chain[: step % (k + 1)]
+            bonus = reference(contexts[key] + kept, 1)[0]
+            if len(kept) < k:
+                bonus = (bonus + 1) % VOCAB
+            num_new[key] = len(kept) + 1
+            contexts[key] = contexts[key] + kept + [bonus]
+        assert p.wait_idle()
+    return seen
+
+
+def test_the_actor_drafts_what_the_process_drafts_and_survives_being_killed_or_hung(
+    tiny_dir, reference, local_ray, caplog
+):
+    """One proposer through it all: each actor start costs a Ray worker importing torch (seconds of CPU)."""
+    k = 3
+    process = make(tiny_dir, k=k, placement="process")
+    try:
+        expected = scripted_steps(process, k, reference)
+    finally:
+        process.close()
+    p = make(tiny_dir, k=k)
+    try:
+        info = p.worker.info
+        assert p.draft is None and info["pid"] != os.getpid() and info["ray_actor_id"]
+        assert scripted_steps(p, k, reference) == expected
+        stats = p.stats()
+        assert stats["placement"] == "ray" and stats["steps"] == 5 and stats["deaths"] == 0
+        assert stats["hits"] > 0 and stats["misses"] > 0 and stats["background_forwards"] > 0
+        assert p.state_bytes() == stats["weight_bytes"] + stats["kv_bytes"] > 0
+        p.release(0)  # no reply awaited: it reaches the actor before the next call
+        p.propose([Row(1, arr([9, 1, 70]), 1)])
+        assert p.wait_idle() and p.stats()["cached_requests"] == 1
+        # An exception in the actor's drafter reaches the caller; the actor resets and goes on.
+        with pytest.raises(RuntimeError, match="pearl draft actor"):
+            p.propose([Row(2, arr([VOCAB + 50, 1]), 1)])
+        ctx = [5, 17, 33, 2]
+        assert p.propose([Row(0, arr(ctx), 1)])[0] == expected[0][0]
+        assert p.worker.info["pid"] == info["pid"] and p.stats()["deaths"] == 0
+
+        # A killed actor: that step drafts nothing at once, a new actor comes back in the background.
+        ray.kill(p.worker._actor)
+        t0 = time.monotonic()
+        assert p.propose([Row(0, arr(ctx), 1)]) == [[]]  # no exception, no hang
+        assert time.monotonic() - t0 < 5
+        assert wait_for_chain(p, Row(0, arr(ctx), 1)) == expected[0][0]
+        second = p.worker.info
+        assert second["ray_actor_id"] != info["ray_actor_id"] and gone(info["pid"])
+        # An actor that stops answering: the step gives up after step_timeout_s, the actor is killed.
+        p.worker.step_timeout_s = 1.0
+        os.kill(second["pid"], signal.SIGSTOP)
+        t0 = time.monotonic()
+        assert p.propose([Row(0, arr(ctx), 1)]) == [[]]
+        assert 1.0 <= time.monotonic() - t0 < 5
+        assert wait_for_chain(p, Row(0, arr(ctx), 1)) == expected[0][0]
+        assert gone(second["pid"])  # ended, not left stopped
+        stats = p.stats()
+        assert stats["deaths"] == 2 and stats["restarts"] == 2 and stats["skipped_steps"] >= 2
+        assert stats["steps"] >= 9  # counters of the dead actors are kept
+        assert sum("restarting the draft actor" in r.getMessage() for r in caplog.records) == 1  # logged once
+        # Out of restarts: pearl stays off and steps return at once.
+        p.worker.max_restarts = p.worker.restarts
+        last = p.worker.info
+        ray.kill(p.worker._actor)
+        for _ in range(3):
+            assert p.propose([Row(0, arr(ctx), 1)]) == [[]]
+        assert p.worker.pid is None and gone(last["pid"])
+    finally:
+        p.close()
+
+
+def gone(pid, seconds=10.0):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(")")[-1].split()[0] in ("Z", "X"):
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_option_errors_name_the_field(tiny_dir, local_ray, monkeypatch):
+    def refused(match, **options):
+        with pytest.raises(ValidationError, match=match):
+            PearlOptions(draft_model=tiny_dir, **options)
+
+    refused("'draft_cores' cannot be used with placement \"ray\".*ray_actor_options", placement="ray",
+            draft_cores="0")
+    refused("ray_actor_options\n.*num_cpus must be a number", placement="ray", ray_actor_options={"num_cpus": -1})
+    refused("option 'ray_actor_options': Invalid option keyword num_cpu", placement="ray",
+            ray_actor_options={"num_cpu": 1})
+    refused("resources must map", placement="ray", ray_actor_options={"resources": {"node:x": "a"}})
+    refused("option 'device' is 'cuda:1', but the draft actor gets 1 GPU", placement="ray", device="cuda:1")
+    refused("option 'ray_address' is only used with placement \"ray\"", ray_address="127.0.0.1:6379")
+    refused("option 'ray_actor_options' is only used", placement="thread", ray_actor_options={"num_cpus": 1})
+    PearlOptions(draft_model=tiny_dir, placement="ray", device="cuda:1", ray_actor_options={"num_gpus": 2})
+    # Nobody answers at the address: refused at once, naming it (ray.init itself would wait for minutes).
+    from freespec.proposers.pearl_ray import reachable
+
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match="option 'ray_address' .*no Ray cluster answers at 127.0.0.1:1"):
+        reachable("127.0.0.1:1")
+    assert time.monotonic() - t0 < 5
+    # Ray not installed: the error names placement and the extra to install.
+    monkeypatch.setitem(sys.modules, "ray", None)
+    refused(r"option 'placement' is \"ray\", but Ray is not installed.*vllm-freespec\[cluster\]", placement="ray")
+    from freespec.proposers.pearl_ray import import_ray
+
+    with pytest.raises(ValueError, match=r"'placement' is \"ray\".*vllm-freespec\[cluster\]"):
+        import_ray()
