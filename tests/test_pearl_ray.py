@@ -16,6 +16,7 @@ from pydantic import ValidationError  # noqa: E402
 
 from freespec.proposers.base import EngineInfo, Row  # noqa: E402
 from freespec.proposers.pearl import PearlOptions, PearlProposer  # noqa: E402
+from freespec.vllm_plugins.frontend import FreespecConfigError, translate, validate_options  # noqa: E402
 
 VOCAB = 96  # the tiny_dir fixture's vocabulary (tests/conftest.py)
 
@@ -148,7 +149,7 @@ def gone(pid, seconds=10.0):
     return False
 
 
-def test_option_errors_name_the_field(tiny_dir, local_ray, monkeypatch):
+def test_option_errors_name_the_field(tiny_dir, monkeypatch):
     def refused(match, **options):
         with pytest.raises(ValidationError, match=match):
             PearlOptions(draft_model=tiny_dir, **options)
@@ -163,6 +164,15 @@ def test_option_errors_name_the_field(tiny_dir, local_ray, monkeypatch):
     refused("option 'ray_address' is only used with placement \"ray\"", ray_address="127.0.0.1:6379")
     refused("option 'ray_actor_options' is only used", placement="thread", ray_actor_options={"num_cpus": 1})
     PearlOptions(draft_model=tiny_dir, placement="ray", device="cuda:1", ray_actor_options={"num_gpus": 2})
+    # The options travel in vLLM's config as a full dump and the worker validates them again.
+    actor = {"num_cpus": 2, "resources": {"node:10.0.0.5": 0.01}}
+    _, extra = translate({"plugin": "pearl", "num_speculative_tokens": 4, "draft_model": tiny_dir,
+                          "placement": "ray", "ray_address": "10.0.0.1:6379", "ray_actor_options": actor}, None)
+    again = validate_options("pearl", extra["freespec"]["options"])
+    assert (again.ray_address, again.ray_actor_options) == ("10.0.0.1:6379", actor)
+    with pytest.raises(FreespecConfigError, match="option 'draft_cores' cannot be used with placement"):
+        translate({"plugin": "pearl", "num_speculative_tokens": 4, "draft_model": tiny_dir, "placement": "ray",
+                   "draft_cores": "0"}, None)
     # Nobody answers at the address: refused at once, naming it (ray.init itself would wait for minutes).
     from freespec.proposers.pearl_ray import reachable
 
