@@ -630,28 +630,37 @@ ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
 '''
 
 
-def test_run_end_to_end_with_a_fake_server(tmp_path, questions_file, monkeypatch, capsys):
+def parse_bench_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    bench.add_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["bench", *argv])
+
+
+@pytest.fixture
+def fake_server(tmp_path, monkeypatch):
+    """The fake vLLM server's script, with bench's polling made fast (tests point server_command at it)."""
     script = tmp_path / "fake_server.py"
     script.write_text(FAKE_SERVER)
+    monkeypatch.setattr(bench, "HEALTH_POLL_S", 0.05)
+    monkeypatch.setattr(bench, "METRICS_SETTLE_S", 0.01)
+    return script
+
+def test_run_end_to_end_with_a_fake_server(tmp_path, questions_file, monkeypatch, capsys, fake_server):
     started = []
 
     def fake_command(model, port, config, args):
-        cmd = [bench.sys.executable, str(script), str(port), "plain" if config.is_baseline else "spec"]
+        cmd = [bench.sys.executable, str(fake_server), str(port), "plain" if config.is_baseline else "spec"]
         started.append(cmd)
         return cmd
 
     monkeypatch.setattr(bench, "server_command", fake_command)
-    monkeypatch.setattr(bench, "HEALTH_POLL_S", 0.05)
-    monkeypatch.setattr(bench, "METRICS_SETTLE_S", 0.01)
     monkeypatch.setattr(bench.importlib.util, "find_spec", lambda name: None)  # no arctic_inference
     out = tmp_path / "out"
-    parser = argparse.ArgumentParser()
-    bench.add_parser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args([
-        "bench", "--questions", str(questions_file), "--model", "fake-model", "--categories", "writing,math",
+    args = parse_bench_args(
+        "--questions", str(questions_file), "--model", "fake-model", "--categories", "writing,math",
         "--per-category", "2", "--max-tokens", "16", "--concurrency", "1", "2", "--configs", "none,ngram,suffix",
         "--warmup", "2", "--out", str(out), "--server-timeout", "60",
-    ])
+    )
     assert bench.run(args) == 0
     printed = capsys.readouterr().out
     assert "suffix" in printed and "arctic-inference" in printed
@@ -680,26 +689,20 @@ def test_run_end_to_end_with_a_fake_server(tmp_path, questions_file, monkeypatch
     assert "| ngram | writing |" in printed
 
 
-def test_run_with_repeats_and_rounds_against_a_fake_server(tmp_path, questions_file, monkeypatch, capsys):
-    script = tmp_path / "fake_server.py"
-    script.write_text(FAKE_SERVER)
+def test_run_with_repeats_and_rounds_against_a_fake_server(tmp_path, questions_file, monkeypatch, capsys, fake_server):
     started = []
 
     def fake_command(model, port, config, args):
         started.append(config.label)
-        return [bench.sys.executable, str(script), str(port), "plain" if config.is_baseline else "spec"]
+        return [bench.sys.executable, str(fake_server), str(port), "plain" if config.is_baseline else "spec"]
 
     monkeypatch.setattr(bench, "server_command", fake_command)
-    monkeypatch.setattr(bench, "HEALTH_POLL_S", 0.05)
-    monkeypatch.setattr(bench, "METRICS_SETTLE_S", 0.01)
     out = tmp_path / "out"
-    parser = argparse.ArgumentParser()
-    bench.add_parser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args([
-        "bench", "--questions", str(questions_file), "--model", "fake-model", "--categories", "writing,math",
+    args = parse_bench_args(
+        "--questions", str(questions_file), "--model", "fake-model", "--categories", "writing,math",
         "--per-category", "2", "--max-tokens", "16", "--configs", "none,ngram", "--warmup", "1",
         "--repeats", "2", "--rounds", "2", "--out", str(out), "--server-timeout", "60",
-    ])
+    )
     assert bench.run(args) == 0
     printed = capsys.readouterr().out
     assert started == ["none", "ngram", "none", "ngram"]  # the config list once per round, fresh servers
@@ -731,25 +734,19 @@ def test_run_with_repeats_and_rounds_against_a_fake_server(tmp_path, questions_f
     assert (out / "results.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_run_reports_a_server_that_dies(tmp_path, questions_file, monkeypatch, capsys):
-    script = tmp_path / "fake_server.py"
-    script.write_text(FAKE_SERVER)
+def test_run_reports_a_server_that_dies(tmp_path, questions_file, monkeypatch, capsys, fake_server):
 
     def fake_command(model, port, config, args):
         if config.is_baseline:
-            return [bench.sys.executable, str(script), str(port), "plain"]
+            return [bench.sys.executable, str(fake_server), str(port), "plain"]
         return [bench.sys.executable, "-c", "import sys; print('ValueError: no plugin named copy'); sys.exit(3)"]
 
     monkeypatch.setattr(bench, "server_command", fake_command)
-    monkeypatch.setattr(bench, "HEALTH_POLL_S", 0.05)
-    monkeypatch.setattr(bench, "METRICS_SETTLE_S", 0.01)
     out = tmp_path / "out"
-    parser = argparse.ArgumentParser()
-    bench.add_parser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args([
-        "bench", "--questions", str(questions_file), "--model", "fake-model", "--per-category", "1",
+    args = parse_bench_args(
+        "--questions", str(questions_file), "--model", "fake-model", "--per-category", "1",
         "--max-tokens", "4", "--configs", "none,copy", "--warmup", "0", "--out", str(out),
-    ])
+    )
     assert bench.run(args) == 1
     captured = capsys.readouterr()
     cause = "the vLLM server exited with code 3 before it was ready (ValueError: no plugin named copy)"
