@@ -51,6 +51,7 @@ def test_the_draft_ran_in_a_ray_actor_of_the_given_cluster(pearl_ray_run, ray_he
     worker_pids = set(re.findall(r"\(EngineCore\S* pid=(\d+)\)", log))
     assert worker_pids and pid not in worker_pids, (pid, worker_pids)  # not vLLM's worker process
     assert "restarting the draft actor" not in log, log[-5000:]
+    print(f"pearl ray: actor {actor_id} on {node_ip}, pid {pid}; vLLM's engine core pid {sorted(worker_pids)}")
 
 
 def test_pearl_ray_greedy_text_matches_no_speculation(pearl_ray_run, baseline):
@@ -59,3 +60,7 @@ def test_pearl_ray_greedy_text_matches_no_speculation(pearl_ray_run, baseline):
 
 def test_pearl_ray_self_drafts_are_accepted(pearl_ray_run):
     assert_accepted_share(pearl_ray_run[0], 0.6)
+    greedy = pearl_ray_run[0]["greedy"]
+    accepted = greedy["spec"].get("vllm:spec_decode_num_accepted_tokens", 0)
+    print(f"pearl ray: {accepted} accepted draft tokens for {sum(len(t) for t in greedy['token_ids'])} output "
+          f"tokens; greedy job {greedy['seconds']:.1f} s")
