@@ -6,28 +6,16 @@ import sys
 import textwrap
 import time
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from freespec.proposers.base import EngineInfo, Row  # noqa: E402
+from freespec.proposers.base import Row  # noqa: E402
 from freespec.proposers.pearl import PearlOptions, PearlProposer  # noqa: E402
+from pearl_remote_helpers import VOCAB, arr, make, scripted_steps, wait_for_chain  # noqa: E402
 
-VOCAB = 96  # the tiny_dir fixture's vocabulary (tests/conftest.py)
 pytestmark = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux only")
-
-
-def make(tiny_dir, k=4, **options):
-    options = {"min_confidence": 0.0, "adaptive_length": False, "placement": "process", **options}
-    p = PearlProposer(PearlOptions(draft_model=tiny_dir, **options), k)
-    p.bind(EngineInfo(vocab_size=VOCAB))
-    return p
-
-
-def arr(seq):
-    return np.asarray(seq, dtype=np.int32)
 
 
 def alive(pid):
@@ -39,17 +27,6 @@ def alive(pid):
         return f.read().split(")")[-1].split()[0] != "Z"  # a zombie has exited
 
 
-def wait_for_chain(p, row, seconds=60.0):
-    """Steps draft nothing while a restarted child loads; the first chain once it is ready."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        chain = p.propose([row])[0]
-        if chain:
-            return chain
-        time.sleep(0.05)
-    raise AssertionError("the draft process did not come back")
-
-
 def test_process_drafts_like_the_reference_pinned_and_without_the_workers_omp_binding(
     tiny_dir, reference, monkeypatch
 ):
@@ -59,7 +36,7 @@ def test_process_drafts_like_the_reference_pinned_and_without_the_workers_omp_bi
     monkeypatch.setenv("OMP_PROC_BIND", "true")
     core = max(os.sched_getaffinity(0))
     k = 3
-    p = make(tiny_dir, k=k, draft_cores=str(core))
+    p = make(tiny_dir, "process", k=k, draft_cores=str(core))
     try:
         pid = p.worker.pid
         assert pid != os.getpid() and p.draft is None  # the model lives in the child only
@@ -68,29 +45,18 @@ def test_process_drafts_like_the_reference_pinned_and_without_the_workers_omp_bi
         assert b"OMP_PLACES" not in env and b"OMP_PROC_BIND" not in env and env[b"OMP_NUM_THREADS"] == b"1"
         for tid in os.listdir(f"/proc/{pid}/task"):  # every thread of the child, OpenMP's included
             assert os.sched_getaffinity(int(tid)) == {core}
-        contexts = {0: [5, 17, 33, 2], 1: [9, 1, 70, 44, 3, 8]}
-        num_new = {0: 1, 1: 1}
-        for step in range(6):
-            keys = list(contexts)[:: (-1) ** step]  # rows change order between steps
-            chains = p.propose([Row(key, arr(contexts[key]), num_new[key]) for key in keys])
-            for key, chain in zip(keys, chains):
-                assert chain == reference(contexts[key], k), (step, key)
-                # The target keeps step % (k + 1) draft tokens, then its own token (the draft's guess
-                # when all were kept, so post-verify can hit; another token otherwise).
-                kept = chain[: step % (k + 1)]
-                bonus = reference(contexts[key] + kept, 1)[0]
-                if len(kept) < k:
-                    bonus = (bonus + 1) % VOCAB
-                num_new[key] = len(kept) + 1
-                contexts[key] = contexts[key] + kept + [bonus]
-            assert p.wait_idle()
+
+        def drafts_like_the_reference(step, key, context, chain):
+            assert chain == reference(context, k), (step, key)
+
+        scripted_steps(p, k, reference, steps=6, on_chain=drafts_like_the_reference)
         stats = p.stats()
         assert stats["hits"] > 0 and stats["misses"] > 0 and stats["background_forwards"] > 0
         assert stats["steps"] == 6 and stats["placement"] == "process"
         assert stats["target_wait_ms"] > 0 and stats["draft_idle_ms"] >= 0
         assert p.state_bytes() == stats["weight_bytes"] + stats["kv_bytes"] > 0
         p.release(0)
-        p.propose([Row(1, arr(contexts[1]), num_new[1])])
+        p.propose([Row(1, arr([9, 1, 70]), 1)])
         assert p.wait_idle() and p.stats()["cached_requests"] == 1  # release reached the child
         # An exception in the child's drafter reaches the caller; the child resets and goes on.
         with pytest.raises(RuntimeError, match="pearl draft process"):
@@ -103,7 +69,7 @@ def test_process_drafts_like_the_reference_pinned_and_without_the_workers_omp_bi
 
 
 def test_killed_or_hung_child_drafts_nothing_then_restarts(tiny_dir, reference, caplog):
-    p = make(tiny_dir, k=2, step_timeout_s=1.0)
+    p = make(tiny_dir, "process", k=2, step_timeout_s=1.0)
     try:
         ctx = [1, 2, 3]
         assert p.propose([Row(0, arr(ctx), 1)])[0] == reference(ctx, 2)

@@ -5,7 +5,6 @@ import signal
 import sys
 import time
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -14,11 +13,10 @@ ray = pytest.importorskip("ray")
 
 from pydantic import ValidationError  # noqa: E402
 
-from freespec.proposers.base import EngineInfo, Row  # noqa: E402
+from freespec.proposers.base import Row  # noqa: E402
 from freespec.proposers.pearl import PearlOptions, PearlProposer  # noqa: E402
+from pearl_remote_helpers import VOCAB, arr, make, scripted_steps, wait_for_chain  # noqa: E402
 from freespec.vllm_plugins.frontend import FreespecConfigError, translate, validate_options  # noqa: E402
-
-VOCAB = 96  # the tiny_dir fixture's vocabulary (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")
@@ -32,61 +30,17 @@ def local_ray():
         ray.shutdown()
 
 
-def make(tiny_dir, k=4, **options):
-    options = {"min_confidence": 0.0, "adaptive_length": False, "placement": "ray", **options}
-    p = PearlProposer(PearlOptions(draft_model=tiny_dir, **options), k)
-    p.bind(EngineInfo(vocab_size=VOCAB))
-    return p
-
-
-def arr(seq):
-    return np.asarray(seq, dtype=np.int32)
-
-
-def wait_for_chain(p, row, seconds=60.0):
-    """Steps draft nothing while a new actor loads; the first chain once it is ready."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        chain = p.propose([row])[0]
-        if chain:
-            return chain
-        time.sleep(0.05)
-    raise AssertionError("the draft actor did not come back")
-
-
-def scripted_steps(p, k, reference, steps=5):
-    """Two requests through hits, misses and rollbacks; every chain, step by step."""
-    contexts = {0: [5, 17, 33, 2], 1: [9, 1, 70, 44, 3, 8]}
-    num_new = {0: 1, 1: 1}
-    seen = []
-    for step in range(steps):
-        keys = list(contexts)[:: (-1) ** step]
-        chains = p.propose([Row(key, arr(contexts[key]), num_new[key]) for key in keys])
-        seen.append(chains)
-        for key, chain in zip(keys, chains):
-            # The target keeps step % (k + 1) draft tokens, then its own token: the draft's guess when all
-            # were kept (post-verify hits), another token otherwise (a miss, a rollback).
-            kept = chain[: step % (k + 1)]
-            bonus = reference(contexts[key] + kept, 1)[0]
-            if len(kept) < k:
-                bonus = (bonus + 1) % VOCAB
-            num_new[key] = len(kept) + 1
-            contexts[key] = contexts[key] + kept + [bonus]
-        assert p.wait_idle()
-    return seen
-
-
 def test_the_actor_drafts_what_the_process_drafts_and_survives_being_killed_or_hung(
     tiny_dir, reference, local_ray, caplog
 ):
     """One proposer through it all: each actor start costs a Ray worker importing torch (seconds of CPU)."""
     k = 3
-    process = make(tiny_dir, k=k, placement="process")
+    process = make(tiny_dir, "process", k=k)
     try:
         expected = scripted_steps(process, k, reference)
     finally:
         process.close()
-    p = make(tiny_dir, k=k)
+    p = make(tiny_dir, "ray", k=k)
     try:
         info = p.worker.info
         assert p.draft is None and info["pid"] != os.getpid() and info["ray_actor_id"]
