@@ -1,7 +1,6 @@
 """Fixtures shared by the pearl unit tests: a tiny random Llama checkpoint and its greedy reference."""
 import pytest
-
-VOCAB = 96  # the vocabulary of tiny_dir; the pearl tests repeat it
+from pearl_helpers import VOCAB
 
 
 @pytest.fixture(scope="module")

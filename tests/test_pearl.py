@@ -4,7 +4,6 @@ import os
 import random
 import threading
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -15,21 +14,7 @@ from freespec.proposers.pearl import PearlOptions, PearlProposer  # noqa: E402
 from freespec.proposers.pearl_draft import TorchDraftModel, parse_cores  # noqa: E402
 from freespec.proposers.pearl_state import Feed  # noqa: E402
 from freespec.vllm_plugins.frontend import translate, validate_options  # noqa: E402
-
-VOCAB = 96  # the tiny_dir fixture's vocabulary (tests/conftest.py)
-
-
-def make(tiny_dir, k=4, **options):
-    options.setdefault("placement", "thread")  # these tests look inside the drafter; the process tests are below
-    options.setdefault("min_confidence", 0.0)
-    options.setdefault("adaptive_length", False)
-    p = PearlProposer(PearlOptions(draft_model=tiny_dir, **options), k)
-    p.bind(EngineInfo(vocab_size=VOCAB))
-    return p
-
-
-def arr(seq):
-    return np.asarray(seq, dtype=np.int32)
+from pearl_helpers import VOCAB, arr, make  # noqa: E402
 
 
 def target_from(rng_seed, p_reject):
@@ -54,7 +39,7 @@ def target_from(rng_seed, p_reject):
 def test_drafts_equal_a_fresh_greedy_run_after_rollbacks(tiny_dir, reference, wait):
     """Batched, cached, rolled back and extended in the background: every chain is the uncached greedy chain."""
     k = 4
-    p = make(tiny_dir, k=k)
+    p = make(tiny_dir, "thread", k=k)
     try:
         rng = random.Random(1)
         verify = target_from(7, p_reject=0.35)
@@ -80,7 +65,7 @@ def test_drafts_equal_a_fresh_greedy_run_after_rollbacks(tiny_dir, reference, wa
 
 def test_post_verify_hit_returns_the_precomputed_continuation(tiny_dir, reference):
     k = 3
-    p = make(tiny_dir, k=k)
+    p = make(tiny_dir, "thread", k=k)
     try:
         ctx = [5, 17, 33, 2]
         chain = p.propose([Row(0, arr(ctx), 1)])[0]
@@ -126,7 +111,7 @@ def test_joined_batch_matches_one_request_at_a_time(tiny_dir, reference):
 
 def test_memory_bounds_are_respected(tiny_dir):
     k = 2
-    p = make(tiny_dir, k=k, max_requests=2, max_cached_tokens=60)
+    p = make(tiny_dir, "thread", k=k, max_requests=2, max_cached_tokens=60)
     try:
         rng = random.Random(0)
         contexts = {key: [rng.randrange(VOCAB) for _ in range(10)] for key in range(4)}
@@ -147,7 +132,7 @@ def test_memory_bounds_are_respected(tiny_dir):
 
 
 def test_release_frees_the_request_cache(tiny_dir):
-    p = make(tiny_dir)
+    p = make(tiny_dir, "thread")
     try:
         p.propose([Row(0, arr([1, 2, 3]), 1), Row(1, arr([4, 5, 6]), 1)])
         p.wait_idle()
@@ -259,7 +244,7 @@ def test_parse_cores():
 def test_draft_thread_pins_itself_and_leaves_the_callers_threads_alone(tiny_dir):
     before = torch.get_num_threads()
     core = min(os.sched_getaffinity(0))
-    p = make(tiny_dir, draft_cores=str(core), draft_threads=1)
+    p = make(tiny_dir, "thread", draft_cores=str(core), draft_threads=1)
     try:
         assert os.sched_getaffinity(p.worker._thread.native_id) == {core}
         assert torch.get_num_threads() == before
@@ -274,7 +259,7 @@ def test_draft_thread_pins_itself_and_leaves_the_callers_threads_alone(tiny_dir)
 
 
 def test_errors_in_the_draft_thread_reach_the_caller_and_reset_state(tiny_dir):
-    p = make(tiny_dir)
+    p = make(tiny_dir, "thread")
     try:
         p.propose([Row(0, arr([1, 2, 3]), 1)])
         p.wait_idle()
@@ -287,7 +272,7 @@ def test_errors_in_the_draft_thread_reach_the_caller_and_reset_state(tiny_dir):
 
 
 def test_a_stopped_draft_thread_raises_instead_of_hanging_the_step(tiny_dir):
-    p = make(tiny_dir)
+    p = make(tiny_dir, "thread")
     p.close()
     with pytest.raises(RuntimeError, match="draft thread has stopped"):
         p.propose([Row(0, arr([1, 2, 3]), 1)])

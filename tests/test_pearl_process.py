@@ -13,7 +13,7 @@ transformers = pytest.importorskip("transformers")
 
 from freespec.proposers.base import Row  # noqa: E402
 from freespec.proposers.pearl import PearlOptions, PearlProposer  # noqa: E402
-from pearl_remote_helpers import VOCAB, arr, make, scripted_steps, wait_for_chain  # noqa: E402
+from pearl_helpers import VOCAB, arr, make, scripted_steps, wait_for_chain  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux only")
 

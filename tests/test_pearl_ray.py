@@ -15,7 +15,7 @@ from pydantic import ValidationError  # noqa: E402
 
 from freespec.proposers.base import Row  # noqa: E402
 from freespec.proposers.pearl import PearlOptions, PearlProposer  # noqa: E402
-from pearl_remote_helpers import VOCAB, arr, make, scripted_steps, wait_for_chain  # noqa: E402
+from pearl_helpers import VOCAB, arr, make, scripted_steps, wait_for_chain  # noqa: E402
 from freespec.vllm_plugins.frontend import FreespecConfigError, translate, validate_options  # noqa: E402
 
 

@@ -1,5 +1,6 @@
-"""What the tests of pearl's remote placements ("process", "ray") share: building a proposer on the tiny
-draft model (tests/conftest.py) and waiting for a restarted draft to come back."""
+"""What the pearl tests share: the tiny draft model's vocabulary (tests/conftest.py builds it), a proposer on
+it for any placement, and, for the remote placements ("process", "ray"), waiting for a restarted draft and a
+scripted run of steps."""
 import time
 
 import numpy as np
@@ -7,7 +8,7 @@ import numpy as np
 from freespec.proposers.base import EngineInfo, Row
 from freespec.proposers.pearl import PearlOptions, PearlProposer
 
-VOCAB = 96  # the tiny_dir fixture's vocabulary (tests/conftest.py)
+VOCAB = 96  # the vocabulary of the tiny_dir fixture (tests/conftest.py)
 
 
 def make(tiny_dir, placement, k=4, **options):
