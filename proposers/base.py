@@ -89,6 +89,14 @@ class Proposer(ABC):
     def observe(self, scored: ScoredPositions) -> None:
         """The target's top-k at the positions scored in the last step (only if ``target_topk``)."""
 
+    def wants_target_topk(self) -> bool:
+        """Whether the next step's top-k should be captured (asked after each step's drafts).
+
+        A proposer that will not use them while the load-aware bar stays where it is says no, so
+        a full batch does not pay for copying top-k out of every logits row.
+        """
+        return self.target_topk > 0
+
     @abstractmethod
     def propose(self, rows: Sequence[Row]) -> list[list[int]]:
         """One draft (0..k token ids) per row, in row order."""

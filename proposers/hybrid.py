@@ -86,6 +86,10 @@ class HybridProposer(Proposer):
             if source.target_topk:
                 source.observe(scored)
 
+    def wants_target_topk(self) -> bool:
+        # Only recycle learns from the target's top-k; while it cannot pay it is not asked to draft.
+        return "recycle" in self.sources and self.weights.can_pay("recycle", self.token_cost)
+
     def propose(self, rows: Sequence[Row]) -> list[list[int]]:
         offered = {}
         for name, source in self.sources.items():

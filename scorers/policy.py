@@ -22,6 +22,7 @@ clears it. This is SmartSpec's goodput criterion applied per token.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -29,39 +30,68 @@ HALFLIFE_STEPS = 256.0  # evidence half-life of the step-time fit
 MIN_STEPS = 16  # observations before the fit is trusted
 MIN_SPREAD = 0.5  # tokens: below this standard deviation of T the slope is not identified
 EXPLORE_EVERY = 8  # while it is not, every 8th step drafts as deep as the proposer can, to vary T
+# The fit at a load looks at steps of similar size: an observation one octave of T away counts
+# exp(-1/2) as much, two octaves away exp(-2). Why: step time is not one line. A CPU or GPU is
+# memory-bound at a few tokens a step and compute-bound at many, so the cost of one more token
+# grows with T (measured here: ~5 ms per token at 1-9 tokens, ~11 ms between 1 and 39). One line
+# through both regimes under-prices draft tokens in a full batch, which is exactly where a wrong
+# price costs throughput.
+BANDWIDTH_OCTAVES = 1.0
+MIN_LOCAL_WEIGHT = 8.0  # step-equivalents near the load asked about before its fit is trusted
+
+
+def _bucket(tokens: float) -> int:
+    """Steps are summarised per size: each T up to 32, then eight buckets per octave."""
+    return int(tokens) if tokens <= 32 else 32 + round(8 * math.log2(tokens / 32))
 
 
 @dataclass
 class StepTimeModel:
-    """Online fit of step seconds = base + per_token * tokens."""
+    """Online fit of step seconds = base + per_token * tokens, globally or locally around a step size.
 
-    weight: float = 0.0
-    sum_t: float = 0.0
-    sum_y: float = 0.0
-    sum_tt: float = 0.0
-    sum_ty: float = 0.0
+    Each bucket of step sizes keeps exponentially weighted least-squares sums (weight, sum T, sum y,
+    sum T^2, sum T*y), decayed by the number of steps observed since (half-life ``HALFLIFE_STEPS``),
+    so memory is bounded by the number of buckets (about 100).
+    """
+
     steps: int = 0
 
+    def __post_init__(self) -> None:
+        self._buckets: dict[int, tuple[list[float], int]] = {}  # bucket -> (sums, step of last update)
+
     def observe(self, tokens: float, seconds: float) -> None:
-        keep = 0.5 ** (1.0 / HALFLIFE_STEPS)
-        self.weight = keep * self.weight + 1.0
-        self.sum_t = keep * self.sum_t + tokens
-        self.sum_y = keep * self.sum_y + seconds
-        self.sum_tt = keep * self.sum_tt + tokens * tokens
-        self.sum_ty = keep * self.sum_ty + tokens * seconds
+        key = _bucket(tokens)
+        sums, stamp = self._buckets.get(key, ([0.0] * 5, self.steps))
+        keep = 0.5 ** ((self.steps - stamp) / HALFLIFE_STEPS)
+        new = (1.0, tokens, seconds, tokens * tokens, tokens * seconds)
+        self._buckets[key] = ([keep * a + b for a, b in zip(sums, new)], self.steps)
         self.steps += 1
 
-    def fit(self) -> Optional[tuple[float, float]]:
-        """(base seconds, seconds per token), or None while the slope is not identified."""
-        if self.steps < MIN_STEPS or self.weight <= 0:
+    def fit(self, at: Optional[float] = None) -> Optional[tuple[float, float]]:
+        """(base seconds, seconds per token), or None while the slope is not identified.
+
+        ``at``: the line that best describes steps of about ``at`` tokens (kernel-weighted in
+        log T, ``BANDWIDTH_OCTAVES``); None: one line through every step.
+        """
+        if self.steps < MIN_STEPS:
             return None
-        mean_t = self.sum_t / self.weight
-        var_t = self.sum_tt / self.weight - mean_t * mean_t
+        acc = [0.0] * 5
+        for sums, stamp in self._buckets.values():
+            w = 0.5 ** ((self.steps - stamp) / HALFLIFE_STEPS)
+            if at is not None and sums[0] > 0:
+                octaves = math.log2(max(sums[1] / sums[0], 0.5) / max(at, 0.5)) / BANDWIDTH_OCTAVES
+                w *= math.exp(-0.5 * octaves * octaves)
+            acc = [a + w * b for a, b in zip(acc, sums)]
+        weight, sum_t, sum_y, sum_tt, sum_ty = acc
+        if weight <= 0 or (at is not None and weight < MIN_LOCAL_WEIGHT):
+            return None
+        mean_t = sum_t / weight
+        var_t = sum_tt / weight - mean_t * mean_t
         if var_t < MIN_SPREAD**2:
             return None
-        per_token = (self.sum_ty / self.weight - mean_t * self.sum_y / self.weight) / var_t
+        per_token = (sum_ty / weight - mean_t * sum_y / weight) / var_t
         per_token = max(0.0, per_token)
-        base = max(0.0, self.sum_y / self.weight - per_token * mean_t)
+        base = max(0.0, sum_y / weight - per_token * mean_t)
         return base, per_token
 
 
@@ -70,37 +100,51 @@ class GoodputPolicy:
     """Tracks step time and output per step; ``token_cost()`` is the acceptance a draft token must beat."""
 
     model: StepTimeModel
-    output_per_step: float = 0.0  # exponentially weighted N
-    seconds_per_step: float = 0.0  # exponentially weighted t
+    output_per_row: float = 0.0  # exponentially weighted tokens a request gains per step
+    scored_per_row: float = 0.0  # exponentially weighted tokens a request is scored at per step (1 + draft)
     rows_per_step: float = 0.0  # exponentially weighted number of requests in a step
 
     def __init__(self) -> None:
         self.model = StepTimeModel()
-        self.output_per_step = self.seconds_per_step = self.rows_per_step = 0.0
+        self.output_per_row = self.scored_per_row = self.rows_per_step = 0.0
         self._calls = 0
 
     def observe_step(self, scored_tokens: int, output_tokens: int, seconds: float, rows: int = 1) -> None:
         if seconds <= 0 or scored_tokens <= 0:
             return
+        rows = max(1, rows)
         self.model.observe(scored_tokens, seconds)
-        keep = 0.0 if self.seconds_per_step == 0.0 else 0.5 ** (1.0 / 32)
-        self.output_per_step = keep * self.output_per_step + (1 - keep) * output_tokens
-        self.seconds_per_step = keep * self.seconds_per_step + (1 - keep) * seconds
+        keep = 0.0 if self.rows_per_step == 0.0 else 0.5 ** (1.0 / 32)
+        self.output_per_row = keep * self.output_per_row + (1 - keep) * output_tokens / rows
+        self.scored_per_row = keep * self.scored_per_row + (1 - keep) * scored_tokens / rows
         self.rows_per_step = keep * self.rows_per_step + (1 - keep) * rows
 
-    def token_cost(self) -> Optional[float]:
+    def token_cost(self, rows: Optional[int] = None) -> Optional[float]:
         """per_token * goodput (clamped to [0, 1]); None (the plugin's fixed bar) until the fit is identified.
+
+        ``rows``: the requests in the step being drafted for (default: the recent average). Both
+        the price of a token and the goodput it is weighed against are taken at that batch size:
+        the step-time line fitted around it (``fit(at=rows)``; the line through every step while
+        the local one is not identified), and goodput as ``rows`` requests would get it, each
+        gaining ``output_per_row`` tokens per step of ``rows * scored_per_row`` scored tokens
+        (or 1 of 1, plain decoding, whichever is higher). So the bar moves in the step the load
+        does, not a few dozen steps later, which matters when a burst of requests lasts only a
+        hundred steps.
 
         A proposer whose drafts all have the same length gives the fit no spread in T to learn the
         slope from, so until it is identified every ``EXPLORE_EVERY``-th step returns 0 (draft as
         deep as possible) to create that spread.
         """
         self._calls += 1
-        fit = self.model.fit()
-        if fit is None or self.seconds_per_step <= 0:
+        rows = float(max(1, rows)) if rows is not None else max(1.0, self.rows_per_step)
+        fit = self.model.fit(at=rows) or self.model.fit()
+        if fit is None or self.rows_per_step <= 0:
             return 0.0 if self._calls % EXPLORE_EVERY == 0 else None
         base, per_token = fit
-        measured = self.output_per_step / self.seconds_per_step
-        rows = max(1.0, self.rows_per_step)
-        plain = rows / (base + per_token * rows) if base + per_token * rows > 0 else 0.0
-        return min(1.0, max(0.0, per_token * max(measured, plain)))
+
+        def goodput(gained: float, scored: float) -> float:
+            seconds = base + per_token * rows * scored
+            return rows * gained / seconds if seconds > 0 else 0.0
+
+        best = max(goodput(self.output_per_row, self.scored_per_row), goodput(1.0, 1.0))
+        return min(1.0, max(0.0, per_token * best))

@@ -64,3 +64,16 @@ def test_goodput_is_the_default_also_for_the_stock_vllm_spelling():
     )
     assert FreespecProposer(cfg).policy is not None
     assert make_adapter("fixed").policy is None
+
+
+def test_the_adapter_pauses_topk_capture_while_the_proposer_will_not_use_it(monkeypatch):
+    adapter = make_adapter("goodput")
+    adapter.target_topk = adapter_module.TargetTopK(8)  # as for a plugin with recycling
+    wants = {"now": False}
+    monkeypatch.setattr(adapter.proposer, "wants_target_topk", lambda: wants["now"])
+    tokens = np.zeros((1, 200), dtype=np.int32)
+    adapter.propose([[0]], np.array([100], dtype=np.int32), tokens)
+    assert adapter.target_topk.active is False
+    wants["now"] = True
+    adapter.propose([[0]], np.array([101], dtype=np.int32), tokens)
+    assert adapter.target_topk.active is True

@@ -68,10 +68,12 @@ def test_a_source_that_cannot_pay_on_its_own_is_not_asked(monkeypatch):
     p.token_cost = 0.5
     p.propose([row(0, [1, 2, 3])])
     assert calls == ["copy"]
+    assert not p.wants_target_topk()  # recycle is not asked, so nothing needs the target's top-k
     calls.clear()
     p.token_cost = None  # fixed bars: every source is asked
     p.propose([row(0, [1, 2, 3])])
     assert calls == ["copy", "recycle"]
+    assert p.wants_target_topk()
 
 
 def test_retrieval_source_offers_every_continuation_and_fuses_like_the_retrieval_plugin(tmp_path):

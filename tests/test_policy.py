@@ -56,3 +56,47 @@ def test_speculation_turns_off_under_saturation_and_back_on_when_load_drops():
     # The load drops: within 200 steps (7 s of 35 ms steps) the bar is back low enough for such drafts.
     again = run(policy, base=0.030, per_token=0.002, batch=1, draft=4, accepted_per_step=2, steps=200, seed=2)
     assert again < 0.2
+
+
+def convex_step(tokens):
+    """A CPU's step time: ~5 ms per token at a few tokens a step, ~11 ms per token on average up to 39
+    (the shape measured on the 2-core machine: 45 ms at 1 token, 460 ms at 39)."""
+    return 0.040 + 0.005 * tokens + 0.00015 * tokens * tokens
+
+
+def drive(policy, batch, steps, rng, max_draft):
+    for _ in range(steps):
+        d = int(rng.integers(0, max_draft + 1))
+        tokens = batch + d
+        policy.observe_step(tokens, batch + d // 3, convex_step(tokens) * (1 + rng.normal(0, 0.05)), rows=batch)
+
+
+def test_the_fit_at_a_load_follows_steps_of_that_size_not_one_line_through_all():
+    rng = np.random.default_rng(3)
+    policy = GoodputPolicy()
+    drive(policy, batch=1, steps=800, rng=rng, max_draft=8)
+    drive(policy, batch=39, steps=40, rng=rng, max_draft=3)
+    _, slope_small = policy.model.fit(at=2)
+    _, slope_full = policy.model.fit(at=39)
+    assert 0.004 < slope_small < 0.008  # the curve's slope at 1-9 tokens is 5.2-7.7 ms
+    assert slope_full > 0.011  # the curve's slope at 39 is 16.7 ms; the secant from 1 is 11 ms
+    # One line through both regimes prices the small steps too high: here the local fit is what keeps
+    # speculation on when the burst is over.
+    _, slope_global = policy.model.fit()
+    assert slope_global > 1.3 * slope_small
+
+
+def test_the_bar_moves_in_the_step_the_load_does():
+    rng = np.random.default_rng(4)
+    policy = GoodputPolicy()
+    drive(policy, batch=1, steps=800, rng=rng, max_draft=8)
+    assert policy.token_cost(rows=1) < 0.25
+    # A burst of 39 requests: the first decode step is already priced as a full machine (drafts
+    # here are accepted a third of the time, which a full CPU cannot afford), not 32 steps later.
+    drive(policy, batch=39, steps=1, rng=rng, max_draft=3)
+    assert policy.token_cost(rows=39) > 0.9
+    drive(policy, batch=39, steps=120, rng=rng, max_draft=3)
+    assert policy.token_cost(rows=39) > 0.95
+    # The burst is over: the next step alone is priced as it was before.
+    drive(policy, batch=1, steps=1, rng=rng, max_draft=8)
+    assert policy.token_cost(rows=1) < 0.25

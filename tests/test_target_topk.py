@@ -60,3 +60,17 @@ def test_scored_picks_the_capture_that_matches_and_forgets_older_ones():
     assert scored.tokens.tolist() == [3, 4] and scored.topk_ids[:, 0].tolist() == [0, 1]
     assert topk.scored([(seq(3, 0, 2), 1)], [[]]) is None  # nothing captured since: nothing to map
     assert topk.mismatched_steps == 0
+
+
+def test_inactive_capture_copies_nothing_and_costs_no_mismatch():
+    model = FakeModel()
+    topk = TargetTopK(k=1)
+    topk.install(model)
+    topk.active = False  # the adapter's answer when the proposer will not use the next step's top-k
+    out = model.compute_logits(torch.eye(4)[:2])
+    assert torch.equal(out, torch.eye(4)[:2] * 2.0)
+    assert topk.scored([(seq(3, 0), 1), (seq(4, 1), 1)], [[], []]) is None
+    assert topk.mismatched_steps == 0 and topk.topk_seconds == 0.0
+    topk.active = True
+    model.compute_logits(torch.eye(4)[:2])
+    assert topk.scored([(seq(3, 0), 1), (seq(4, 1), 1)], [[], []]).tokens.tolist() == [3, 4]

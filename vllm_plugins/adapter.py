@@ -132,6 +132,8 @@ class FreespecProposer:
                 logger.exception("freespec: plugin %r failed; this step drafts nothing (logged once)", self.plugin)
             drafts = [[] for _ in range(n_rows)]
         self._last_drafts = dict(zip(keys, drafts))
+        if self.target_topk is not None:
+            self.target_topk.active = self._wants_target_topk()
         self._prefilling = {key for key, (_, num_new) in zip(keys, views) if num_new == 0}
         self._count(drafts, time.perf_counter() - start)
         return drafts
@@ -144,7 +146,13 @@ class FreespecProposer:
             if counted is not None:
                 self.policy.observe_step(counted[0], counted[1], now - self._last_step_at, rows=len(views))
         self._last_step_at = now
-        self.proposer.token_cost = self.policy.token_cost()
+        self.proposer.token_cost = self.policy.token_cost(rows=len(views))
+
+    def _wants_target_topk(self) -> bool:
+        try:
+            return bool(self.proposer.wants_target_topk())
+        except Exception:
+            return True  # capture as before; the failing proposer is already counted by propose()
 
     def _safe(self, draft, num_tokens: int, num_new: int) -> list[int]:
         if num_new == 0:

@@ -52,6 +52,9 @@ class TargetTopK:
         self.mismatched_steps = 0  # steps whose logits rows did not match the expected layout
         self.errors = 0
         self.topk_seconds = 0.0
+        # The adapter sets this after each step from ``Proposer.wants_target_topk``: off, the next
+        # forward's logits are not copied (a full batch has no time for what nobody will use).
+        self.active = True
 
     def install(self, target_model) -> None:
         """Shadow ``compute_logits`` on this model instance (idempotent)."""
@@ -76,6 +79,8 @@ class TargetTopK:
     def _capture(self, logits) -> None:
         from freespec.kernels.topk import row_topk
 
+        if not self.active:
+            return
         start = time.perf_counter()
         try:
             ids, probs = row_topk(logits.detach(), min(self.k, logits.shape[-1]))
