@@ -124,7 +124,7 @@ class GoodputPolicy:
 
         ``rows``: the requests in the step being drafted for (default: the recent average). Both
         the price of a token and the goodput it is weighed against are taken at that batch size:
-        the step-time line fitted around it (``fit(at=rows)``; the line through every step while
+        the step-time line fitted around the steps it runs (``fit(at=rows * scored_per_row)``; the line through every step while
         the local one is not identified), and goodput as ``rows`` requests would get it, each
         gaining ``output_per_row`` tokens per step of ``rows * scored_per_row`` scored tokens
         (or 1 of 1, plain decoding, whichever is higher). So the bar moves in the step the load
@@ -137,7 +137,8 @@ class GoodputPolicy:
         """
         self._calls += 1
         rows = float(max(1, rows)) if rows is not None else max(1.0, self.rows_per_step)
-        fit = self.model.fit(at=rows) or self.model.fit()
+        # Centre the local fit on the steps this batch runs (its requests and their recent drafts).
+        fit = self.model.fit(at=rows * max(1.0, self.scored_per_row)) or self.model.fit()
         if fit is None or self.rows_per_step <= 0:
             return 0.0 if self._calls % EXPLORE_EVERY == 0 else None
         base, per_token = fit
