@@ -288,7 +288,7 @@ class PearlProposer(Proposer):
     def propose(self, rows: Sequence[Row]) -> list[list[int]]:
         if not self._bound:
             raise RuntimeError("pearl proposer used before bind()")
-        chains = self.worker.step(rows)
+        chains = self.worker.step(rows, self.token_cost)
         now = time.monotonic()
         if now - self._last_log >= STATS_LOG_EVERY_S:
             self._last_log = now

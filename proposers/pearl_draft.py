@@ -296,13 +296,13 @@ class DraftWorker:
         if self._error is not None:
             raise self._error
 
-    def step(self, rows: Sequence[Row]) -> list[list[int]]:
+    def step(self, rows: Sequence[Row], token_cost: Optional[float] = None) -> list[list[int]]:
         """The chains for this step (blocks; the draft stops post-verify after its forward in flight)."""
         self.start()
         t0 = time.perf_counter()
         self._stop.set()
         with self._cond:
-            self._job, self._result = rows, None
+            self._job, self._result = (rows, token_cost), None
             self._cond.notify_all()
             while self._result is None:
                 self._cond.wait(timeout=1.0)
@@ -378,7 +378,7 @@ class DraftWorker:
                 self._started_job_at = now
                 self._stop.clear()
                 try:
-                    result = (True, self.drafter.step(job))
+                    result = (True, self.drafter.step(*job))
                 except Exception as e:  # state may be half-updated: start over
                     self.drafter.reset()
                     result = (False, e)

@@ -49,13 +49,14 @@ class DraftError(RuntimeError):
 # --------------------------------------------------------------------------- messages
 
 
-def encode_step(rows: Sequence[Row]) -> tuple[dict, bytes]:
+def encode_step(rows: Sequence[Row], token_cost: Optional[float] = None) -> tuple[dict, bytes]:
     tokens = [np.ascontiguousarray(row.tokens, dtype=np.int32) for row in rows]
     header = {
         "op": "step",
         "keys": [int(row.key) for row in rows],
         "num_new": [int(row.num_new) for row in rows],
         "lengths": [len(t) for t in tokens],
+        "token_cost": token_cost,
     }
     return header, b"".join(t.tobytes() for t in tokens)
 
@@ -108,7 +109,7 @@ class DraftServer:
         op = msg["op"]
         if op == "step":
             try:
-                chains = self.worker.step(decode_step(msg, payload))
+                chains = self.worker.step(decode_step(msg, payload), msg.get("token_cost"))
                 reply = {"ok": True, "chains": [[int(t) for t in c] for c in chains]}
             except Exception as e:  # DraftWorker has reset the drafter; report and go on
                 reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
@@ -285,14 +286,14 @@ class RemoteDraft:
                 except DraftError:
                     pass  # a dead draft is noticed by the next step; its successor reads the spec
 
-    def step(self, rows: Sequence[Row]) -> list[list[int]]:
+    def step(self, rows: Sequence[Row], token_cost: Optional[float] = None) -> list[list[int]]:
         """The chains for this step; no chains (never a hang) while the draft is dead or restarting."""
         with self._lock:
             if not self._usable():
                 self.skipped_steps += 1
                 return [[] for _ in rows]
             t0 = time.perf_counter()
-            header, payload = encode_step(rows)
+            header, payload = encode_step(rows, token_cost)
             try:
                 reply = self._call(header, payload, self.step_timeout_s, "a step")
             except DraftError as e:

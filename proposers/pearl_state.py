@@ -47,6 +47,7 @@ from typing import Callable, Optional, Protocol, Sequence
 import numpy as np
 
 from freespec.proposers.base import Row
+from freespec.scorers.fusion import paying_prefix
 
 BUDGET_GROW = 2  # chain budget after a fully accepted chain: +2 ...
 BUDGET_SHRINK = 1  # ... and -1 after a rejection (as transformers' assisted generation)
@@ -94,6 +95,7 @@ class DrafterStats:
     evictions: int = 0
     sync_forwards: int = 0  # draft forward passes the target waited for
     background_forwards: int = 0  # forward passes done while the target was busy
+    policy_cut_tokens: int = 0  # chain tokens left out because the load-aware bar said they do not pay
 
     def as_dict(self) -> dict:
         return dict(vars(self))
@@ -122,6 +124,11 @@ class RequestDraft:
         n = len(self.context)
         head = self.context[start:].tolist() if start < n else []
         return head + self.preds[max(0, start - n) :]
+
+    def confidences(self, start: int, n: int) -> list[float]:
+        """The draft's probability of each of the ``n`` predictions from position ``start``."""
+        off = start - len(self.context)
+        return self.confs[off : off + n]
 
     def record(self, token: int, conf: float) -> None:
         """The draft's prediction after feeding ``sequence[kv_len:]``: the cache now holds the whole sequence."""
@@ -302,8 +309,13 @@ class PearlDrafter:
         return admitted
 
     # -- the synchronous step --------------------------------------------------
-    def step(self, rows: Sequence[Row]) -> list[list[int]]:
-        """One chain (0..k tokens) per row, drafting now only what post-verify has not."""
+    def step(self, rows: Sequence[Row], token_cost: Optional[float] = None) -> list[list[int]]:
+        """One chain (0..k tokens) per row, drafting now only what post-verify has not.
+
+        ``token_cost``: the load-aware bar (scorers/policy.py). A chain is cut where the product
+        of the draft's confidences (its estimate that the prefix is accepted) falls below it;
+        None leaves chains to ``min_confidence`` and the budget alone.
+        """
         self._drain_released()
         s = self.stats
         s.steps += 1
@@ -359,6 +371,10 @@ class PearlDrafter:
         for i, row in enumerate(rows):
             st = self.states.get(row.key) if row.num_new else None
             if st is not None and row.key in admitted and (chains[i] or st.preds):
+                if token_cost is not None and chains[i]:
+                    keep = paying_prefix(st.confidences(len(st.context), len(chains[i])), token_cost)
+                    s.policy_cut_tokens += len(chains[i]) - keep
+                    chains[i] = chains[i][:keep]
                 st.last_chain = len(chains[i])
                 # Post-verify: if the target takes the whole chain, the next chain starts
                 # after it and the bonus token (the prediction right after the chain).

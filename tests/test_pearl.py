@@ -158,6 +158,17 @@ def test_adaptive_defaults_stay_within_k(tiny_dir):
         p.close()
 
 
+def test_the_load_aware_bar_reaches_the_draft_thread(tiny_dir, reference):
+    p = make(tiny_dir, "thread", k=3)
+    try:
+        p.token_cost = 1.0  # a full machine: only certain tokens pay; a tiny random model is never certain
+        assert p.propose([Row(0, arr([1, 2, 3]), 1)]) == [[]] and p.stats()["policy_cut_tokens"] == 3
+        p.token_cost = 0.0  # an idle accelerator: the whole chain
+        assert p.propose([Row(1, arr([4, 5, 6]), 1)])[0] == reference([4, 5, 6], 3)
+    finally:
+        p.close()
+
+
 # --------------------------------------------------------------------------- options and errors
 
 

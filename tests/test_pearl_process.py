@@ -62,6 +62,8 @@ def test_process_drafts_like_the_reference_pinned_and_without_the_workers_omp_bi
         with pytest.raises(RuntimeError, match="pearl draft process"):
             p.propose([Row(2, arr([VOCAB + 50, 1]), 1)])  # an id the embedding does not have
         assert p.propose([Row(0, arr([1, 2, 3]), 1)])[0] == reference([1, 2, 3], k)
+        p.token_cost = 1.0  # the load-aware bar reaches the child: a tiny random model is never that sure
+        assert p.propose([Row(3, arr([4, 5, 6]), 1)]) == [[]] and p.stats()["policy_cut_tokens"] == k
         assert p.worker.pid == pid and p.stats()["deaths"] == 0
     finally:
         p.close()

@@ -397,3 +397,27 @@ def test_a_context_that_differs_earlier_rolls_back_to_the_common_prefix():
     assert d.step([Row(0, arr(other), 2)]) == [greedy(other, 3)[0]]
     assert backend.caches[0][:3] == [1, 2, 3]
     check_consistent(d, backend)
+
+
+@pytest.mark.parametrize("token_cost", [0.0, 0.3, 0.6, 1.0])
+def test_the_load_aware_bar_cuts_a_chain_where_its_confidence_product_falls_below_it(token_cost):
+    d = fixed(ScriptedDraft(), k=6)
+    ctx = [3, 1, 4, 1, 5]
+    chain = d.step([Row(0, arr(ctx), 1)], token_cost=token_cost)[0]
+    toks, confs = greedy(ctx, 6)
+    keep, p = 0, 1.0
+    for c in confs:
+        p *= c
+        if p < token_cost:
+            break
+        keep += 1
+    assert chain == toks[:keep]
+    assert d.stats.policy_cut_tokens == 6 - keep
+    # Post-verify goes on from the cut chain: its next token is the bonus prediction.
+    assert d.states[0].extend_from == len(ctx) + keep + 1
+
+
+def test_without_the_policy_pearl_keeps_its_own_length_rules():
+    d = fixed(ScriptedDraft(), k=6)
+    assert d.step([Row(0, arr([3, 1, 4, 1, 5]), 1)])[0] == greedy([3, 1, 4, 1, 5], 6)[0]
+    assert d.stats.policy_cut_tokens == 0
