@@ -6,4 +6,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-.venv/bin/python -m pytest -q -p no:cacheprovider -m "not cluster" tests integration_tests "$@"
+.venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 -m "not cluster" tests integration_tests "$@"
