@@ -40,6 +40,11 @@ BANDWIDTH_OCTAVES = 1.0
 MIN_LOCAL_WEIGHT = 8.0  # step-equivalents near the load asked about before its fit is trusted
 
 
+def _decay(steps_since: int) -> float:
+    """What an observation made ``steps_since`` steps ago still weighs."""
+    return 0.5 ** (steps_since / HALFLIFE_STEPS)
+
+
 def _bucket(tokens: float) -> int:
     """Steps are summarised per size: each T up to 32, then eight buckets per octave."""
     return int(tokens) if tokens <= 32 else 32 + round(8 * math.log2(tokens / 32))
@@ -62,7 +67,7 @@ class StepTimeModel:
     def observe(self, tokens: float, seconds: float) -> None:
         key = _bucket(tokens)
         sums, stamp = self._buckets.get(key, ([0.0] * 5, self.steps))
-        keep = 0.5 ** ((self.steps - stamp) / HALFLIFE_STEPS)
+        keep = _decay(self.steps - stamp)
         new = (1.0, tokens, seconds, tokens * tokens, tokens * seconds)
         self._buckets[key] = ([keep * a + b for a, b in zip(sums, new)], self.steps)
         self.steps += 1
@@ -77,7 +82,7 @@ class StepTimeModel:
             return None
         acc = [0.0] * 5
         for sums, stamp in self._buckets.values():
-            w = 0.5 ** ((self.steps - stamp) / HALFLIFE_STEPS)
+            w = _decay(self.steps - stamp)
             if at is not None and sums[0] > 0:
                 octaves = math.log2(max(sums[1] / sums[0], 0.5) / max(at, 0.5)) / BANDWIDTH_OCTAVES
                 w *= math.exp(-0.5 * octaves * octaves)
@@ -124,10 +129,10 @@ class GoodputPolicy:
 
         ``rows``: the requests in the step being drafted for (default: the recent average). Both
         the price of a token and the goodput it is weighed against are taken at that batch size:
-        the step-time line fitted around the steps it runs (``fit(at=rows * scored_per_row)``; the line through every step while
-        the local one is not identified), and goodput as ``rows`` requests would get it, each
-        gaining ``output_per_row`` tokens per step of ``rows * scored_per_row`` scored tokens
-        (or 1 of 1, plain decoding, whichever is higher). So the bar moves in the step the load
+        the step-time line fitted around the steps it runs (``fit(at=rows * scored_per_row)``;
+        the line through every step while the local one is not identified), and goodput as
+        ``rows`` requests would get it, each gaining ``output_per_row`` tokens per step of
+        ``rows * scored_per_row`` scored tokens (or 1 of 1, plain decoding, whichever is higher). So the bar moves in the step the load
         does, not a few dozen steps later, which matters when a burst of requests lasts only a
         hundred steps.
 
@@ -139,7 +144,7 @@ class GoodputPolicy:
         rows = float(max(1, rows)) if rows is not None else max(1.0, self.rows_per_step)
         # Centre the local fit on the steps this batch runs (its requests and their recent drafts).
         fit = self.model.fit(at=rows * max(1.0, self.scored_per_row)) or self.model.fit()
-        if fit is None or self.rows_per_step <= 0:
+        if fit is None:
             return 0.0 if self._calls % EXPLORE_EVERY == 0 else None
         base, per_token = fit
 
