@@ -132,9 +132,9 @@ class GoodputPolicy:
         the step-time line fitted around the steps it runs (``fit(at=rows * scored_per_row)``;
         the line through every step while the local one is not identified), and goodput as
         ``rows`` requests would get it, each gaining ``output_per_row`` tokens per step of
-        ``rows * scored_per_row`` scored tokens (or 1 of 1, plain decoding, whichever is higher). So the bar moves in the step the load
-        does, not a few dozen steps later, which matters when a burst of requests lasts only a
-        hundred steps.
+        ``rows * scored_per_row`` scored tokens (or 1 of 1, plain decoding, whichever is
+        higher). So the bar moves in the step the load does, not a few dozen steps later, which
+        matters when a burst of requests lasts only a hundred steps.
 
         A proposer whose drafts all have the same length gives the fit no spread in T to learn the
         slope from, so until it is identified every ``EXPLORE_EVERY``-th step returns 0 (draft as
