@@ -16,11 +16,27 @@ A datastore is a directory:
   2**32 tokens). Each shard entry: ``{"name", "tokens", "tokens_sha256", "sa_sha256"}``.
 
 Shards let a corpus larger than RAM be built one shard at a time; a query searches each
-shard's suffix array (binary search: O(log n) per shard). Files are opened with
-``numpy.memmap`` read-only, so several workers on one host share one copy through the page
-cache and none holds the datastore in its own memory.
+shard's suffix array (binary search: O(log n) per shard).
 
-Opening checks the format version, the tokenizer fingerprint and each file's size against
+How a served datastore is held (``Datastore.open``'s ``in_memory_bytes``; the ``retrieval``
+option ``in_memory_mb``, docs/reliability.md):
+
+- up to that many bytes of shard files (8 bytes per token: tokens and suffix array) are
+  **read into the process's private memory**. A file changed in place afterwards (``cp`` over
+  it, ``rsync --inplace``, a shared filesystem rewriting it) cannot hurt the process: it keeps
+  the text it read. Cost: the files' size in each drafting process.
+- larger datastores are opened with ``numpy.memmap`` read-only, so several workers on one host
+  share one copy through the page cache and none holds the datastore in its own memory. A
+  mapped file that is *truncated* in place kills the process with SIGBUS at the next access,
+  which no check can prevent (the file may shrink between a check and the access). The adapter
+  narrows it: every step ``check_files`` compares each held file's size (``fstat`` of the
+  descriptor kept open) with the manifest and drops a shard that changed before it is read. The
+  remedy is the operator's: replace a served datastore only by rename (``freespec datastore
+  build --force`` builds a new directory and renames it in; a renamed-over file keeps its old
+  inode whole for the processes that map it).
+
+Opening checks the format version, the tokenizer fingerprint, every manifest field's type,
+that shard names are plain file names inside the directory, and each file's size against
 the manifest (a truncated shard fails at start); ``verify`` also recomputes the checksums
 and spot-checks that each suffix array is sorted.
 """
@@ -47,8 +63,11 @@ class DatastoreError(ValueError):
 @dataclass
 class Shard:
     name: str
-    tokens: np.ndarray  # uint32 memmap [n]
-    sa: np.ndarray  # uint32 memmap [n]
+    tokens: np.ndarray  # uint32 [n]: a read-only memmap, or a private read-only array
+    sa: np.ndarray  # uint32 [n]
+    # Mapped shards only: open descriptors of the two files and the size each must keep (``check_files``).
+    fds: tuple[int, ...] = ()
+    nbytes: int = 0
 
 
 def file_sha256(path: Path, chunk: int = 1 << 24, progress=None) -> str:
@@ -63,6 +82,7 @@ def file_sha256(path: Path, chunk: int = 1 << 24, progress=None) -> str:
 
 
 def read_manifest(directory: str | os.PathLike) -> dict:
+    """The manifest of ``directory``, with every field a served datastore relies on checked (errors name it)."""
     path = Path(directory) / MANIFEST
     if not path.exists():
         raise DatastoreError(f"retrieval datastore {str(directory)!r}: no {MANIFEST} (not a datastore, or not built yet)")
@@ -77,29 +97,75 @@ def read_manifest(directory: str | os.PathLike) -> dict:
             f"retrieval datastore {str(directory)!r}: format version {manifest.get('version')!r}, "
             f"this freespec reads version {VERSION}; rebuild it with `freespec datastore build`"
         )
+    _check_fields(str(directory), manifest)
     return manifest
 
 
-class Datastore:
-    """An opened datastore: read-only memory maps of every shard."""
+def _check_fields(directory: str, manifest: dict) -> None:
+    """Refuse a manifest field of the wrong type, and shard names that would open files outside ``directory``."""
 
-    def __init__(self, directory: str | os.PathLike, manifest: dict, shards: list[Shard]) -> None:
+    def refuse(field: str, why: str) -> DatastoreError:
+        return DatastoreError(f"retrieval datastore {directory!r}: {MANIFEST} field {field!r} {why}")
+
+    tokenizer = manifest.get("tokenizer")
+    if not isinstance(tokenizer, dict):
+        raise refuse("tokenizer", f'must be an object {{"name": ..., "fingerprint": ...}}, got {tokenizer!r}')
+    for key in ("name", "fingerprint"):
+        if not isinstance(tokenizer.get(key), (str, type(None))):
+            raise refuse(f"tokenizer.{key}", f"must be a string, got {tokenizer.get(key)!r}")
+    entries = manifest.get("shards")
+    if not isinstance(entries, list):
+        raise refuse("shards", f"must be a list of shard entries, got {type(entries).__name__}")
+    seen = set()
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise refuse(f"shards[{i}]", f"must be an object {{\"name\", \"tokens\", ...}}, got {entry!r}")
+        name, n = entry.get("name"), entry.get("tokens")
+        if not isinstance(name, str) or not _plain_file_name(name):
+            raise refuse(f"shards[{i}].name", f"is {name!r}: a shard name must be a file name inside the "
+                         "datastore directory (not empty, not absolute, no '/', no '..')")
+        if name in seen:
+            raise refuse(f"shards[{i}].name", f"names shard {name!r} twice")
+        seen.add(name)
+        if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n < 2**32:
+            raise refuse(f"shards[{i}].tokens", f"must be a token count in [0, 2**32), got {n!r}")
+
+
+def _plain_file_name(name: str) -> bool:
+    return (
+        name not in ("", ".", "..") and "\0" not in name and "/" not in name
+        and (os.altsep is None or os.altsep not in name) and not os.path.isabs(name)
+    )
+
+
+class Datastore:
+    """An opened datastore: every shard read into private memory, or mapped read-only (see the module docstring)."""
+
+    def __init__(self, directory: str | os.PathLike, manifest: dict, shards: list[Shard], in_memory: bool = False) -> None:
         self.directory = Path(directory)
         self.manifest = manifest
         self.shards = shards
+        self.in_memory = in_memory
+        self.dropped: list[str] = []  # mapped shards dropped because their file changed in place
 
     @property
     def total_tokens(self) -> int:
         return int(self.manifest["total_tokens"])
 
     @classmethod
-    def open(cls, directory: str | os.PathLike, tokenizer_fingerprint: str | None = None) -> "Datastore":
-        """Map every shard; refuse another tokenizer, another format version or a truncated file."""
+    def open(
+        cls, directory: str | os.PathLike, tokenizer_fingerprint: str | None = None, in_memory_bytes: int = 0
+    ) -> "Datastore":
+        """Open every shard; refuse another tokenizer, another format version, a bad field or a truncated file.
+
+        Shard files totalling at most ``in_memory_bytes`` are read into private memory (safe from files
+        changed in place); larger datastores are memory-mapped (shared page cache; replace only by rename).
+        """
         directory = Path(directory)
         manifest = read_manifest(directory)
-        theirs = (manifest.get("tokenizer") or {}).get("fingerprint")
+        theirs = manifest["tokenizer"].get("fingerprint")
         if tokenizer_fingerprint is not None and theirs != tokenizer_fingerprint:
-            name = (manifest.get("tokenizer") or {}).get("name")
+            name = manifest["tokenizer"].get("name")
             raise DatastoreError(
                 f"retrieval datastore {str(directory)!r} was built with another tokenizer ({name!r}, {theirs}); "
                 f"this model's tokenizer is {tokenizer_fingerprint}. Rebuild it with "
@@ -110,32 +176,48 @@ class Datastore:
                 f"retrieval datastore {str(directory)!r}: separator {manifest.get('separator')!r}, "
                 f"this freespec uses {int(SEPARATOR)}"
             )
-        entries = manifest.get("shards")
-        if not isinstance(entries, list):
-            raise DatastoreError(f"retrieval datastore {str(directory)!r}: {MANIFEST} has no shard list")
-        shards = []
-        for entry in entries:
+        entries = manifest["shards"]
+        in_memory = sum(8 * entry["tokens"] for entry in entries) <= in_memory_bytes
+        shards: list[Shard] = []
+        try:
+            for entry in entries:
+                shards.append(_open_shard(directory, entry["name"], entry["tokens"], in_memory))
+        except BaseException:
+            for shard in shards:
+                _close_fds(shard)
+            raise
+        return cls(directory, manifest, shards, in_memory)
+
+    def mapped_shards(self) -> list[str]:
+        """Names of the shards served from memory maps (empty when the datastore was read into memory)."""
+        return [shard.name for shard in self.shards if shard.fds]
+
+    def check_files(self) -> list[str]:
+        """Drop every mapped shard whose file changed size in place; returns the names dropped now.
+
+        Cheap (one ``fstat`` per mapped file), so it runs every step before any shard is read. It narrows the
+        window in which a file truncated in place kills the process, it cannot close it; replacing files by
+        rename is safe (the mapped inode stays whole).
+        """
+        dropped = []
+        for shard in self.shards:
+            if not shard.fds:
+                continue
             try:
-                n = int(entry["tokens"])
-                str(entry["name"])
-            except (KeyError, TypeError, ValueError):
-                raise DatastoreError(
-                    f"retrieval datastore {str(directory)!r}: malformed shard entry in {MANIFEST}: {entry!r}"
-                ) from None
-            arrays = []
-            for suffix in ("tokens", "sa"):
-                path = directory / f"{entry['name']}.{suffix}"
-                if not path.exists():
-                    raise DatastoreError(f"retrieval datastore {str(directory)!r}: missing file {path.name}")
-                size = path.stat().st_size
-                if size != 4 * n:
-                    raise DatastoreError(
-                        f"retrieval datastore {str(directory)!r}: {path.name} has {size} bytes, the manifest "
-                        f"says {4 * n} ({n} tokens): truncated or from another build"
-                    )
-                arrays.append(np.memmap(path, dtype="<u4", mode="r", shape=(n,)) if n else np.zeros(0, "<u4"))
-            shards.append(Shard(entry["name"], arrays[0], arrays[1]))
-        return cls(directory, manifest, shards)
+                changed = any(os.fstat(fd).st_size != shard.nbytes for fd in shard.fds)
+            except OSError:
+                changed = True
+            if changed:
+                _close_fds(shard)
+                shard.tokens = shard.sa = np.zeros(0, "<u4")
+                dropped.append(shard.name)
+        self.dropped += dropped
+        return dropped
+
+    def close(self) -> None:
+        """Release the descriptors held for ``check_files`` (the maps go with the arrays)."""
+        for shard in self.shards:
+            _close_fds(shard)
 
     def read_ahead(self) -> None:
         """Ask the kernel to read every shard file into the page cache, in the background.
@@ -144,17 +226,16 @@ class Datastore:
         not yet in memory each one is a disk read, which slows the first steps of a server (or every step,
         after memory pressure pushed the files out) far more than the search itself. The advice does not
         block and takes no memory of its own: the pages are the shared page cache that every worker on
-        the host maps.
+        the host maps. A datastore read into memory needs none.
         """
         if not hasattr(os, "posix_fadvise"):
             return
-        for entry in self.manifest["shards"]:
-            for suffix in ("tokens", "sa"):
-                fd = os.open(self.directory / f"{entry['name']}.{suffix}", os.O_RDONLY)
+        for shard in self.shards:
+            for fd in shard.fds:
                 try:
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-                finally:
-                    os.close(fd)
+                except OSError:
+                    pass
 
     def verify(self, samples: int = 10_000, progress=None) -> list[str]:
         """Problems found (empty: fine): checksums of every file and sortedness of sampled suffix-array neighbours."""
@@ -166,6 +247,72 @@ class Datastore:
                     problems.append(f"{path.name}: checksum mismatch (modified or corrupt)")
             problems += _check_sorted(shard, samples)
         return problems
+
+
+def _open_shard(directory: Path, name: str, n: int, in_memory: bool) -> Shard:
+    """One shard's two files, checked against the manifest's size: read into memory, or mapped with their fds held."""
+    arrays, fds = [], []
+    try:
+        for suffix in ("tokens", "sa"):
+            path = directory / f"{name}.{suffix}"
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                raise DatastoreError(f"retrieval datastore {str(directory)!r}: missing file {path.name}") from None
+            except OSError as e:
+                raise DatastoreError(f"retrieval datastore {str(directory)!r}: cannot open {path.name} ({e})") from None
+            fds.append(fd)
+            size = os.fstat(fd).st_size
+            if size != 4 * n:
+                raise DatastoreError(
+                    f"retrieval datastore {str(directory)!r}: {path.name} has {size} bytes, the manifest "
+                    f"says {4 * n} ({n} tokens): truncated or from another build"
+                )
+            if n == 0:
+                arrays.append(np.zeros(0, "<u4"))
+            elif in_memory:
+                arrays.append(_read_private(fd, n, directory, path.name))
+            else:
+                with os.fdopen(os.dup(fd), "rb") as f:  # the inode checked above, even if renamed over meanwhile
+                    arrays.append(np.memmap(f, dtype="<u4", mode="r", shape=(n,)))
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    if in_memory or n == 0:
+        for fd in fds:
+            os.close(fd)
+        fds = []
+    return Shard(name, arrays[0], arrays[1], tuple(fds), 4 * n)
+
+
+def _read_private(fd: int, n: int, directory: Path, file_name: str) -> np.ndarray:
+    """``n`` uint32 read from ``fd`` into a private read-only array; a file that shrank meanwhile is refused."""
+    out = np.empty(n, dtype="<u4")
+    view, done = memoryview(out).cast("B"), 0
+    while done < 4 * n:
+        got = os.preadv(fd, [view[done:]], done) if hasattr(os, "preadv") else _pread_into(fd, view, done)
+        if got == 0:
+            raise DatastoreError(f"retrieval datastore {str(directory)!r}: {file_name} shrank while it was read "
+                                 f"({done} of {4 * n} bytes): changed in place")
+        done += got
+    out.flags.writeable = False
+    return out
+
+
+def _pread_into(fd: int, view: memoryview, offset: int) -> int:
+    data = os.pread(fd, min(len(view) - offset, 1 << 26), offset)
+    view[offset : offset + len(data)] = data
+    return len(data)
+
+
+def _close_fds(shard: Shard) -> None:
+    for fd in shard.fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    shard.fds = ()
 
 
 def _check_sorted(shard: Shard, samples: int, width: int = 64) -> list[str]:

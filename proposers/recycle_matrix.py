@@ -27,7 +27,14 @@ order or grouping.
 
 Saving writes a temporary file next to the target, fsyncs it and renames it
 over the target, so a crash leaves either the old or the new file, never half
-of one.
+of one. The file's mode follows the umask (0644 under 022), so a replica running
+as another user can read it.
+
+Reading checks every size before it allocates or inflates anything: the file's
+size, each member's declared size and its ``.npy`` header (dtype, shape) against
+the header fields and, when loading for a server, against its vocabulary and
+``candidates`` (else ``MAX_VOCAB`` x ``MAX_CANDIDATES``). A ``.npy`` file renamed
+``.npz`` is named as such.
 """
 from __future__ import annotations
 
@@ -36,6 +43,7 @@ import json
 import os
 import tempfile
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -45,6 +53,11 @@ FORMAT = "freespec-recycle-matrix"
 VERSION = 2
 READABLE_VERSIONS = (1, 2)
 STAMP_MAX = np.iinfo(np.uint32).max
+# Bounds on a file read without a configured size (``freespec recycle merge/info``): the largest vocabulary
+# (4,194,304 tokens; real ones are below 300,000) and ``RecycleOptions.candidates``' upper bound.
+MAX_VOCAB = 1 << 22
+MAX_CANDIDATES = 32
+MAX_META_BYTES = 1 << 20
 
 
 class MatrixFileError(ValueError):
@@ -123,6 +136,9 @@ def save_matrix(
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".recycle-", suffix=".npz.tmp", dir=directory)
     try:
+        # mkstemp creates 0600; a matrix is shared with replicas (merge_from) that may run as another user, so
+        # it gets the mode any new file gets under this process's umask (0644 under the usual 022).
+        os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, "wb") as f:
             np.savez(
                 f, ids=ids, probs=probs, stamps=stamps,
@@ -137,58 +153,137 @@ def save_matrix(
         raise
 
 
+def current_umask() -> int:
+    """This process's umask, read without changing it (Linux: /proc; elsewhere set and restored at once)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_matrix(path: str, m: Matrix) -> None:
     save_matrix(path, m.ids, m.probs, m.stamps, tokenizer=m.tokenizer, model=m.model, updates=m.updates)
 
 
-def read_matrix(path: str, what: str = "recycle matrix") -> Matrix:
-    """Read a matrix file and check that it is whole and well-formed (not whose it is: ``check_compatible``).
+def read_matrix(
+    path: str, what: str = "recycle matrix", *, vocab_size: Optional[int] = None, candidates: Optional[int] = None,
+    tokenizer: Optional[str] = None, against: str = "this server",
+) -> Matrix:
+    """Read a matrix file and check that it is whole and well-formed; any doubt raises ``MatrixFileError``.
 
-    Any doubt raises ``MatrixFileError`` naming ``what`` (the option or argument), the file and the reason.
+    The error names ``what`` (the option or argument), the file and the reason. Given ``vocab_size``,
+    ``candidates`` or ``tokenizer`` (``load_matrix``), the file's header fields must match them, checked
+    before any array is read; otherwise its arrays are bounded by ``MAX_VOCAB`` x ``MAX_CANDIDATES``. Every
+    size is checked before memory is allocated or a compressed member inflated: the file's size, each
+    member's declared uncompressed size and its ``.npy`` header's shape and dtype (no object arrays).
     """
 
     def refuse(why: str) -> MatrixFileError:
         return MatrixFileError(f"{what} {path!r}: {why}")
 
+    rows_max = MAX_VOCAB if vocab_size is None else int(vocab_size)
+    cols_max = MAX_CANDIDATES if candidates is None else int(candidates)
     try:
-        with np.load(path, allow_pickle=False) as z:
-            names = set(z.files)
-            if not {"ids", "probs", "meta"} <= names:
-                raise refuse(f"not a {FORMAT} file (arrays {sorted(names)})")
-            meta = json.loads(z["meta"].tobytes().decode())
-            ids, probs = z["ids"], z["probs"]
-            stamps = z["stamps"] if "stamps" in names else None
+        with open(path, "rb") as f:
+            magic = f.read(6)
+            if magic == b"\x93NUMPY":
+                raise refuse("is a single .npy array (a file renamed .npz?), not a .npz matrix archive; "
+                             "write matrices with freespec (matrix_path, `freespec recycle merge`)")
+            if magic[:4] != b"PK\x03\x04":
+                raise refuse(f"not a {FORMAT} file (not a .npz archive)")
+            size, limit = os.fstat(f.fileno()).st_size, _file_limit(rows_max, cols_max)
+            if size > limit:
+                raise refuse(f"{size} bytes, more than a matrix of at most {rows_max} tokens x {cols_max} "
+                             f"candidates can take ({limit} bytes)")
+            f.seek(0)
+            with zipfile.ZipFile(f) as z:
+                names = {info.filename for info in z.infolist()}
+                if len(names) > 8 or not {"ids.npy", "probs.npy", "meta.npy"} <= names:
+                    raise refuse(f"not a {FORMAT} file (arrays {sorted(n.removesuffix('.npy') for n in names)[:8]})")
+                meta_bytes = _member(z, "meta", np.uint8, lambda s: len(s) == 1 and s[0] <= MAX_META_BYTES,
+                                     refuse, f"one dimension of at most {MAX_META_BYTES} bytes")
+                meta = json.loads(meta_bytes.tobytes().decode())
+                if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+                    raise refuse(f"not a {FORMAT} file")
+                version = meta.get("version")
+                if version not in READABLE_VERSIONS:
+                    raise refuse(f"format version {version!r}, this freespec reads versions {list(READABLE_VERSIONS)}")
+                v, c = meta.get("vocab_size"), meta.get("candidates")
+                if not _count(v, rows_max if vocab_size is None else None) or not _count(c, cols_max if candidates is None else None):
+                    raise refuse(f"field 'vocab_size'/'candidates' ({v!r}, {c!r}) must be integers in "
+                                 f"[1, {rows_max}] and [1, {cols_max}]")
+                _check_fields(str(meta.get("tokenizer")), str(meta.get("model", "")), v, c, vocab_size=vocab_size,
+                              candidates=candidates, tokenizer=tokenizer, refuse=refuse, against=against)
+                shape = (v, c)
+                ids = _member(z, "ids", np.int32, lambda s: s == shape, refuse, f"{shape} (fields 'vocab_size', 'candidates')")
+                probs = _member(z, "probs", np.float16, lambda s: s == shape, refuse, f"{shape} like 'ids'")
+                stamps = None
+                if "stamps.npy" in names:
+                    stamps = _member(z, "stamps", np.uint32, lambda s: s == (v,), refuse, f"({v},)")
     except MatrixFileError:
         raise
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError, KeyError, UnicodeDecodeError) as e:
+    except (OSError, ValueError, zipfile.BadZipFile, zlib.error, EOFError, KeyError, UnicodeDecodeError) as e:
         raise refuse(f"unreadable or corrupt ({type(e).__name__}: {e})") from e
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise refuse(f"not a {FORMAT} file")
-    version = meta.get("version")
-    if version not in READABLE_VERSIONS:
-        raise refuse(f"format version {version!r}, this freespec reads versions {list(READABLE_VERSIONS)}")
-    if ids.dtype != np.int32 or probs.dtype != np.float16 or ids.ndim != 2 or probs.shape != ids.shape:
-        raise refuse(f"wrong array types ({ids.dtype} {ids.shape}, {probs.dtype} {probs.shape})")
-    if meta.get("vocab_size") != ids.shape[0] or meta.get("candidates") != ids.shape[1]:
-        raise refuse(
-            f"field 'vocab_size'/'candidates' ({meta.get('vocab_size')}, {meta.get('candidates')}) "
-            f"does not match the ids array {ids.shape}"
-        )
     if version == 1:
         digest, stamps = _digest(ids, probs), default_stamps(ids)
     else:
-        if stamps is None or stamps.dtype != np.uint32 or stamps.shape != ids.shape[:1]:
-            raise refuse(f"array 'stamps' missing or wrong ({None if stamps is None else (stamps.dtype, stamps.shape)})")
+        if stamps is None:
+            raise refuse("array 'stamps' missing")
         digest = _digest(ids, probs, stamps)
     if digest != meta.get("sha256"):
         raise refuse("checksum mismatch (the file was modified or truncated)")
     if ids.size and (ids.min() < -1 or ids.max() >= ids.shape[0]):
         raise refuse("token ids outside the vocabulary")
-    # np.load's arrays are fresh (read from the archive), so they are returned without another copy.
     return Matrix(
         ids, probs, stamps, str(meta.get("tokenizer")),
-        str(meta.get("model", "")), int(meta.get("updates", 0)), meta,
+        str(meta.get("model", "")), int(meta.get("updates", 0)) if isinstance(meta.get("updates"), int) else 0, meta,
     )
+
+
+def _count(value, bound: Optional[int]) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1 and (bound is None or value <= bound)
+
+
+def _file_limit(rows: int, cols: int) -> int:
+    """The most bytes a matrix file of ``rows`` x ``cols`` may take (stored, uncompressed: the largest form)."""
+    return 6 * rows * cols + 4 * rows + MAX_META_BYTES + (1 << 16)
+
+
+def _member(z: zipfile.ZipFile, name: str, dtype, shape_ok, refuse, expected: str) -> np.ndarray:
+    """One ``.npy`` member, its header checked (dtype, shape, declared size) before its data is inflated or allocated."""
+    info = z.getinfo(f"{name}.npy")
+    if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        raise refuse(f"array {name!r} uses an unsupported compression ({info.compress_type})")
+    with z.open(info) as m:
+        version = np.lib.format.read_magic(m)
+        if version == (1, 0):
+            shape, fortran, dt = np.lib.format.read_array_header_1_0(m)
+        elif version == (2, 0):
+            shape, fortran, dt = np.lib.format.read_array_header_2_0(m)
+        else:
+            raise refuse(f"array {name!r}: .npy format version {version} is not read here")
+        dt = np.dtype(dt)
+        if dt != np.dtype(dtype).newbyteorder("<") or fortran:
+            raise refuse(f"wrong array types: {name!r} is {dt}{' (Fortran order)' if fortran else ''}, "
+                         f"expected {np.dtype(dtype)}")
+        if not shape_ok(tuple(shape)):
+            raise refuse(f"array {name!r} has shape {tuple(shape)}, expected {expected}")
+        out = np.empty(shape, dtype=np.dtype(dtype).newbyteorder("<"))
+        if info.file_size > out.nbytes + (1 << 16):
+            raise refuse(f"array {name!r} declares {info.file_size} bytes for {out.nbytes} bytes of data")
+        view, done = memoryview(out.reshape(-1)).cast("B"), 0
+        while done < out.nbytes:
+            got = m.readinto(view[done:])
+            if not got:
+                raise refuse(f"array {name!r} is truncated ({done} of {out.nbytes} bytes)")
+            done += got
+    return out
 
 
 def check_compatible(
@@ -199,22 +294,28 @@ def check_compatible(
     def refuse(why: str) -> MatrixFileError:
         return MatrixFileError(f"{what} {path!r}: {why}")
 
-    if m.tokenizer != tokenizer:
+    _check_fields(m.tokenizer, m.model, m.vocab_size, m.candidates, vocab_size=vocab_size, candidates=candidates,
+                  tokenizer=tokenizer, refuse=refuse, against=against)
+
+
+def _check_fields(theirs: str, model: str, v: int, c: int, *, vocab_size, candidates, tokenizer, refuse, against) -> None:
+    if tokenizer is not None and theirs != tokenizer:
         raise refuse(
-            f"learned with another tokenizer: field 'tokenizer' is {m.tokenizer!r} (model {m.model!r}), "
+            f"learned with another tokenizer: field 'tokenizer' is {theirs!r} (model {model!r}), "
             f"{against}'s tokenizer is {tokenizer!r}"
         )
-    if m.vocab_size != vocab_size:
-        raise refuse(f"field 'vocab_size' is {m.vocab_size} (vocabulary size), {against} has {vocab_size}")
-    if m.candidates != candidates:
-        raise refuse(f"field 'candidates' is {m.candidates} per token, {against}'s option `candidates` is {candidates}")
+    if vocab_size is not None and v != vocab_size:
+        raise refuse(f"field 'vocab_size' is {v} (vocabulary size), {against} has {vocab_size}")
+    if candidates is not None and c != candidates:
+        raise refuse(f"field 'candidates' is {c} per token, {against}'s option `candidates` is {candidates}")
 
 
 def load_matrix(path: str, *, vocab_size: int, candidates: int, tokenizer: str, what: str = "recycle matrix_path") -> Matrix:
-    """Read a matrix file and check it belongs to this vocabulary; any doubt raises ``MatrixFileError``."""
-    m = read_matrix(path, what)
-    check_compatible(m, vocab_size=vocab_size, candidates=candidates, tokenizer=tokenizer, what=what, path=path)
-    return m
+    """Read a matrix file and check it belongs to this vocabulary; any doubt raises ``MatrixFileError``.
+
+    The header fields are compared before any array is read, so a file of another size allocates nothing.
+    """
+    return read_matrix(path, what, vocab_size=vocab_size, candidates=candidates, tokenizer=tokenizer)
 
 
 def merge_into(dst: Matrix, src: Matrix) -> int:
@@ -244,11 +345,8 @@ def merge_files(paths: list[str], out: str) -> tuple[Matrix, list[int]]:
     result.updates = first.updates  # informational: the inputs' updates, summed
     del first
     for path in paths[1:]:
-        m = read_matrix(path, "merge input")
-        check_compatible(
-            m, vocab_size=result.vocab_size, candidates=result.candidates, tokenizer=result.tokenizer,
-            what="merge input", path=path, against=f"the first input {paths[0]!r}",
-        )
+        m = read_matrix(path, "merge input", vocab_size=result.vocab_size, candidates=result.candidates,
+                        tokenizer=result.tokenizer, against=f"the first input {paths[0]!r}")
         taken.append(merge_into(result, m))
         result.updates += m.updates
     write_matrix(out, result)

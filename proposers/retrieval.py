@@ -8,12 +8,16 @@ request's own prompt and output. ``scorers.fusion`` merges the chains by common 
 drafts the most supported one, cut where support falls below ``min_support`` (so a draft may be
 short or empty). Source weights are the learned acceptance rates of each source's tokens.
 
-Memory: the datastore is memory-mapped read-only (``datastore``), so it lives in the page
-cache, shared by every worker on the host; per request only the copy proposer's state (see
-docs/copy.md) and the last draft's bookkeeping.
+Memory: a datastore of at most ``in_memory_mb`` (tokens and suffix arrays, 8 bytes per token)
+is read into the drafting process's own memory, so a file changed in place under a running
+server cannot harm it; a larger one is memory-mapped read-only (``datastore``), so it lives in
+the page cache, shared by every worker on the host, and must be replaced only by rename
+(docs/reliability.md); every step drops a mapped shard whose file changed size. Per request only
+the copy proposer's state (see docs/copy.md) and the last draft's bookkeeping.
 """
 from __future__ import annotations
 
+import logging
 import os
 from typing import Optional, Sequence
 
@@ -26,6 +30,8 @@ from freespec.proposers.datastore import SEPARATOR, Datastore, read_manifest
 from freespec.proposers.suffix_search import continuations, longest_match
 from freespec.scorers.fusion import Candidates, SourceWeights, fuse, paying_prefix
 
+logger = logging.getLogger("freespec")
+
 
 class RetrievalOptions(ProposerOptions):
     datastore: str = Field(..., description="datastore directory built by `freespec datastore build`")
@@ -34,6 +40,12 @@ class RetrievalOptions(ProposerOptions):
     max_continuations: int = Field(64, ge=1, le=4096, description="occurrences sampled per lookup")
     min_support: float = Field(0.2, ge=0.0, le=10.0, description="stop the draft where support falls below this")
     fuse_copy: bool = Field(True, description="also draft from the request's own context and fuse (RASD)")
+    in_memory_mb: int = Field(
+        1024, ge=0, le=1 << 20,
+        description="a datastore up to this many MiB (8 bytes per token) is read into the drafting process's "
+        "memory, safe from files changed in place; a larger one is memory-mapped (shared page cache: replace "
+        "its files only by rename, docs/reliability.md). 0: always map",
+    )
 
     @field_validator("datastore")
     @classmethod
@@ -62,10 +74,27 @@ class RetrievalProposer(Proposer):
 
     def bind(self, info: EngineInfo) -> None:
         fingerprint = info.tokenizer_fingerprint() if info.tokenizer_fingerprint else None
-        self.store = Datastore.open(self.options.datastore, fingerprint)
+        self.store = Datastore.open(self.options.datastore, fingerprint, in_memory_bytes=self.options.in_memory_mb << 20)
+        if not self.store.in_memory:
+            logger.warning(
+                "freespec: retrieval datastore %s (%d tokens) is above in_memory_mb=%d and is memory-mapped: "
+                "replace its files only by rename (`freespec datastore build --force`); a file rewritten in place "
+                "is dropped when seen, but one truncated between checks kills the process (docs/reliability.md)",
+                self.options.datastore, self.store.total_tokens, self.options.in_memory_mb,
+            )
         self.store.read_ahead()
         if self.copy is not None:
             self.copy.bind(info)
+
+    def check_files(self) -> None:
+        """Before reading a mapped shard this step: drop those whose files were changed in place."""
+        if self.store is not None and not self.store.in_memory:
+            for name in self.store.check_files():
+                logger.warning(
+                    "freespec: retrieval datastore %s: shard %s changed in place under the server; it is dropped "
+                    "(restart to serve the new files; replace datastores by rename, docs/reliability.md)",
+                    self.options.datastore, name,
+                )
 
     def lookup(self, context: np.ndarray) -> Optional[Candidates]:
         """Chains that followed the longest matching suffix of ``context`` in the datastore."""
@@ -91,6 +120,7 @@ class RetrievalProposer(Proposer):
     def propose(self, rows: Sequence[Row]) -> list[list[int]]:
         if self.store is None:
             raise RuntimeError("retrieval proposer used before bind()")
+        self.check_files()
         if self.copy is not None:
             self.copy.token_cost = self.token_cost
         copy_drafts = self.copy.propose(rows) if self.copy is not None else [[] for _ in rows]
@@ -127,6 +157,7 @@ class RetrievalProposer(Proposer):
             return super().candidates(rows)
         if self.store is None:
             raise RuntimeError("retrieval proposer used before bind()")
+        self.check_files()
         return [self.lookup(row.tokens) if row.num_new and len(row.tokens) >= self.options.min_match else None
                 for row in rows]
 
