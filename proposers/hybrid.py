@@ -1,58 +1,101 @@
 """The ``hybrid`` proposer: every source proposes, one fused chain per request is drafted.
 
-Sources: ``copy`` (the request's own context and recent outputs), ``recycle`` (the target's own
-top-k from earlier steps) and ``retrieval`` (a datastore; needs the ``datastore`` option). Each
-source offers its candidates (``Proposer.candidates``): ``copy`` and ``recycle`` their one chain,
-drafted with the same load-aware bar (``token_cost``, scorers/policy.py), ``retrieval`` every
-sampled continuation of its longest match. They are fused by common prefix exactly as the
-``retrieval`` plugin fuses its two sources (``scorers.fusion``): a token's support is the sum over
-sources of the source's learned per-token acceptance rate times the share of its candidates that
-agree up to it; the draft follows the best-supported token while that support is at least
-``min_support`` and, with the goodput policy, while the chance that the whole prefix is accepted
-pays for verifying it. So a request gets copy drafts while it rewrites, datastore drafts while it
-answers from known material, recycled drafts otherwise, and agreement between sources makes a
-draft longer.
+Sources: ``suffix`` (SuffixDecoding's frequency-scored suffix trees of the request and of recent
+outputs, through arctic-inference, with each token's acceptance learned; ``proposers/suffix_tree.py``),
+``copy`` (the request's own context and recent outputs, longest match), ``recycle`` (the target's own
+top-k from earlier steps) and ``retrieval`` (a datastore; needs the ``datastore`` option). Default:
+``DEFAULT_SOURCES`` (no options needed); without a supported arctic-inference the default runs without
+``suffix`` and says so once, while naming ``suffix`` explicitly without it is refused at start.
 
-Memory: the sum of the sources' (see their docs). Known simplification: each source learns its
-own acceptance estimates from how many drafted tokens were accepted, also on steps where the
-fused draft was not its chain.
+Each source offers its candidates (``Proposer.candidates``): ``suffix`` one chain with a learned
+chance per token, ``copy`` and ``recycle`` their one chain, ``retrieval`` every sampled continuation of
+its longest match. They are fused by common prefix (``scorers.fusion``): a token's support is the sum
+over sources of the source's chance for that token (``suffix``) or its learned per-token acceptance
+rate (the others) times the share of its candidates that agree up to it; the draft follows the
+best-supported token while that support is at least ``min_support`` and, with the goodput policy, while
+the chance that the whole prefix is accepted pays for verifying it.
+
+Learning is counterfactual: a step's new tokens are the target's own continuation, so every source's
+chain is scored against them (``suffix_tree.matched_prefix``), whichever chain was verified.
+
+Pricing (``scorers.fusion.SourcePricing``): each source's own seconds per step are weighed against the
+tokens only it got right (beyond the best other source), valued at the measured seconds per output
+token. A source that cannot pay stops being run and is probed every ``PROBE_EVERY`` steps; when a
+probe shows it paying again it is resumed.
+
+Memory: the sum of the sources' (see their docs) plus one short chain per live request and source.
 """
 from __future__ import annotations
 
+import logging
+import time
 from typing import Optional, Sequence
 
 import numpy as np
 from pydantic import Field, field_validator, model_validator
 
 from freespec.proposers.base import EngineInfo, Proposer, ProposerOptions, Row, ScoredPositions
-from freespec.scorers.fusion import SourceWeights, fuse, paying_prefix
+from freespec.proposers.suffix_tree import available as suffix_available
+from freespec.proposers.suffix_tree import matched_prefix
+from freespec.scorers.fusion import Candidates, SourcePricing, SourceWeights, fuse, paying_prefix
 
-SOURCES = ("copy", "recycle", "retrieval")
+logger = logging.getLogger("freespec")
+
+SOURCES = ("suffix", "copy", "recycle", "retrieval")
+DEFAULT_SOURCES = ("suffix", "recycle")
+_warned_default = False
 
 
 class HybridOptions(ProposerOptions):
-    sources: tuple[str, ...] = Field(("copy", "recycle"), min_length=1, description=f"any of {list(SOURCES)}")
+    sources: Optional[tuple[str, ...]] = Field(
+        None, min_length=1, description=f"any of {list(SOURCES)} (default {list(DEFAULT_SOURCES)})"
+    )
     datastore: Optional[str] = Field(None, description="datastore directory, for the retrieval source")
     min_support: float = Field(0.2, ge=0.0, le=10.0, description="stop the draft where support falls below this")
+    price_sources: bool = Field(True, description="stop running a source whose own tokens do not pay for its time")
 
     @field_validator("sources")
     @classmethod
-    def _known(cls, sources: tuple[str, ...]) -> tuple[str, ...]:
+    def _known(cls, sources: Optional[tuple[str, ...]]) -> Optional[tuple[str, ...]]:
+        if sources is None:
+            return None
         unknown = [s for s in sources if s not in SOURCES]
         if unknown or len(set(sources)) != len(sources):
             raise ValueError(f"sources must be distinct names among {list(SOURCES)}, got {list(sources)}")
+        if "suffix" in sources:
+            ok, why = suffix_available()
+            if not ok:
+                raise ValueError(f'sources: "suffix" needs arctic-inference: {why}')
         return sources
 
     @model_validator(mode="after")
     def _datastore_for_retrieval(self) -> "HybridOptions":
-        if "retrieval" in self.sources and self.datastore is None:
+        chosen = self.sources or ()
+        if "retrieval" in chosen and self.datastore is None:
             raise ValueError('the "retrieval" source needs the "datastore" option')
-        if self.datastore is not None and "retrieval" not in self.sources:
+        if self.datastore is not None and "retrieval" not in chosen:
             raise ValueError('"datastore" is given but "retrieval" is not among the sources')
         return self
 
+    def chosen_sources(self) -> tuple[str, ...]:
+        """The sources to run: the given ones, else the defaults that can run here."""
+        if self.sources is not None:
+            return self.sources
+        ok, why = suffix_available()
+        if ok:
+            return DEFAULT_SOURCES
+        global _warned_default
+        if not _warned_default:
+            _warned_default = True
+            logger.warning("freespec: hybrid runs without its suffix source: %s", why)
+        return tuple(s for s in DEFAULT_SOURCES if s != "suffix") or ("copy",)
+
 
 def _make_source(name: str, options: HybridOptions, k: int) -> Proposer:
+    if name == "suffix":
+        from freespec.proposers.suffix_tree import SuffixOptions, SuffixTreeProposer
+
+        return SuffixTreeProposer(SuffixOptions(), k)
     if name == "copy":
         from freespec.proposers.copy import CopyOptions, CopyProposer
 
@@ -66,16 +109,29 @@ def _make_source(name: str, options: HybridOptions, k: int) -> Proposer:
     return RetrievalProposer(RetrievalOptions(datastore=options.datastore, fuse_copy=False), k)
 
 
+def _own_chain(found: Candidates, k: int) -> np.ndarray:
+    """What the source would draft alone: its one chain, or the fused descent through its chains."""
+    if len(found.chains) == 1:
+        chain = found.chains[0]
+        return chain[chain >= 0]
+    draft, _, _ = fuse([Candidates(found.name, found.chains, found.weights)], k, 0.0)
+    return np.asarray(draft, dtype=np.int64)
+
+
 class HybridProposer(Proposer):
     Options = HybridOptions
     target_topk = 8  # when recycle is a source (set per instance)
 
     def __init__(self, options: HybridOptions, num_speculative_tokens: int) -> None:
         super().__init__(options, num_speculative_tokens)
-        self.sources = {name: _make_source(name, options, num_speculative_tokens) for name in options.sources}
+        names = options.chosen_sources()
+        self.sources = {name: _make_source(name, options, num_speculative_tokens) for name in names}
         self.target_topk = max((s.target_topk for s in self.sources.values()), default=0)
         self.weights = SourceWeights()
-        self._supported: dict[int, dict[str, int]] = {}
+        self.pricing = SourcePricing(tuple(self.sources)) if options.price_sources and len(self.sources) > 1 else None
+        # key -> (sequence length when drafted, each source's own chain then)
+        self._offered: dict[int, tuple[int, dict[str, np.ndarray]]] = {}
+        self._last_call: Optional[float] = None
 
     def bind(self, info: EngineInfo) -> None:
         for source in self.sources.values():
@@ -86,39 +142,71 @@ class HybridProposer(Proposer):
             if source.target_topk:
                 source.observe(scored)
 
+    def _runs(self, name: str) -> bool:
+        return self.weights.can_pay(name, self.token_cost) and (self.pricing is None or self.pricing.runs(name))
+
     def wants_target_topk(self) -> bool:
-        # Only recycle learns from the target's top-k; while it cannot pay it is not asked to draft.
-        return "recycle" in self.sources and self.weights.can_pay("recycle", self.token_cost)
+        # Only recycle learns from the target's top-k; while it is not run it needs none.
+        return "recycle" in self.sources and self._runs("recycle")
+
+    def _learn(self, rows: Sequence[Row]) -> None:
+        """Score each source's last chain against what the target produced since (counterfactually)."""
+        right: dict[str, int] = {}
+        produced_total = 0
+        for row in rows:
+            offered = self._offered.pop(row.key, None)
+            if offered is None or row.num_new == 0:
+                continue
+            start, chains = offered
+            produced = np.asarray(row.tokens[start:], dtype=np.int64)
+            produced_total += len(produced)
+            got = {}
+            for name, chain in chains.items():
+                matched, compared = matched_prefix(chain, produced)
+                if compared:
+                    self.weights.observe_outcome(name, matched, compared)
+                got[name] = matched
+            for name, matched in got.items():
+                others = max((m for other, m in got.items() if other != name), default=0)
+                right[name] = right.get(name, 0) + max(0, matched - others)
+        if self.pricing is not None:
+            self.pricing.observe_tokens(right, produced_total)
 
     def propose(self, rows: Sequence[Row]) -> list[list[int]]:
+        now = time.perf_counter()
+        if self.pricing is not None and self._last_call is not None:
+            self.pricing.observe_step(now - self._last_call)
+        self._last_call = now
+        self._learn(rows)
         offered = {}
         for name, source in self.sources.items():
-            if not self.weights.can_pay(name, self.token_cost):
-                offered[name] = [None] * len(rows)
+            if not self._runs(name):
                 continue
             source.token_cost = self.token_cost
+            t0 = time.perf_counter()
             offered[name] = source.candidates(rows)
+            if self.pricing is not None:
+                self.pricing.observe_cost(name, time.perf_counter() - t0)
+        if self.pricing is not None:
+            self.pricing.step_done(tuple(offered))
         drafts = []
         for i, row in enumerate(rows):
-            supported = self._supported.pop(row.key, None)
-            if supported is not None and row.num_new > 0:
-                self.weights.observe(supported, row.num_new - 1)
             candidates = []
-            for name in self.sources:
+            for name in offered:
                 found = offered[name][i]
                 if found is not None:
                     found.name, found.source_weight = name, self.weights.weight(name)
                     candidates.append(found)
-            draft, support, supported = fuse(candidates, self.k, self.options.min_support)
+            draft, support, _ = fuse(candidates, self.k, self.options.min_support)
             if self.token_cost is not None:
                 draft = draft[: paying_prefix(support, self.token_cost)]
-            if draft:
-                self._supported[row.key] = {name: min(n, len(draft)) for name, n in supported.items()}
+            if row.num_new > 0:
+                self._offered[row.key] = (len(row.tokens), {c.name: _own_chain(c, self.k) for c in candidates})
             drafts.append(draft)
         return drafts
 
     def release(self, key: int) -> None:
-        self._supported.pop(key, None)
+        self._offered.pop(key, None)
         for source in self.sources.values():
             source.release(key)
 

@@ -26,12 +26,18 @@ from freespec.scorers.acceptance import AcceptanceEstimate
 
 @dataclass
 class Candidates:
-    """One source's chains: ``chains[i, :]`` (-1 padded) with ``weights[i]`` (normalised per source)."""
+    """One source's chains: ``chains[i, :]`` (-1 padded) with ``weights[i]`` (normalised per source).
+
+    ``token_probs[i, d]``, when the source knows it, is the chance that chain i's token at depth d is
+    accepted given the tokens before it were (``suffix``: learned per tree probability and match
+    length); it then stands in for ``source_weight`` at that token.
+    """
 
     name: str
     chains: np.ndarray  # int64 [n, L]
     weights: np.ndarray  # float64 [n]
     source_weight: float = 1.0
+    token_probs: Optional[np.ndarray] = None  # float64 [n, L]
 
 
 def fuse(sources: list[Candidates], max_len: int, min_support: float) -> tuple[list[int], list[float], dict[str, int]]:
@@ -50,10 +56,10 @@ def fuse(sources: list[Candidates], max_len: int, min_support: float) -> tuple[l
             if depth >= s.chains.shape[1]:
                 continue
             col = s.chains[mask, depth]
-            ww = w[mask]
+            ww = w[mask] * (s.token_probs[mask, depth] if s.token_probs is not None else s.source_weight)
             for token, weight in zip(col.tolist(), ww.tolist()):
                 if token >= 0:
-                    scores[token] = scores.get(token, 0.0) + s.source_weight * weight
+                    scores[token] = scores.get(token, 0.0) + weight
         if not scores:
             break
         token, best = max(scores.items(), key=lambda kv: (kv[1], -kv[0]))
@@ -107,3 +113,93 @@ class SourceWeights:
                 est.observe(n, min(accepted, n))
                 if est.successes + est.failures > 4000:
                     est.decay(0.5)
+
+    def observe_outcome(self, name: str, matched: int, compared: int) -> None:
+        """``name``'s chain was right for ``matched`` tokens of the ``compared`` the target has produced."""
+        if compared > 0:
+            self.observe({name: compared}, matched)
+
+
+PROBE_EVERY = 32  # a source that does not pay still runs one step in this many, to notice when it would
+MIN_EVIDENCE = 64  # steps a source runs before it can be judged
+PRICE_KEEP = 1.0 - 1.0 / 64  # exponential weighting of the per-step averages (half-life about 44 steps)
+
+
+@dataclass
+class _Price:
+    seconds: float = 0.0  # this source's own time per step it runs
+    right: float = 0.0  # tokens per step only it got right (beyond the best other source)
+    steps: int = 0  # steps run
+    paused_at: Optional[int] = None
+
+
+class SourcePricing:
+    """Which sources pay for themselves: own seconds per step against what only they add.
+
+    The caller reports, per step, the time between engine steps (``observe_step``), each source's
+    own time (``observe_cost``), which sources ran (``step_done``) and, for the rows learned at the
+    start of the next step, the tokens each source alone got right and the tokens produced
+    (``observe_tokens``). A source's value is its unique tokens per step times the seconds one output
+    token takes (step seconds / tokens produced per step). A source whose value stays below its cost
+    after ``MIN_EVIDENCE`` steps is paused, except the last one running; a paused source runs one step
+    in ``PROBE_EVERY``, and is resumed once its value is back above its cost.
+    """
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.prices = {name: _Price() for name in names}
+        self.step = 0
+        self.step_seconds = 0.0
+        self.produced = 0.0  # tokens produced per step
+        self._last_run: tuple[str, ...] = ()
+
+    def value(self, name: str) -> float:
+        """Seconds per step the tokens only ``name`` got right are worth."""
+        if self.produced <= 0:
+            return 0.0
+        return self.prices[name].right * self.step_seconds / self.produced
+
+    def runs(self, name: str) -> bool:
+        p = self.prices[name]
+        return p.paused_at is None or (self.step - p.paused_at) % PROBE_EVERY == 0
+
+    def paused(self) -> list[str]:
+        return [name for name, p in self.prices.items() if p.paused_at is not None]
+
+    def observe_step(self, seconds: float) -> None:
+        """Time since the last step (gaps far longer than usual, such as idle time between requests, are skipped)."""
+        if seconds <= 0 or (self.step_seconds > 0 and seconds > 4 * self.step_seconds):
+            return
+        keep = PRICE_KEEP if self.step_seconds > 0 else 0.0
+        self.step_seconds = keep * self.step_seconds + (1 - keep) * seconds
+
+    def observe_cost(self, name: str, seconds: float) -> None:
+        p = self.prices[name]
+        keep = PRICE_KEEP if p.steps else 0.0
+        p.seconds = keep * p.seconds + (1 - keep) * seconds
+
+    def observe_tokens(self, right: dict[str, int], produced: int) -> None:
+        """Unique right tokens of the last step's sources; each one that ran counts, contributing or not."""
+        if not self._last_run or produced <= 0:
+            return
+        keep = PRICE_KEEP if self.produced > 0 else 0.0
+        self.produced = keep * self.produced + (1 - keep) * produced
+        for name in self._last_run:
+            p = self.prices[name]
+            k = PRICE_KEEP if p.steps else 0.0
+            p.right = k * p.right + (1 - k) * right.get(name, 0)
+            p.steps += 1
+        self._judge()
+
+    def step_done(self, ran: tuple[str, ...]) -> None:
+        self._last_run = ran
+        self.step += 1
+
+    def _judge(self) -> None:
+        for name in self._last_run:
+            p = self.prices[name]
+            pays = self.value(name) >= p.seconds
+            if p.paused_at is not None and pays:
+                p.paused_at = None
+            elif p.paused_at is None and not pays and p.steps >= MIN_EVIDENCE:
+                if any(q.paused_at is None for other, q in self.prices.items() if other != name):
+                    p.paused_at = self.step

@@ -4,7 +4,10 @@ import pytest
 from pydantic import ValidationError
 
 from freespec.proposers.base import EngineInfo, Row, ScoredPositions
-from freespec.proposers.hybrid import HybridOptions, HybridProposer
+from freespec.proposers.hybrid import DEFAULT_SOURCES, HybridOptions, HybridProposer
+from freespec.proposers.suffix_tree import available as suffix_available
+from freespec.scorers import fusion
+from freespec.scorers.fusion import Candidates, SourcePricing, fuse
 
 
 def make(**opts):
@@ -47,7 +50,7 @@ def test_each_request_gets_the_source_that_knows_something():
     assert drafts[1][:2] == [41, 42]
     p.release(0)
     p.release(1)
-    assert p._supported == {}
+    assert p._offered == {}
 
 
 def test_a_high_bar_cuts_drafts():
@@ -58,7 +61,7 @@ def test_a_high_bar_cuts_drafts():
 
 
 def test_a_source_that_cannot_pay_on_its_own_is_not_asked(monkeypatch):
-    p = make()
+    p = make(sources=("copy", "recycle"))
     calls = []
     for name, source in p.sources.items():
         monkeypatch.setattr(source, "candidates", lambda rows, name=name: calls.append(name) or [None] * len(rows))
@@ -95,3 +98,113 @@ def test_retrieval_source_offers_every_continuation_and_fuses_like_the_retrieval
         a, b = hybrid.propose([row(0, context)]), fused.propose([row(0, context)])
         assert a == b == [want]
         context = context + want[:1]
+
+
+needs_arctic = pytest.mark.skipif(not suffix_available()[0], reason="arctic-inference not installed")
+
+
+@needs_arctic
+def test_defaults_need_no_options_and_include_the_suffix_source():
+    p = make()
+    assert tuple(p.sources) == DEFAULT_SOURCES and "suffix" in p.sources
+    assert HybridOptions(sources=("suffix",)).chosen_sources() == ("suffix",)
+
+
+@needs_arctic
+def test_default_drafts_a_repeat_from_the_suffix_tree():
+    p = make()
+    assert p.propose([row(0, [5, 6, 7, 8, 9, 10, 11, 5, 6, 7])])[0][:2] == [8, 9]
+
+
+def test_a_source_learns_from_what_the_target_produced_even_when_its_chain_lost():
+    p = make(sources=("copy", "recycle"))
+    copying = [5, 6, 7, 8, 9, 10, 11, 5, 6, 7]
+    p.propose([row(0, copying)])
+    assert "copy" in p._offered[0][1]
+    before = p.weights.weight("copy")
+    p.propose([row(0, copying + [8, 9], num_new=2)])  # the target went on as copy said
+    assert p.weights.weight("copy") > before
+    before = p.weights.weight("copy")
+    p.propose([row(0, copying + [8, 9, 50], num_new=1)])  # copy said 10
+    assert p.weights.weight("copy") < before
+
+
+def test_token_probs_stand_in_for_the_source_weight():
+    sure = Candidates("suffix", np.array([[1, 2, 3]]), np.ones(1), source_weight=0.1,
+                      token_probs=np.array([[0.9, 0.8, 0.1]]))
+    draft, support, _ = fuse([sure], 3, 0.2)
+    assert draft == [1, 2] and support == pytest.approx([0.9, 0.8])
+
+
+def test_pricing_pauses_a_source_that_adds_nothing_and_resumes_it_when_it_does():
+    pricing = SourcePricing(("a", "b"))
+    for _ in range(fusion.MIN_EVIDENCE + 1):
+        pricing.observe_step(0.05)
+        pricing.observe_tokens({"a": 1, "b": 0}, 2)  # only a is ever right on its own
+        for name in ("a", "b"):
+            if pricing.runs(name):
+                pricing.observe_cost(name, 0.001)
+        pricing.step_done(tuple(n for n in ("a", "b") if pricing.runs(n)))
+    assert pricing.paused() == ["b"]
+    ran = []
+    for _ in range(4 * fusion.PROBE_EVERY):
+        pricing.observe_step(0.05)
+        pricing.observe_tokens({"a": 0, "b": 1} if "b" in pricing._last_run else {"a": 0}, 2)
+        run = tuple(n for n in ("a", "b") if pricing.runs(n))
+        ran.append("b" in run)
+        pricing.step_done(run)
+    assert sum(ran[: fusion.PROBE_EVERY]) == 1  # paused: one probe
+    assert pricing.paused() == ["a"] or pricing.paused() == []  # b pays again and runs
+    assert all(ran[-fusion.PROBE_EVERY:])
+
+
+def test_pricing_never_pauses_the_last_source():
+    pricing = SourcePricing(("a",))
+    for _ in range(2 * fusion.MIN_EVIDENCE):
+        pricing.observe_step(0.05)
+        pricing.observe_tokens({}, 1)
+        pricing.observe_cost("a", 0.01)
+        pricing.step_done(("a",))
+    assert pricing.paused() == []
+
+
+def test_hybrid_stops_running_a_source_that_never_contributes_and_resumes_it(monkeypatch):
+    import time
+
+    p = HybridProposer(HybridOptions(sources=("copy", "recycle")), 4)
+    p.bind(EngineInfo(vocab_size=1000))
+    clock = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    calls = []
+    real = p.sources["recycle"].candidates
+
+    def timed(rows):  # recycle's own work takes 1 ms; an engine step 50 ms
+        calls.append(True)
+        clock[0] += 0.001
+        return real(rows)
+
+    monkeypatch.setattr(p.sources["recycle"], "candidates", timed)
+    tokens = [1, 2, 3]
+    for i in range(fusion.MIN_EVIDENCE + 8):  # fresh tokens: copy finds nothing, recycle has learned nothing
+        tokens.append(100 + i)
+        clock[0] += 0.05
+        p.propose([row(0, tokens)])
+    assert p.pricing.paused() == ["recycle"]
+    calls.clear()
+    for i in range(fusion.PROBE_EVERY):
+        tokens.append(200 + i)
+        clock[0] += 0.05
+        p.propose([row(0, tokens)])
+    assert len(calls) == 1  # paused: one probe in PROBE_EVERY steps
+    # Now recycle knows what follows every token (the target's top-1 is the next one) and copy does not.
+    vocab = np.arange(1000, dtype=np.int32)
+    top = np.stack([(vocab + 1) % 1000] + [vocab] * 7, axis=1).astype(np.int32)
+    p.observe(ScoredPositions(vocab, top, np.tile(np.array([0.99] + [0.0] * 7, np.float32), (1000, 1))))
+    tokens, new, resumed = [400], 1, False
+    for _ in range(3 * fusion.PROBE_EVERY):
+        clock[0] += 0.05
+        draft = p.propose([row(1, tokens, num_new=new)])[0]
+        new = len(draft) + 1  # the target agrees with recycle: every draft token is accepted
+        tokens = tokens + [tokens[-1] + j + 1 for j in range(new)]
+        resumed = resumed or p.pricing.paused() == []
+    assert resumed

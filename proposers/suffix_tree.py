@@ -1,0 +1,241 @@
+"""The ``suffix`` source: SuffixDecoding's frequency-scored suffix trees, with acceptance learned per token.
+
+Drafting is arctic-inference's ``SuffixDecodingCache`` (the library behind vLLM's ``suffix`` method,
+Oliaro et al., 2024): one suffix tree per live request over its prompt and output, and one global tree
+over the outputs of recent requests (``max_cached_requests``, evicted oldest first). Each step the
+last ``max_tree_depth`` tokens are matched in both trees and the more frequent continuation is
+drafted, each token with the tree's estimate of its probability (how often that continuation followed
+the match).
+
+What this adapter adds: those frequencies are counts, not acceptance rates. It learns, online, how
+often a drafted token is accepted given its tree probability and the length of the match that found it
+(``TokenCalibration``), and offers every token with that learned chance; ``hybrid`` (or ``propose``,
+used alone) then keeps the prefix whose chance of being accepted pays for verifying it at the current
+load (``token_cost``, scorers/policy.py). Learning uses what the target actually produced: a step's new
+tokens are the target's own continuation, so each drafted token is scored against it even when the
+fused draft that was verified was another source's.
+
+arctic-inference is optional (``bench``/``cpu``/``cuda`` extras); ``available()`` says whether a
+supported version (``SUPPORTED``) is importable.
+
+Memory: per live request a tree over its sequence (O(tokens), path-compressed, depth at most
+``max_tree_depth``); the global tree holds at most ``max_cached_requests`` outputs. ``state_bytes``
+asks the trees (arctic's own estimate).
+"""
+from __future__ import annotations
+
+import logging
+from importlib import metadata
+from typing import Optional, Sequence
+
+import numpy as np
+from pydantic import Field
+
+from freespec.proposers.base import Proposer, ProposerOptions, Row
+from freespec.scorers.fusion import Candidates
+
+logger = logging.getLogger("freespec")
+
+SUPPORTED = ((0, 1, 1), (0, 2, 0))  # arctic-inference >=0.1.1,<0.2
+PROB_EDGES = np.array([0.2, 0.35, 0.5, 0.7, 0.9, 0.999])  # tree-probability buckets (conditional, per token)
+MATCH_EDGES = np.array([2, 3, 4, 6, 9, 13, 19])  # match-length buckets
+DEPTH_EDGES = np.array([1, 2, 4])  # position in the draft: 0, 1, 2-3, 4+
+PRIOR_STRENGTH = 2.0  # pseudo-observations behind each cell's starting guess
+WINDOW = 2000.0  # evidence kept per cell before it is halved
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    parts = []
+    for piece in text.split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts + [0] * (3 - len(parts)))
+
+
+def available() -> tuple[bool, str]:
+    """(whether a supported arctic-inference is importable, why not)."""
+    try:
+        version = metadata.version("arctic-inference")
+    except metadata.PackageNotFoundError:
+        try:
+            version = metadata.version("arctic_inference")
+        except metadata.PackageNotFoundError:
+            return False, "arctic-inference is not installed (pip install 'arctic-inference>=0.1.1,<0.2')"
+    low, high = SUPPORTED
+    if not low <= _version_tuple(version) < high:
+        return False, f"arctic-inference {version} is installed; the suffix source supports >=0.1.1,<0.2"
+    try:
+        from arctic_inference.suffix_decoding import SuffixDecodingCache  # noqa: F401
+    except ImportError as e:
+        return False, f"arctic-inference {version} cannot be imported: {e}"
+    return True, ""
+
+
+class SuffixOptions(ProposerOptions):
+    max_tree_depth: int = Field(24, ge=1, le=256, description="longest context matched, and depth of the trees")
+    max_cached_requests: int = Field(
+        10_000, ge=0, le=1_000_000, description="outputs of departed requests kept in the global tree (0: none)"
+    )
+    max_spec_factor: float = Field(
+        1.0, ge=0.0, le=64.0, description="a match of m tokens drafts at most max_spec_factor * m + 1 tokens"
+    )
+    min_token_prob: float = Field(0.1, ge=0.0, le=1.0, description="stop where the tree's path probability falls below")
+    min_token_gain: float = Field(
+        0.25,
+        ge=0.0,
+        le=1.0,
+        description='used alone: draft while the chance the prefix is accepted is at least this (with "policy": "fixed")',
+    )
+
+
+class TokenCalibration:
+    """Chance that a drafted token is accepted, given the previous ones were, per (probability, match, depth) cell.
+
+    A Beta estimate per cell, starting from the tree's own probability (``PRIOR_STRENGTH``
+    pseudo-observations), so a fresh server drafts like SuffixDecoding and then follows what it sees.
+    """
+
+    def __init__(self) -> None:
+        shape = (len(PROB_EDGES) + 1, len(MATCH_EDGES) + 1, len(DEPTH_EDGES) + 1)
+        mids = np.concatenate([[0.15], (PROB_EDGES[:-1] + PROB_EDGES[1:]) / 2, [1.0]])
+        prior = np.broadcast_to(np.minimum(mids, 0.9)[:, None, None], shape)
+        self.successes = PRIOR_STRENGTH * prior.copy()
+        self.failures = PRIOR_STRENGTH * (1.0 - prior)
+
+    @staticmethod
+    def cells(cond: np.ndarray, match_len: int) -> tuple[np.ndarray, ...]:
+        """Index arrays of each draft token's cell."""
+        depth = np.arange(len(cond))
+        return (
+            np.searchsorted(PROB_EDGES, cond, side="right"),
+            np.full(len(cond), np.searchsorted(MATCH_EDGES, match_len, side="right")),
+            np.searchsorted(DEPTH_EDGES, depth, side="right"),
+        )
+
+    def estimate(self, cells: tuple[np.ndarray, ...]) -> np.ndarray:
+        s, f = self.successes[cells], self.failures[cells]
+        return s / (s + f)
+
+    def observe(self, cells: tuple[np.ndarray, ...], matched: int, compared: int) -> None:
+        """Tokens 0..matched-1 were right; token ``matched`` was wrong if ``matched < compared``."""
+        if compared <= 0:
+            return
+        idx = tuple(c[:matched] for c in cells)
+        np.add.at(self.successes, idx, 1.0)
+        if matched < compared:
+            wrong = tuple(c[matched] for c in cells)
+            self.failures[wrong] += 1.0
+            total = self.successes[wrong] + self.failures[wrong]
+            if total > WINDOW:
+                self.successes[wrong] *= 0.5
+                self.failures[wrong] *= 0.5
+
+
+class _Live:
+    __slots__ = ("fed", "chain", "cells")
+
+    def __init__(self, fed: int) -> None:
+        self.fed = fed  # tokens of the request given to the cache so far
+        self.chain: Optional[np.ndarray] = None  # last offered chain, scored against what the target produced
+        self.cells: Optional[tuple[np.ndarray, ...]] = None
+
+
+def matched_prefix(chain: np.ndarray, produced: np.ndarray) -> tuple[int, int]:
+    """(leading chain tokens equal to what the target produced, tokens that could be compared)."""
+    compared = min(len(chain), len(produced))
+    if compared == 0:
+        return 0, 0
+    diff = np.flatnonzero(chain[:compared] != produced[:compared])
+    return (int(diff[0]) if len(diff) else compared), compared
+
+
+class SuffixTreeProposer(Proposer):
+    """Drafts from SuffixDecoding's trees; usable alone (``module:Class``) or as ``hybrid``'s ``suffix`` source."""
+
+    Options = SuffixOptions
+
+    def __init__(self, options: SuffixOptions, num_speculative_tokens: int) -> None:
+        super().__init__(options, num_speculative_tokens)
+        ok, why = available()
+        if not ok:
+            raise RuntimeError(f"the suffix source needs arctic-inference: {why}")
+        from arctic_inference.suffix_decoding import SuffixDecodingCache
+
+        self.cache = SuffixDecodingCache(
+            max_tree_depth=options.max_tree_depth, max_cached_requests=options.max_cached_requests
+        )
+        self.calibration = TokenCalibration()
+        self._live: dict[int, _Live] = {}
+
+    # -- lifecycle -------------------------------------------------------
+    def release(self, key: int) -> None:
+        """The request left: its prompt tree goes; its output stays in the global tree (evicted FIFO)."""
+        if self._live.pop(key, None) is not None:
+            self.cache.stop_request(key)
+
+    def state_bytes(self) -> int:
+        trees = [getattr(self.cache, "_global_tree", None), *getattr(self.cache, "_local_trees", {}).values()]
+        return sum(int(t.estimate_memory()) for t in trees if t is not None and hasattr(t, "estimate_memory"))
+
+    # -- drafting --------------------------------------------------------
+    def _update(self, row: Row) -> Optional[_Live]:
+        """Give the cache the row's new tokens and learn from them; None for a partial prefill."""
+        n = len(row.tokens)
+        st = self._live.get(row.key)
+        if row.num_new == 0 or n == 0:
+            return st
+        tokens = np.ascontiguousarray(row.tokens, dtype=np.int32)
+        if st is None:
+            start = max(0, n - row.num_new)
+            self.cache.start_request(row.key, tokens[:start])
+            st = self._live[row.key] = _Live(start)
+        if st.chain is not None:
+            produced = tokens[st.fed : n]
+            matched, compared = matched_prefix(st.chain, produced)
+            self.calibration.observe(st.cells, matched, compared)
+            st.chain = st.cells = None
+        if n > st.fed:
+            self.cache.add_active_response(row.key, tokens[st.fed : n])
+            st.fed = n
+        return st
+
+    def chain(self, row: Row) -> tuple[list[int], np.ndarray]:
+        """The tree's draft for ``row`` and each token's learned chance of acceptance (given the ones before)."""
+        st = self._update(row)
+        if st is None or row.num_new == 0:
+            return [], np.zeros(0)
+        o = self.options
+        context = np.ascontiguousarray(row.tokens[-o.max_tree_depth :], dtype=np.int32)
+        draft = self.cache.speculate(
+            row.key,
+            context,
+            max_spec_tokens=self.k,
+            max_spec_factor=o.max_spec_factor,
+            min_token_prob=o.min_token_prob,
+        )
+        if not draft.token_ids:
+            return [], np.zeros(0)
+        path = np.asarray(draft.probs, dtype=np.float64)
+        cond = path / np.concatenate([[1.0], path[:-1]])
+        cells = TokenCalibration.cells(cond, int(draft.match_len))
+        st.chain, st.cells = np.asarray(draft.token_ids, dtype=np.int32), cells
+        return list(draft.token_ids), self.calibration.estimate(cells)
+
+    def candidates(self, rows: Sequence[Row]) -> list[Optional[Candidates]]:
+        out: list[Optional[Candidates]] = []
+        for row in rows:
+            tokens, q = self.chain(row)
+            out.append(
+                Candidates("suffix", np.asarray([tokens], dtype=np.int64), np.ones(1), token_probs=q[None, :])
+                if tokens else None
+            )
+        return out
+
+    def propose(self, rows: Sequence[Row]) -> list[list[int]]:
+        bar = self.gain_threshold(self.options.min_token_gain)
+        drafts = []
+        for row in rows:
+            tokens, q = self.chain(row)
+            keep = int(np.argmin(np.cumprod(q) >= bar)) if len(q) and np.cumprod(q)[-1] < bar else len(q)
+            drafts.append(tokens[:keep])
+        return drafts

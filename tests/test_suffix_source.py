@@ -1,0 +1,115 @@
+"""The suffix source: arctic-inference's SuffixDecodingCache on real token arrays, with learned acceptance."""
+import logging
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from freespec.proposers import hybrid as hybrid_module
+from freespec.proposers import suffix_tree
+from freespec.proposers.base import Row
+from freespec.proposers.hybrid import DEFAULT_SOURCES, HybridOptions
+from freespec.proposers.suffix_tree import SuffixOptions, SuffixTreeProposer, TokenCalibration, matched_prefix
+
+pytestmark = pytest.mark.skipif(not suffix_tree.available()[0], reason="arctic-inference not installed")
+
+
+def row(key, tokens, num_new=1):
+    return Row(key, np.asarray(tokens, dtype=np.int32), num_new)
+
+
+def make(**opts):
+    return SuffixTreeProposer(SuffixOptions(**opts), 4)
+
+
+def test_version_window():
+    assert suffix_tree._version_tuple("0.1.1") == (0, 1, 1)
+    assert suffix_tree._version_tuple("0.1.10.dev3") == (0, 1, 10)
+    low, high = suffix_tree.SUPPORTED
+    assert low <= suffix_tree._version_tuple("0.1.1") < high
+    assert not suffix_tree._version_tuple("0.2.0") < high
+    assert not low <= suffix_tree._version_tuple("0.1.0")
+
+
+def test_an_unsupported_version_is_refused_by_name_and_the_default_goes_on_without_it(monkeypatch, caplog):
+    monkeypatch.setattr(suffix_tree.metadata, "version", lambda name: "0.2.3")
+    ok, why = suffix_tree.available()
+    assert not ok and "0.2.3" in why
+    with pytest.raises(ValidationError, match='sources: "suffix" needs arctic-inference'):
+        HybridOptions(sources=("suffix", "copy"))
+    with pytest.raises(RuntimeError, match="needs arctic-inference"):
+        make()
+    monkeypatch.setattr(hybrid_module, "_warned_default", False)
+    with caplog.at_level(logging.WARNING, logger="freespec"):
+        assert HybridOptions().chosen_sources() == tuple(s for s in DEFAULT_SOURCES if s != "suffix")
+        HybridOptions().chosen_sources()
+    assert sum("without its suffix source" in r.message for r in caplog.records) == 1
+
+
+def test_drafts_the_continuation_from_the_request_own_prompt():
+    p = make()
+    prompt = [5, 6, 7, 8, 9, 10, 11, 12, 40, 41, 5, 6, 7]
+    draft = p.propose([row(0, prompt + [8])])[0]  # the first output token repeats the prompt's "5 6 7 8"
+    assert draft[:3] == [9, 10, 11]
+
+
+def test_partial_prefill_rows_get_nothing_and_start_nothing():
+    p = make()
+    assert p.propose([row(0, [1, 2, 3, 1, 2], num_new=0)]) == [[]]
+    assert 0 not in p._live
+
+
+def test_a_departed_request_output_is_drafted_for_the_next_one():
+    p = make(min_token_gain=0.0)
+    answer = [70, 71, 72, 73, 74, 75, 76, 77]
+    tokens = [1, 2, 3]
+    for t in answer:  # request 0 generates its answer one token per step
+        tokens.append(t)
+        p.propose([row(0, tokens)])
+    p.release(0)
+    assert 0 not in p.cache.active_requests and 0 in p.cache.cached_requests
+    draft = p.propose([row(1, [9, 9, 70, 71, 72])])[0]  # a new request starts the same way
+    assert draft[:2] == [73, 74]
+
+
+def test_global_cache_is_bounded_by_max_cached_requests():
+    p = make(max_cached_requests=2)
+    for key in range(5):
+        p.propose([row(key, [key, 50 + key, 60 + key])])
+        p.release(key)
+    assert len(p.cache.cached_requests) <= 2
+    assert p.state_bytes() > 0
+
+
+def test_learns_from_what_the_target_produced_even_when_its_chain_was_not_verified():
+    p = make()
+    prompt = [5, 6, 7, 8, 9, 10, 11, 12, 5, 6, 7]
+    tokens, q_before = p.chain(row(0, prompt + [8]))
+    assert tokens[:2] == [9, 10]
+    cells = p._live[0].cells
+    before = p.calibration.estimate(cells)[0]
+    # The target went on with 30, not 9 (whatever was drafted): the first token's cell loses.
+    p.chain(row(0, prompt + [8, 30]))
+    assert p.calibration.estimate(cells)[0] < before
+    # And a chain that is right gains.
+    calibration = TokenCalibration()
+    cells = TokenCalibration.cells(np.array([1.0, 1.0]), 5)
+    start = calibration.estimate(cells).copy()
+    calibration.observe(cells, 2, 2)
+    assert (calibration.estimate(cells) > start).all()
+
+
+def test_a_high_bar_cuts_the_draft_and_a_low_one_keeps_it():
+    prompt = [5, 6, 7, 8, 9, 10, 11, 12, 40, 41, 5, 6, 7, 8]
+    p = make()
+    p.token_cost = 0.999
+    assert p.propose([row(0, prompt)]) == [[]]
+    p = make()
+    p.token_cost = 0.0
+    assert len(p.propose([row(0, prompt)])[0]) >= 2
+
+
+def test_matched_prefix():
+    assert matched_prefix(np.array([1, 2, 3]), np.array([1, 2, 9, 4])) == (2, 3)
+    assert matched_prefix(np.array([1, 2, 3]), np.array([1])) == (1, 1)
+    assert matched_prefix(np.array([1, 2]), np.array([], dtype=np.int64)) == (0, 0)
