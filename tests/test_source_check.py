@@ -1,0 +1,296 @@
+"""The static seam check (vllm_plugins/source_check.py) on a small synthetic vLLM tree, offline.
+
+The tree holds, file by file, only the facts each seam rests on, laid out as
+vLLM 0.32.0 has them; every check passes on it. Each doctored copy moves one
+seam the way a release could, and exactly that seam must fail, naming what
+moved. A last test reads the vLLM installed here (its source, never imported).
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from freespec.vllm_plugins import seams, source_check
+from freespec.vllm_plugins.source_check import Source, run_checks
+
+RANK_LAYOUT_CODE = """\
+    group_ranks = torch.arange(world_size).reshape(
+        -1, data_parallel_size, pipeline_model_parallel_size,
+        prefill_context_model_parallel_size, tensor_model_parallel_size,
+    )
+"""
+
+FILES = {
+    "_version.py": "__version__ = version = '0.32.0'\n",
+    "plugins/__init__.py": """
+        GROUP = "vllm.general_plugins"
+
+        def load_general_plugins():
+            return GROUP
+    """,
+    "engine/arg_utils.py": """
+        class EngineArgs:
+            speculative_config: dict | None = None
+            additional_config: dict = None
+
+            def __post_init__(self):
+                from vllm.plugins import load_general_plugins
+                load_general_plugins()
+
+            def create_speculative_config(self, target_model_config, target_parallel_config):
+                return SpeculativeConfig(**self.speculative_config)
+
+            def create_engine_config(self):
+                speculative_config = self.create_speculative_config(1, 2)
+                return VllmConfig(speculative_config=speculative_config, additional_config=self.additional_config)
+    """,
+    "config/vllm.py": """
+        class VllmConfig:
+            additional_config: dict = None
+
+            def _get_v2_model_runner_unsupported_features(self):
+                unsupported = []
+                if self.speculative_config.method in ("suffix", "custom_class"):
+                    unsupported.append("speculative method")
+                return unsupported
+    """,
+    "config/speculative.py": """
+        EagleModelTypes = Literal["eagle", "eagle3"]
+        SpeculativeMethod = Literal["ngram", "suffix", "custom_class", EagleModelTypes]
+
+        class SpeculativeConfig:
+            method: SpeculativeMethod | None = None
+            model: str | None = None
+            num_speculative_tokens: int | None = None
+    """,
+    "v1/spec_decode/custom_class_proposer.py": """
+        def create_custom_proposer(vllm_config):
+            return None
+    """,
+    "v1/worker/gpu_model_runner.py": """
+        class GPUModelRunner:
+            def sample_tokens(self, hidden_states, logits_indices):
+                sample_hidden_states = hidden_states[logits_indices]
+                logits = self.model.compute_logits(sample_hidden_states)
+
+            def propose_draft_token_ids(self, spec_config, sampled_token_ids, slot_mappings):
+                if spec_config.method == "ngram":
+                    pass
+                elif spec_config.method == "custom_class":
+                    draft_token_ids = self.drafter.propose(
+                        sampled_token_ids,
+                        self.input_batch.num_tokens_no_spec,
+                        self.input_batch.token_ids_cpu,
+                        slot_mappings=slot_mappings,
+                    )
+
+            def load_model(self):
+                self.drafter.load_model(self.model)
+
+            def _calc_spec_decode_metadata(self, num_draft_tokens):
+                num_sampled_tokens = num_draft_tokens + 1
+                return np.repeat(num_sampled_tokens, 2)
+    """,
+    "v1/worker/cpu_model_runner.py": """
+        class CPUModelRunner:
+            def load_model(self):
+                self.drafter.load_model(self.model)
+    """,
+    "platforms/cpu.py": """
+        class CpuPlatform:
+            @classmethod
+            def register_triton_kernel_overrides(cls):
+                from vllm.triton_utils.dispatcher import register_kernels
+                register_kernels({"vllm.v1.sample.rejection_sampler.expand_kernel": impl})
+    """,
+    "triton_utils/dispatcher.py": """
+        def register_kernels(kernels):
+            pass
+    """,
+    "v1/sample/rejection_sampler.py": """
+        def expand_kernel(output_ptr, input_ptr, cu_num_tokens_ptr, replace_from, replace_to, MAX_NUM_TOKENS):
+            pass
+    """,
+    "utils/cpu_triton_utils.py": """
+        def _expand_kernel_impl(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None):
+            torch.ops._C.expand_kernel_impl(_ensure_int64(output), input_val, cu_num_tokens, replace_from, replace_to)
+    """,
+    "v1/spec_decode/metrics.py": "NAMES = [" + ", ".join(f'"{m}"' for m in seams.SPEC_METRICS) + "]\n",
+    "entrypoints/cli/main.py": """
+        import importlib.metadata
+
+        def main():
+            return importlib.metadata.version("vllm")
+    """,
+    "distributed/parallel_state.py": """
+        def model_parallel_is_initialized():
+            pass
+
+        def get_tp_group():
+            pass
+
+        def get_pcp_group():
+            pass
+
+        def initialize_model_parallel(tensor_model_parallel_size, pipeline_model_parallel_size):
+    """ + textwrap.indent(textwrap.dedent(RANK_LAYOUT_CODE), " " * 12),
+    "v1/executor/multiproc_executor.py": """
+        class MultiprocExecutor:
+            def _get_output_rank(self):
+                return (
+                    self.world_size
+                    - self.parallel_config.tensor_parallel_size
+                    * self.parallel_config.prefill_context_parallel_size
+                )
+
+            def take_draft_token_ids(self):
+                return self.collective_rpc("take_draft_token_ids", unique_reply_rank=self.output_rank)
+    """,
+    "v1/executor/abstract.py": """
+        class Executor:
+            def take_draft_token_ids(self):
+                output = self.collective_rpc("take_draft_token_ids")
+                return output[0]
+    """,
+}
+
+# One move per seam: (file, text in the 0.32.0 layout, what a release could have instead).
+MOVES = {
+    "general_plugins": ("plugins/__init__.py", '"vllm.general_plugins"', '"vllm.plugins.general"'),
+    "frontend": ("engine/arg_utils.py", "def create_speculative_config", "def build_speculative_config"),
+    "spec_config": ("config/speculative.py", '"custom_class", ', ""),
+    "custom_class": ("v1/worker/gpu_model_runner.py", "self.input_batch.num_tokens_no_spec,\n", ""),
+    "cpu_rejection_sampler": ("platforms/cpu.py", "def register_triton_kernel_overrides", "def register_kernels"),
+    "cpu_expand_kernel": ("v1/sample/rejection_sampler.py", "replace_from, replace_to, MAX", "replace_to, replace_from, MAX"),
+    "target_topk": ("v1/worker/gpu_model_runner.py", "num_sampled_tokens = num_draft_tokens + 1",
+                    "num_sampled_tokens = num_draft_tokens"),
+    "spec_metrics": ("v1/spec_decode/metrics.py", '"vllm:spec_decode_num_drafts"', '"vllm:spec_decode_drafts"'),
+    "vllm_cli": ("entrypoints/cli/main.py", "def main():", "def main(argv):"),
+    "draft_rank": ("v1/executor/multiproc_executor.py", "unique_reply_rank=self.output_rank", "timeout=5"),
+}
+
+
+def write_tree(root: Path, move: str | None = None) -> Path:
+    """The synthetic vLLM tree under ``root`` (the folder above ``vllm/``), with one seam moved if asked."""
+    for rel, text in FILES.items():
+        text = textwrap.dedent(text)
+        if move is not None and MOVES[move][0] == rel:
+            old, new = MOVES[move][1:]
+            assert old in text, f"the move of {move} does not apply to {rel}"
+            text = text.replace(old, new, 1)
+        path = root / "vllm" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def by_seam(results) -> dict:
+    return {r.seam: r for r in results}
+
+
+def test_every_probe_has_a_static_check_and_a_move_in_this_test():
+    probes = {seams.seam_name(p) for p in seams.PROBES}
+    checks = {source_check.seam_of(c) for c in source_check.CHECKS}
+    assert probes <= checks, f"probes without a static check: {probes - checks}"
+    assert set(MOVES) == checks
+
+
+def test_the_0_32_layout_passes_every_check(tmp_path):
+    results = run_checks(Source(write_tree(tmp_path)))
+    failed = {r.seam: r.detail for r in results if not r.ok}
+    assert not failed
+    details = by_seam(results)
+    assert "defect still upstream" in details["cpu_expand_kernel"].detail
+    assert "num_tokens_no_spec" in details["custom_class"].detail
+
+
+@pytest.mark.parametrize("seam", sorted(MOVES))
+def test_a_moved_seam_fails_and_only_that_one(tmp_path, seam):
+    results = by_seam(run_checks(Source(write_tree(tmp_path, move=seam))))
+    assert [s for s, r in results.items() if not r.ok] == [seam]
+    assert results[seam].detail  # says what moved
+
+
+def test_the_failure_names_what_moved(tmp_path):
+    results = by_seam(run_checks(Source(write_tree(tmp_path, move="spec_metrics"))))
+    assert "vllm:spec_decode_num_drafts" in results["spec_metrics"].detail
+    results = by_seam(run_checks(Source(write_tree(tmp_path / "b", move="frontend"))))
+    assert "create_speculative_config is gone" in results["frontend"].detail
+
+
+def test_a_missing_file_fails_its_seam_by_path(tmp_path):
+    write_tree(tmp_path)
+    (tmp_path / "vllm" / "v1" / "spec_decode" / "custom_class_proposer.py").unlink()
+    results = by_seam(run_checks(Source(tmp_path)))
+    assert not results["custom_class"].ok
+    assert "vllm/v1/spec_decode/custom_class_proposer.py is gone" in results["custom_class"].detail
+
+
+def test_custom_class_fails_when_it_leaves_the_v1_runner(tmp_path):
+    write_tree(tmp_path)
+    path = tmp_path / "vllm" / "config" / "vllm.py"
+    path.write_text(path.read_text().replace('("suffix", "custom_class")', '("suffix",)'))
+    results = by_seam(run_checks(Source(tmp_path)))
+    assert not results["custom_class"].ok and "Model Runner V2" in results["custom_class"].detail
+
+
+def test_options_read_before_the_speculative_config_is_built_fail_frontend(tmp_path):
+    write_tree(tmp_path)
+    path = tmp_path / "vllm" / "engine" / "arg_utils.py"
+    text = path.read_text().replace(
+        "        speculative_config = self.create_speculative_config(1, 2)\n",
+        "        extra = dict(additional_config=self.additional_config)\n"
+        "        speculative_config = self.create_speculative_config(1, 2)\n",
+    )
+    path.write_text(text)
+    results = by_seam(run_checks(Source(tmp_path)))
+    assert not results["frontend"].ok and "before create_speculative_config" in results["frontend"].detail
+
+
+def test_a_wheel_is_read_in_place_and_its_metadata_gives_the_version(tmp_path):
+    tree = write_tree(tmp_path / "tree")
+    wheel = tmp_path / "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        for path in (tree / "vllm").rglob("*.py"):
+            z.write(path, path.relative_to(tree).as_posix())
+        z.writestr("vllm-0.33.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: vllm\nVersion: 0.33.0\n")
+    src = Source(wheel)
+    assert src.version() == "0.33.0"
+    assert all(r.ok for r in run_checks(src))
+    assert Source(tree).version() == "0.32.0"  # a folder: vllm/_version.py
+
+
+def test_main_writes_json_and_exits_1_only_for_a_blocking_seam(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    assert source_check.main([str(write_tree(tmp_path / "ok")), "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["vllm"] == "0.32.0" and data["supported"] is True and data["blocking_failed"] == []
+    assert set(data["probes"]) == set(MOVES)
+    # A reporting seam (metric names) is printed as a warning; a blocking one fails the run.
+    assert source_check.main([str(write_tree(tmp_path / "m", move="spec_metrics"))]) == 0
+    assert "[WARN] spec_metrics" in capsys.readouterr().out
+    assert source_check.main([str(write_tree(tmp_path / "c", move="custom_class"))]) == 1
+    assert "[FAIL] custom_class" in capsys.readouterr().out
+
+
+def test_bad_arguments_are_refused(tmp_path, capsys):
+    assert source_check.main([str(tmp_path)]) == 2  # no vllm/ there
+    assert "holds no vllm/ package" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="not a vllm requirement"):
+        source_check.download("torch; rm -rf /", tmp_path)
+    with pytest.raises(SystemExit):
+        source_check.main([])
+
+
+def test_the_installed_vllm_source_passes_every_blocking_check():
+    spec = importlib.util.find_spec("vllm")  # finds the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("no vLLM installed")
+    results = by_seam(run_checks(Source(Path(next(iter(spec.submodule_search_locations))).parent)))
+    failed = {s: r.detail for s, r in results.items() if not r.ok and s in source_check.BLOCKING}
+    assert not failed
