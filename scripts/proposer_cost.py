@@ -17,22 +17,22 @@ serving; the top-k capture (torch on the CPU) is timed separately.
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+
+from freespec.questions import resolve_questions
 
 from freespec.vllm_plugins.adapter import FreespecProposer
 from freespec.vllm_plugins.frontend import translate
 
 
-def corpus_tokens(questions: Path, tokenizer_dir: str, n: int) -> np.ndarray:
+def corpus_tokens(questions: str | None, tokenizer_dir: str, n: int) -> np.ndarray:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    text = "\n\n".join(json.loads(line)["turns"][0] for line in questions.read_text().splitlines())
+    text = "\n\n".join(x.prompt for x in resolve_questions(questions, log=print).questions)
     ids = np.array(tok(text)["input_ids"], dtype=np.int32)
     reps = -(-n // len(ids))
     return np.tile(ids, reps)[:n] if reps > 1 else ids[:n]
@@ -102,7 +102,8 @@ def main() -> None:
     ap.add_argument("--context", type=int, nargs="+", default=[2048, 32768])
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 32])
     ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--questions", type=Path, default=Path("../shared/data/spec_bench/question.jsonl"))
+    ap.add_argument("--questions", default=None,
+                    help="question.jsonl, or builtin (default: as freespec bench resolves them)")
     ap.add_argument("--model", default=None, help="tokenizer dir (default: the prepared SmolLM2)")
     args = ap.parse_args()
     if args.model is None:

@@ -17,16 +17,18 @@ from pathlib import Path
 
 import numpy as np
 
+from freespec.questions import resolve_questions
+
 from freespec.proposers.base import EngineInfo, Row
-from freespec.proposers.datastore import SEPARATOR, Datastore
+from freespec.proposers.datastore import Datastore
 from freespec.proposers.retrieval import RetrievalOptions, RetrievalProposer
 
 
-def spec_bench_tokens(questions: Path, model: str) -> tuple[list[np.ndarray], object]:
+def spec_bench_tokens(questions: str | None, model: str) -> tuple[list[np.ndarray], object]:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model)
-    docs = [json.loads(line)["turns"][0] for line in questions.read_text().splitlines()]
+    docs = [x.prompt for x in resolve_questions(questions, log=print).questions]
     return [np.array(tok(d, add_special_tokens=False)["input_ids"], dtype=np.uint32) for d in docs], tok
 
 
@@ -87,7 +89,8 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--shard-tokens", type=int, default=1 << 26)
     ap.add_argument("--work", type=Path, default=Path("/tmp/freespec-retrieval-cost"))
-    ap.add_argument("--questions", type=Path, default=Path("../shared/data/spec_bench/question.jsonl"))
+    ap.add_argument("--questions", default=None,
+                    help="question.jsonl, or builtin (default: as freespec bench resolves them)")
     ap.add_argument("--model", default=None, help="tokenizer dir (default: the prepared SmolLM2)")
     args = ap.parse_args()
     if args.model is None:

@@ -8,6 +8,7 @@ import math
 import pytest
 
 from freespec.cli import bench
+from freespec.questions import read_questions
 
 METRICS_NONE = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -178,28 +179,8 @@ def questions_file(tmp_path):
     return path
 
 
-def test_read_questions_uses_first_turn(questions_file):
-    questions = bench.read_questions(questions_file)
-    assert len(questions) == 9
-    assert questions[0] == bench.Question(1, "writing", "writing q0")
-
-
-def test_missing_questions_file_points_to_spec_bench(tmp_path):
-    with pytest.raises(bench.BenchError) as info:
-        bench.read_questions(tmp_path / "question.jsonl")
-    assert "https://github.com/hemingkx/Spec-Bench" in str(info.value)
-    assert "data/spec_bench/question.jsonl" in str(info.value)
-
-
-def test_bad_question_line_names_the_line(tmp_path):
-    path = tmp_path / "q.jsonl"
-    path.write_text('{"question_id": 1, "category": "a", "turns": ["x"]}\n{"question_id": 2}\n')
-    with pytest.raises(bench.BenchError, match=r"q.jsonl:2"):
-        bench.read_questions(path)
-
-
 def test_select_questions_filters_and_limits_in_file_order(questions_file):
-    questions = bench.read_questions(questions_file)
+    questions = read_questions(questions_file)
     selected = bench.select_questions(questions, ["rag", "writing"], 2)
     assert list(selected) == ["rag", "writing"]
     assert [q.prompt for q in selected["rag"]] == ["rag q0", "rag q1"]
@@ -211,7 +192,7 @@ def test_select_questions_filters_and_limits_in_file_order(questions_file):
 
 
 def test_new_questions_per_level_gives_each_level_the_next_ones(questions_file):
-    questions = bench.read_questions(questions_file)
+    questions = read_questions(questions_file)
     levels = bench.select_questions_per_level(questions, ["writing", "rag"], [1], [1, 4, 16], True)
     assert {c: [q.prompt for qs in sel.values() for q in qs] for c, sel in levels.items()} == {
         1: ["writing q0", "rag q0"], 4: ["writing q1", "rag q1"], 16: ["writing q2", "rag q2"]}
@@ -231,7 +212,7 @@ def test_new_questions_per_level_gives_each_level_the_next_ones(questions_file):
 
 
 def test_warmup_prompts_avoid_measured_questions(questions_file):
-    questions = bench.read_questions(questions_file)
+    questions = read_questions(questions_file)
     selected = bench.select_questions(questions, ["writing", "math"], 2)
     measured = [q for qs in selected.values() for q in qs]
     warm = bench.select_warmup_prompts(questions, measured, 4)
@@ -523,8 +504,8 @@ def test_add_parser_defaults_and_values():
     args = parser.parse_args(["bench"])
     assert args.func is bench.run
     defaults = (args.max_tokens, args.temperature, args.dtype, args.num_speculative_tokens)
-    assert defaults == (128, 0.0, "bfloat16", 8)
-    assert args.questions == "../shared/data/spec_bench/question.jsonl"
+    assert defaults == (128, 0.0, None, 8)  # dtype: chosen for the machine at run time (freespec.machine)
+    assert args.questions is None  # resolved at run time: see tests/test_questions.py
     copy = 'copy:{"a":1,"b":2}'
     args = parser.parse_args(["bench", "--concurrency", "1", "8", "--configs", "none,ngram", copy])
     assert args.concurrency == [1, 8]
