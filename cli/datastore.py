@@ -1,12 +1,13 @@
 """``freespec datastore``: build, inspect and verify the retrieval proposer's datastores.
 
-    freespec datastore build --tokenizer MODEL_DIR --input PATH [PATH ...] --out DIR
+    freespec datastore build --tokenizer MODEL --input PATH [PATH ...] --out DIR
                              [--shard-tokens N] [--force]
     freespec datastore info DIR
     freespec datastore verify DIR
 
 ``build`` tokenizes ``.txt`` / ``.jsonl`` / ``.json`` files with the model's own tokenizer (no
-special tokens) into token shards with suffix arrays (see docs/datastore.md); progress goes to
+special tokens; MODEL is a Hugging Face model id, a model directory or a ``freespec models`` name)
+into token shards with suffix arrays (see docs/datastore.md); progress goes to
 stderr and the datastore's path is the last line of stdout. ``verify`` recomputes every checksum
 and checks suffix-array order; it exits 1 and lists the problems when there are any.
 Exit code 2: bad arguments (missing input, unreadable tokenizer, non-empty --out, bad record).
@@ -18,6 +19,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 DEFAULT_SHARD_TOKENS = 1 << 26
 
@@ -56,8 +58,10 @@ def add_parser(subparsers) -> None:
     sub = p.add_subparsers(dest="datastore_command", required=True)
 
     build = sub.add_parser("build", help="tokenize text files into a datastore (shards + suffix arrays)")
-    build.add_argument("--tokenizer", required=True, metavar="MODEL_DIR",
-                       help="local model directory whose tokenizer the target model uses")
+    build.add_argument("--tokenizer", required=True, metavar="MODEL",
+                       help="the target model's tokenizer: a Hugging Face model id (org/name[@revision], from "
+                            "the Hugging Face cache, downloaded unless HF_HUB_OFFLINE is set), a local model "
+                            "directory, or a `freespec models` test-fixture name")
     build.add_argument("--input", required=True, nargs="+", metavar="PATH",
                        help=".txt (paragraphs), .jsonl or .json (records, chats) files, or directories "
                             "of source code (each file one document)")
@@ -94,27 +98,27 @@ def run(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- build
 
 
-def load_tokenizer(model_dir: str):
-    """``AutoTokenizer.from_pretrained(model_dir)``, offline; a readable ValueError if it fails."""
-    path = Path(model_dir)
-    if not path.is_dir():
-        raise ValueError(f"tokenizer directory {model_dir} does not exist (pass a local model directory, "
-                         "e.g. the path `freespec models prepare` prints)")
-    markers = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "config.json")
-    if not any((path / name).is_file() for name in markers):
-        raise ValueError(f"{model_dir} holds no tokenizer (none of {', '.join(markers)}); pass a model "
-                         "directory, e.g. the path `freespec models prepare` prints")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+def load_tokenizer(value: str) -> tuple[Any, str]:
+    """The tokenizer ``--tokenizer`` names (a model directory, a ``freespec models`` name or a Hugging
+    Face model id, see freespec.model_ref) and the name the manifest records; ValueError naming
+    ``--tokenizer`` if it cannot be found or loaded."""
+    from freespec.model_ref import resolve_model
+
+    path = resolve_model(value, "--tokenizer", kind="tokenizer")
+    local = Path(value).expanduser().is_dir() or path.name == value  # a directory or a fixture name
+    name = path.name if local else value  # a hub snapshot's directory is named by its commit hash
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the files are local now; transformers must not look further
     try:
         from transformers import AutoTokenizer
     except ImportError as e:
         raise ValueError(f"transformers is not installed ({e}); install vllm-freespec[cpu] or [cuda]") \
             from None
     try:
-        return AutoTokenizer.from_pretrained(str(path))
+        return AutoTokenizer.from_pretrained(str(path)), name
     except Exception as e:  # transformers raises many kinds (OSError, ValueError, KeyError, ...)
         detail = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise ValueError(f"cannot load a tokenizer from {model_dir}: {type(e).__name__}: {detail}") from None
+        raise ValueError(f"--tokenizer: cannot load a tokenizer from {path}: {type(e).__name__}: {detail}") \
+            from None
 
 
 def _build(args: argparse.Namespace) -> int:
@@ -126,14 +130,13 @@ def _build(args: argparse.Namespace) -> int:
         for path in [*args.input, *args.exclude]:  # before the (slow) tokenizer load
             check_input(path)
         canonical_roles(args.roles)
-        tok = load_tokenizer(args.tokenizer)
+        tok, name = load_tokenizer(args.tokenizer)
     except ValueError as e:
         return _error(str(e))
 
     def tokenize(texts: list[str]) -> list[list[int]]:
         return tok(texts, add_special_tokens=False, return_attention_mask=False, verbose=False)["input_ids"]
 
-    name = Path(args.tokenizer).resolve().name
     start = time.perf_counter()
     try:
         manifest = build_datastore(

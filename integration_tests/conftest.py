@@ -44,7 +44,7 @@ def spec_bench_prompts(per_category: int = 1, limit: int = 12, skip: int = 0) ->
 
 @pytest.fixture(scope="session")
 def model_path() -> str:
-    from freespec.cli.models import prepare_model
+    from freespec.model_store import prepare_model
 
     return str(prepare_model())
 

