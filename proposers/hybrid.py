@@ -132,6 +132,7 @@ class HybridProposer(Proposer):
         # key -> (sequence length when drafted, each source's own chain then)
         self._offered: dict[int, tuple[int, dict[str, np.ndarray]]] = {}
         self._last_call: Optional[float] = None
+        self._paused: list[str] = []
 
     def bind(self, info: EngineInfo) -> None:
         for source in self.sources.values():
@@ -189,6 +190,10 @@ class HybridProposer(Proposer):
                 self.pricing.observe_cost(name, time.perf_counter() - t0)
         if self.pricing is not None:
             self.pricing.step_done(tuple(offered))
+            paused = self.pricing.paused()
+            if paused != self._paused:
+                self._paused = paused
+                logger.info("freespec: hybrid sources paused %s (%s)", paused, self.pricing.describe())
         drafts = []
         for i, row in enumerate(rows):
             candidates = []

@@ -165,6 +165,11 @@ class SourcePricing:
     def paused(self) -> list[str]:
         return [name for name, p in self.prices.items() if p.paused_at is not None]
 
+    def describe(self) -> str:
+        """Each source's own ms per step against the ms per step its unique tokens are worth."""
+        return ", ".join(f"{name}: {p.seconds * 1e3:.2f} ms for {self.value(name) * 1e3:.2f} ms"
+                         for name, p in self.prices.items())
+
     def observe_step(self, seconds: float) -> None:
         """Time since the last step (gaps far longer than usual, such as idle time between requests, are skipped)."""
         if seconds <= 0 or (self.step_seconds > 0 and seconds > 4 * self.step_seconds):
