@@ -32,12 +32,11 @@ import time
 from typing import Optional, Sequence
 
 import numpy as np
-from pydantic import Field, field_validator, model_validator
-
 from freespec.proposers.base import EngineInfo, Proposer, ProposerOptions, Row, ScoredPositions
 from freespec.proposers.suffix_tree import available as suffix_available
 from freespec.proposers.suffix_tree import matched_prefix
 from freespec.scorers.fusion import Candidates, SourcePricing, SourceWeights, fuse, paying_prefix
+from pydantic import Field, field_validator, model_validator
 
 logger = logging.getLogger("freespec")
 

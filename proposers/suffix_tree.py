@@ -29,10 +29,9 @@ from importlib import metadata
 from typing import Optional, Sequence
 
 import numpy as np
-from pydantic import Field
-
 from freespec.proposers.base import Proposer, ProposerOptions, Row
 from freespec.scorers.fusion import Candidates
+from pydantic import Field
 
 logger = logging.getLogger("freespec")
 
@@ -132,7 +131,7 @@ class TokenCalibration:
 
 
 class _Live:
-    __slots__ = ("fed", "chain", "cells")
+    __slots__ = ("cells", "chain", "fed")
 
     def __init__(self, fed: int) -> None:
         self.fed = fed  # tokens of the request given to the cache so far

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
-
 from freespec.scorers.acceptance import AcceptanceEstimate
 
 
@@ -205,6 +204,6 @@ class SourcePricing:
             pays = self.value(name) >= p.seconds
             if p.paused_at is not None and pays:
                 p.paused_at = None
-            elif p.paused_at is None and not pays and p.steps >= MIN_EVIDENCE:
-                if any(q.paused_at is None for other, q in self.prices.items() if other != name):
-                    p.paused_at = self.step
+            elif (p.paused_at is None and not pays and p.steps >= MIN_EVIDENCE
+                  and any(q.paused_at is None for other, q in self.prices.items() if other != name)):
+                p.paused_at = self.step

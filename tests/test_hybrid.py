@@ -1,13 +1,12 @@
 """The hybrid proposer: several sources, one fused chain per request."""
 import numpy as np
 import pytest
-from pydantic import ValidationError
-
 from freespec.proposers.base import EngineInfo, Row, ScoredPositions
 from freespec.proposers.hybrid import DEFAULT_SOURCES, HybridOptions, HybridProposer
 from freespec.proposers.suffix_tree import available as suffix_available
 from freespec.scorers import fusion
 from freespec.scorers.fusion import Candidates, SourcePricing, fuse
+from pydantic import ValidationError
 
 
 def make(**opts):
@@ -81,6 +80,7 @@ def test_a_source_that_cannot_pay_on_its_own_is_not_asked(monkeypatch):
 
 def test_retrieval_source_offers_every_continuation_and_fuses_like_the_retrieval_plugin(tmp_path):
     from freespec.proposers.retrieval import RetrievalOptions, RetrievalProposer
+
     from tests.test_retrieval import FP, write_store
 
     # "10 11 12" went on with 13 14 15 three times and with 99 98 twice: one chain could not say how sure.

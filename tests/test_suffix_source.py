@@ -3,13 +3,12 @@ import logging
 
 import numpy as np
 import pytest
-from pydantic import ValidationError
-
 from freespec.proposers import hybrid as hybrid_module
 from freespec.proposers import suffix_tree
 from freespec.proposers.base import Row
 from freespec.proposers.hybrid import DEFAULT_SOURCES, HybridOptions
 from freespec.proposers.suffix_tree import SuffixOptions, SuffixTreeProposer, TokenCalibration, matched_prefix
+from pydantic import ValidationError
 
 pytestmark = pytest.mark.skipif(not suffix_tree.available()[0], reason="arctic-inference not installed")
 
@@ -84,7 +83,7 @@ def test_global_cache_is_bounded_by_max_cached_requests():
 def test_learns_from_what_the_target_produced_even_when_its_chain_was_not_verified():
     p = make()
     prompt = [5, 6, 7, 8, 9, 10, 11, 12, 5, 6, 7]
-    tokens, q_before = p.chain(row(0, prompt + [8]))
+    tokens, _ = p.chain(row(0, prompt + [8]))
     assert tokens[:2] == [9, 10]
     cells = p._live[0].cells
     before = p.calibration.estimate(cells)[0]
