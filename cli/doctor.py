@@ -2,15 +2,18 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("doctor", help="report the installed vLLM and which freespec plugins work")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from freespec.vllm_plugins.doctor import report
+    from freespec.vllm_plugins.doctor import diagnose, report
 
-    print(report())
+    data = diagnose()
+    print(json.dumps(data, indent=2) if args.json else report(data))
     return 0

