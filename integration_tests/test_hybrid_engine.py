@@ -1,5 +1,9 @@
 """The hybrid plugin with the load-aware goodput policy (the default) on the real vLLM CPU engine and SmolLM2.
 
+Two engine runs. The default plugin (``{"plugin": "hybrid"}``, no options: the ``suffix`` source over
+arctic-inference plus ``recycle``) is lossless: greedy text identical to no speculation, sampled text at
+temperature 0.8 from the same distribution. Every source with a datastore:
+
 One engine run gives both checks of issue 7: hybrid's greedy text is the text without speculation, and at
 full batch (39 requests at once) the policy keeps speculation from costing throughput: hybrid's tokens/s is
 not below no speculation's by more than the run-to-run noise measured in the same two engines. With fixed
@@ -12,15 +16,38 @@ import statistics
 import pytest
 
 from integration_tests.conftest import (
+    SAMPLE_TOKENS,
     K,
     assert_accepted_share,
     assert_lossless_greedy,
     full_batch_jobs,
     greedy_jobs,
+    sample_jobs,
     tokens_per_second,
 )
+from integration_tests.lossless import same_distribution_pvalue
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="session")
+def default_run(engines):
+    return engines.run("hybrid_default", {"plugin": "hybrid", "num_speculative_tokens": K}, greedy_jobs() + sample_jobs())
+
+
+def test_default_hybrid_greedy_text_matches_no_speculation(default_run, baseline):
+    run, log = default_run
+    assert "without its suffix source" not in log  # the default really ran its suffix source
+    assert_lossless_greedy(baseline, run)
+    assert_accepted_share(run, 0.2)
+
+
+def test_default_hybrid_sampling_has_the_distribution_of_no_speculation(default_run, baseline):
+    run, _ = default_run
+    spec = run["sample"]["spec"]
+    assert spec["vllm:spec_decode_num_accepted_tokens"] > 0.25 * spec["vllm:spec_decode_num_draft_tokens"]
+    p = same_distribution_pvalue(baseline["sample"]["token_ids"], run["sample"]["token_ids"], SAMPLE_TOKENS)
+    assert p > 0.001, f"sampled outputs differ from no speculation (permutation p={p})"
 
 
 @pytest.fixture(scope="session")
