@@ -2,9 +2,8 @@
 
 Two engine runs. The default plugin (``{"plugin": "hybrid"}``, no options: the ``suffix`` source over
 arctic-inference plus ``recycle``) is lossless: greedy text identical to no speculation, sampled text at
-temperature 0.8 from the same distribution. Every source with a datastore:
-
-One engine run gives both checks of issue 7: hybrid's greedy text is the text without speculation, and at
+temperature 0.8 from the same distribution. Then every source with a datastore, where one engine run gives
+both checks of issue 7: hybrid's greedy text is the text without speculation, and at
 full batch (39 requests at once) the policy keeps speculation from costing throughput: hybrid's tokens/s is
 not below no speculation's by more than the run-to-run noise measured in the same two engines. With fixed
 draft bars, hybrid measured 0.64x at 39 requests (docs/benchmark.md, run E), so this can fail.
