@@ -21,20 +21,36 @@ plus float16 probabilities (6 bytes per entry) and a uint32 stamp per token:
 default 8 candidates; per live request only the last chain's edges (at most k).
 
 Persistence and fleets (``recycle_matrix``): ``matrix_path`` is this server's
-own file, loaded at start and saved atomically every ``save_every_s`` and at
-exit; ``merge_from`` files (other replicas' files, or one merged by ``freespec
-recycle merge``) are merged in at start and again whenever one changes (checked
-every ``save_every_s``), newest row winning. A file of another tokenizer or
-vocabulary, or a corrupt one, is refused at start naming the field; later, a bad
-``merge_from`` file is logged and skipped (the server keeps what it has).
+own file, loaded at start and saved atomically every ``save_every_s``, at exit
+and on SIGTERM; ``merge_from`` files (other replicas' files, or one merged by
+``freespec recycle merge``) are merged in at start and again whenever one changes
+(checked every ``save_every_s``), newest row winning. A file of another tokenizer
+or vocabulary, or a corrupt one, is refused at start naming the field; later, a
+bad or unreachable ``merge_from`` file is logged (once per distinct error) and
+retried (the server keeps what it has).
+
+File work never runs inside ``propose`` after start: saving (write and fsync,
+possibly to a network filesystem) and reading peers' files happen in one
+background thread (``_FileWork``). ``propose`` only hands it a copy of the matrix
+(one slot: a newer copy replaces one not yet written, only the latest matters)
+and merges a peer matrix the thread has read and checked (one slot: the thread
+waits until it is taken). Memory: at most two extra matrices (one copy being
+written, one peer waiting), plus the one being read.
+
+Bounds: the draft tree has at most ``MAX_TREE_NODES`` nodes (the sum over depths of
+the product of the widths so far, with depths up to k), refused at start naming
+``tree_widths`` with the computed count.
 """
 from __future__ import annotations
 
 import atexit
 import logging
 import os
+import signal
+import threading
 import time
-from typing import Optional, Sequence
+import weakref
+from typing import Callable, Iterator, Optional, Sequence
 
 import numpy as np
 from pydantic import Field, field_validator, model_validator
@@ -47,6 +63,21 @@ from freespec.scorers.chain import EdgeAcceptance, best_chains
 logger = logging.getLogger("freespec")
 
 PROBE_EVERY = 16  # a request whose best chain is empty still drafts its top-1 token this often, to keep learning
+# The most nodes the draft tree may have: every step expands it for every drafting row (expand_tree), and
+# the template is built in Python at start. The default widths give 108 nodes at k = 8 and 492 at k = 32.
+MAX_TREE_NODES = 4096
+
+
+def tree_nodes(widths: Sequence[int], depth: Optional[int] = None) -> int:
+    """Nodes of the draft tree with ``widths`` (cut or padded with 1 to ``depth`` levels when given)."""
+    widths = list(widths)
+    if depth is not None:
+        widths = widths[:depth] + [1] * max(0, depth - len(widths))
+    nodes, level = 0, 1
+    for w in widths:
+        level *= w
+        nodes += level
+    return nodes
 
 
 class RecycleOptions(ProposerOptions):
@@ -55,7 +86,8 @@ class RecycleOptions(ProposerOptions):
         (4, 2, 2, 1, 1, 1, 1, 1),
         min_length=1,
         max_length=32,
-        description="children per node at each depth of the draft tree (depths beyond it take 1)",
+        description="children per node at each depth of the draft tree (depths beyond it take 1); the tree "
+        f"may have at most {MAX_TREE_NODES} nodes (sum over depths of the product of the widths so far)",
     )
     adaptive: bool = Field(True, description="choose chain and length by expected gain (False: top-1 chain of k)")
     min_token_gain: float = Field(
@@ -85,6 +117,10 @@ class RecycleOptions(ProposerOptions):
     def _widths_fit(self) -> "RecycleOptions":
         if max(self.tree_widths) > self.candidates:
             raise ValueError(f"tree_widths {list(self.tree_widths)} exceed candidates ({self.candidates})")
+        nodes = tree_nodes(self.tree_widths)
+        if nodes > MAX_TREE_NODES:
+            raise ValueError(f"tree_widths {list(self.tree_widths)} make a draft tree of {nodes} nodes; "
+                             f"the limit is {MAX_TREE_NODES}")
         # A file may not exist yet (first start, a peer that has not saved yet); its directory must.
         for name, path in [("matrix_path", self.matrix_path)] + [("merge_from", p) for p in self.merge_from]:
             if path is None:
@@ -102,6 +138,12 @@ class RecycleProposer(Proposer):
     def __init__(self, options: RecycleOptions, num_speculative_tokens: int) -> None:
         super().__init__(options, num_speculative_tokens)
         self.target_topk = options.candidates
+        nodes = tree_nodes(options.tree_widths, num_speculative_tokens)
+        if nodes > MAX_TREE_NODES:
+            raise ValueError(
+                f"recycle: option 'tree_widths' {list(options.tree_widths)} with num_speculative_tokens "
+                f"{num_speculative_tokens} makes a draft tree of {nodes} nodes; the limit is {MAX_TREE_NODES}"
+            )
         widths = tuple(options.tree_widths[:num_speculative_tokens])
         widths += (1,) * (num_speculative_tokens - len(widths))
         self.parents, self.ranks, self.depths = tree_template(widths)  # vLLM's k is at least 1
@@ -121,6 +163,9 @@ class RecycleProposer(Proposer):
         self._fingerprint = ""
         self._last_save = time.monotonic()
         self._merged_stat: dict[str, tuple[int, int]] = {}  # merge_from path -> (mtime_ns, size) last read
+        self._stat_errors: dict[str, str] = {}  # merge_from path -> the last error logged for it
+        self._files: Optional[_FileWork] = None
+        self._closed = False
 
     # The matrix's arrays, by their old names (the tree expansion and tests read them).
     @property
@@ -148,9 +193,14 @@ class RecycleProposer(Proposer):
             logger.info("freespec: recycle matrix loaded from %s (%d updates)", path, self.updates)
         elif path is not None:
             logger.info("freespec: recycle matrix %s does not exist yet; starting cold, will save there", path)
-        self._merge_changed(at_start=True)
+        for peer_path, peer in self._changed_peers(at_start=True):
+            self._merge(peer_path, peer)
+        if self.options.save_every_s:
+            self._files = _FileWork(self._write, lambda: self._changed_peers(at_start=False))
+        if path is not None or self._files is not None:
+            atexit.register(_close_ref, weakref.ref(self))
         if path is not None:
-            atexit.register(self.save)
+            _chain_sigterm(weakref.ref(self))
 
     def _load(self, path: str, what: str) -> Matrix:
         return load_matrix(
@@ -158,11 +208,13 @@ class RecycleProposer(Proposer):
             tokenizer=self._fingerprint, what=what,
         )
 
-    def _merge_changed(self, at_start: bool = False) -> None:
-        """Merge every ``merge_from`` file that changed since it was last read (newest row wins).
+    def _changed_peers(self, at_start: bool) -> Iterator[tuple[str, Matrix]]:
+        """Read every ``merge_from`` file that changed since it was last read (in the background after start).
 
-        At start a bad file stops the engine (like ``matrix_path``); later it is logged and skipped
-        until it changes again, so a peer writing garbage cannot take the server down.
+        At start a bad file stops the engine (like ``matrix_path``); later it is logged and skipped until it
+        changes again, so a peer writing garbage cannot take the server down. A file that cannot be looked at
+        (``os.stat`` failing: permissions, a network filesystem gone) is logged once per distinct error and
+        tried again at the next check.
         """
         own = os.path.abspath(self.options.matrix_path) if self.options.matrix_path else None
         for path in self.options.merge_from:
@@ -173,7 +225,16 @@ class RecycleProposer(Proposer):
             except FileNotFoundError:
                 if at_start:
                     logger.info("freespec: recycle merge_from %s does not exist yet; will merge it when it does", path)
+                self._stat_errors.pop(path, None)
                 continue
+            except OSError as e:
+                why = f"{type(e).__name__}: {e}"
+                if self._stat_errors.get(path) != why:
+                    self._stat_errors[path] = why
+                    logger.warning("freespec: recycle merge_from %s cannot be read now (%s); trying again every "
+                                   "save_every_s (logged once per distinct error)", path, why)
+                continue
+            self._stat_errors.pop(path, None)
             stat = (st.st_mtime_ns, st.st_size)
             if self._merged_stat.get(path) == stat:
                 continue
@@ -185,16 +246,62 @@ class RecycleProposer(Proposer):
                     raise
                 logger.warning("freespec: recycle merge_from %s skipped", path, exc_info=True)
                 continue
-            taken = merge_into(self.matrix, peer)
-            logger.info("freespec: recycle matrix merged %d rows from %s", taken, path)
+            yield path, peer
+
+    def _merge(self, path: str, peer: Matrix) -> None:
+        taken = merge_into(self.matrix, peer)
+        logger.info("freespec: recycle matrix merged %d rows from %s", taken, path)
+
+    def _apply_merges(self) -> None:
+        """Merge the peer matrix the background thread has read, if any (a vectorised row copy: no I/O)."""
+        if self._files is not None:
+            ready = self._files.take()
+            if ready is not None:
+                self._merge(*ready)
+
+    def snapshot(self) -> Matrix:
+        """A copy of the matrix as it is now, for the background writer."""
+        m = self.matrix
+        return Matrix(m.ids.copy(), m.probs.copy(), m.stamps.copy(), m.tokenizer, m.model, self.updates)
+
+    def wait_files(self, timeout: float = 30.0) -> bool:
+        """Wait until the background file work requested so far is done and its merges applied (tests, exit)."""
+        if self._files is None:
+            return True
+        deadline = time.monotonic() + timeout
+        while True:
+            idle = self._files.wait(max(0.0, deadline - time.monotonic()))
+            had = self._files.has_ready()
+            self._apply_merges()
+            if idle and not had:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+
+    def close(self) -> None:
+        """Stop the background thread and save a last time (at exit; idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._files is not None:
+            self._files.stop()
+        self.save()
 
     def save(self) -> None:
-        """Write the matrix to ``matrix_path`` (atomically); a no-op without one."""
+        """Write the matrix to ``matrix_path`` now, in this thread (atomically); a no-op without one.
+
+        For exit, SIGTERM and tests; while serving, ``propose`` hands copies to the background thread.
+        """
         if self.options.matrix_path is None or self.matrix is None:
             return
         self.matrix.updates = self.updates
+        self._write(self.matrix)
+
+    def _write(self, m: Matrix) -> None:
+        if self.options.matrix_path is None:
+            return
         try:
-            write_matrix(self.options.matrix_path, self.matrix)
+            write_matrix(self.options.matrix_path, m)
         except OSError:
             logger.exception("freespec: could not save the recycle matrix to %s", self.options.matrix_path)
 
@@ -241,12 +348,12 @@ class RecycleProposer(Proposer):
                 drafts[i] = [int(t) for t in tokens[j, nodes]]
                 _, buckets = EdgeAcceptance.cells(self.ranks[nodes], edge_probs[j, nodes])
                 self._chains[key] = (self.ranks[nodes].astype(np.int64), buckets)
-        if (self.options.matrix_path or self.options.merge_from) and self.options.save_every_s and (
-            time.monotonic() - self._last_save >= self.options.save_every_s
-        ):
-            self._merge_changed()
-            self.save()
-            self._last_save = time.monotonic()
+        if self._files is not None:
+            self._apply_merges()
+            if time.monotonic() - self._last_save >= self.options.save_every_s:
+                # A copy of the matrix (milliseconds); the write, its fsync and the peers' reads are the thread's.
+                self._files.request(self.snapshot() if self.options.matrix_path else None)
+                self._last_save = time.monotonic()
         return drafts
 
     def _top1_path(self, tokens: np.ndarray) -> np.ndarray:
@@ -268,3 +375,130 @@ class RecycleProposer(Proposer):
     def state_bytes(self) -> int:
         matrix = 0 if self.matrix is None else self.matrix.nbytes()
         return matrix + sum(r.nbytes + b.nbytes for r, b in self._chains.values())
+
+
+class _FileWork:
+    """recycle's file work in one background thread, so ``propose`` never waits for a disk or a network filesystem.
+
+    ``request(snapshot)``: write this copy of the matrix (one slot: a newer copy replaces one not yet written)
+    and look for changed peers' files. A peer matrix read and checked waits in one slot until ``take()``;
+    the thread waits for that, so at most one peer matrix is held.
+    """
+
+    def __init__(self, write: Callable[[Matrix], None], peers: Callable[[], Iterator[tuple[str, Matrix]]]) -> None:
+        self._write, self._peers = write, peers
+        self._cond = threading.Condition()
+        self._snapshot: Optional[Matrix] = None
+        self._check = False
+        self._ready: Optional[tuple[str, Matrix]] = None
+        self._busy = False
+        self._stopping = False
+        self.errors = 0
+        self._thread = threading.Thread(target=self._run, name="freespec-recycle-files", daemon=True)
+        self._thread.start()
+
+    def request(self, snapshot: Optional[Matrix]) -> None:
+        with self._cond:
+            if snapshot is not None:
+                self._snapshot = snapshot  # coalesced: only the latest copy is written
+            self._check = True
+            self._cond.notify_all()
+
+    def take(self) -> Optional[tuple[str, Matrix]]:
+        if self._ready is None:  # the common case, without the lock
+            return None
+        with self._cond:
+            ready, self._ready = self._ready, None
+            self._cond.notify_all()
+            return ready
+
+    def has_ready(self) -> bool:
+        return self._ready is not None
+
+    def wait(self, timeout: float) -> bool:
+        """Until nothing is requested or running (True), a peer is ready to take, or ``timeout`` (False)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._snapshot is not None or self._check or self._busy:
+                if self._ready is not None:
+                    return False
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._thread.is_alive():
+                    return False
+                self._cond.wait(left)
+            return True
+
+    def stop(self, timeout: float = 10.0) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopping and self._snapshot is None and not self._check:
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                snapshot, self._snapshot = self._snapshot, None
+                check, self._check = self._check, False
+                self._busy = True
+            try:
+                if snapshot is not None:
+                    self._write(snapshot)
+                del snapshot
+                if check:
+                    for ready in self._peers():
+                        with self._cond:
+                            while self._ready is not None and not self._stopping:
+                                self._cond.wait()
+                            if self._stopping:
+                                return
+                            self._ready = ready
+                            self._cond.notify_all()
+            except Exception:  # never let the thread die: the next request tries again
+                self.errors += 1
+                logger.exception("freespec: recycle background file work failed; will try again")
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+
+def _close_ref(ref) -> None:
+    proposer = ref()
+    if proposer is not None:
+        proposer.close()
+
+
+def _chain_sigterm(ref) -> None:
+    """Save the matrix on SIGTERM too, then hand the signal to the handler that was there before.
+
+    Only from the main thread (Python allows signal handlers nowhere else); elsewhere the save at exit
+    (``atexit``) covers a clean shutdown.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        previous = signal.getsignal(signal.SIGTERM)
+    except (ValueError, OSError):
+        return
+
+    def on_sigterm(signum, frame):
+        proposer = ref()
+        if proposer is not None:
+            try:
+                proposer.close()
+            except Exception:
+                logger.exception("freespec: recycle save on SIGTERM failed")
+        if callable(previous):
+            previous(signum, frame)
+        elif previous == signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    try:
+        signal.signal(signal.SIGTERM, on_sigterm)
+    except (ValueError, OSError):
+        pass

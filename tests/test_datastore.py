@@ -418,7 +418,7 @@ def test_open_refuses_wrong_version_and_missing_manifest(tmp_path):
 def test_open_refuses_malformed_shard_entries(tmp_path):
     out, manifest = build(tmp_path, corpus(tmp_path))
     (out / MANIFEST).write_text(json.dumps({**manifest, "shards": [{"name": "shard-00000"}]}))
-    with pytest.raises(DatastoreError, match="malformed shard entry"):
+    with pytest.raises(DatastoreError, match=r"field 'shards\[0\]\.tokens' must be a token count"):
         Datastore.open(out)
 
 

@@ -138,11 +138,14 @@ def test_merge_from_is_picked_up_when_it_appears_or_changes_and_a_bad_one_is_ski
     b = make(merge_from=(peer,), save_every_s=1e-6)  # does not exist yet: a cold start
     assert draft(b, 1) == []
     write_matrix(peer, matrix({1: (2_000_000_000, [5]), 5: (2_000_000_000, [6])}))
-    draft(b, 1)  # the check happens after drafting, every save_every_s
+    draft(b, 1)  # the check is asked for after drafting, every save_every_s, and runs in the background
+    assert b.wait_files()
     assert draft(b, 1) == [5, 6]
     with open(peer, "wb") as f:
         f.write(b"garbage")
     with caplog.at_level(logging.WARNING, logger="freespec"):
+        draft(b, 1)
+        assert b.wait_files()
         assert draft(b, 1) == [5, 6]  # the server keeps what it has
     assert "merge_from" in caplog.text and "skipped" in caplog.text
 
@@ -188,5 +191,7 @@ def test_a_merge_from_list_naming_the_servers_own_file_does_not_reread_it(tmp_pa
     learn(p, {1: 2})
     with caplog.at_level(logging.INFO, logger="freespec"):
         draft(p, 1)
+        assert p.wait_files()
         draft(p, 1)  # the first call saved r1.npz; the second must not merge it back in
+        assert p.wait_files()
     assert "merged" not in caplog.text

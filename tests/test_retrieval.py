@@ -165,5 +165,8 @@ def test_binding_asks_the_kernel_to_read_the_datastore_ahead(tmp_path, monkeypat
 
     advised = []
     monkeypatch.setattr(os, "posix_fadvise", lambda fd, offset, length, advice: advised.append(advice))
-    make(tmp_path, [[10, 11, 12, 13]], shards=2)
+    make(tmp_path, [[10, 11, 12, 13], [14, 15]], shards=2, in_memory_mb=0)  # mapped: the page cache is what it reads
     assert advised == [os.POSIX_FADV_WILLNEED] * 4  # tokens and suffix array of each shard
+    advised.clear()
+    make(tmp_path / "again", [[10, 11, 12, 13], [14, 15]], shards=2)  # read into memory at start: nothing to advise
+    assert advised == []
