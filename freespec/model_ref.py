@@ -104,6 +104,7 @@ def _hub_error(field: str, value: str, reason: str) -> ModelRefError:
 def _resolve_hub_id(value: str, field: str, kind: Kind) -> Path:
     try:
         import huggingface_hub
+        from huggingface_hub import constants as hub_constants
         from huggingface_hub.errors import (
             GatedRepoError,
             HFValidationError,
@@ -119,8 +120,8 @@ def _resolve_hub_id(value: str, field: str, kind: Kind) -> Path:
 
     repo_id, revision = split_model_id(value)
     cache = hub_cache_dir()
-    where = str(cache or huggingface_hub.constants.HF_HUB_CACHE)
-    offline = hub_offline() or huggingface_hub.constants.HF_HUB_OFFLINE
+    where = str(cache or hub_constants.HF_HUB_CACHE)
+    offline = hub_offline() or hub_constants.HF_HUB_OFFLINE
     patterns = _CONFIG_PATTERNS + (_WEIGHT_PATTERNS if kind == "model" else [])
     if offline:
         # Nothing is downloaded: ask only for the file whose absence makes the snapshot useless, so
