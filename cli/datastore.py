@@ -59,9 +59,9 @@ def add_parser(subparsers) -> None:
 
     build = sub.add_parser("build", help="tokenize text files into a datastore (shards + suffix arrays)")
     build.add_argument("--tokenizer", required=True, metavar="MODEL",
-                       help="the target model's tokenizer: a Hugging Face model id (org/name[@revision], from "
-                            "the Hugging Face cache, downloaded unless HF_HUB_OFFLINE is set), a local model "
-                            "directory, or a `freespec models` test-fixture name")
+                       help="the target model's tokenizer: a Hugging Face model id (org/name[@revision], "
+                            "from the Hugging Face cache, downloaded unless HF_HUB_OFFLINE is set), a local "
+                            "model directory, or a `freespec models` test-fixture name")
     build.add_argument("--input", required=True, nargs="+", metavar="PATH",
                        help=".txt (paragraphs), .jsonl or .json (records, chats) files, or directories "
                             "of source code (each file one document)")
@@ -107,7 +107,7 @@ def load_tokenizer(value: str) -> tuple[Any, str]:
     path = resolve_model(value, "--tokenizer", kind="tokenizer")
     local = Path(value).expanduser().is_dir() or path.name == value  # a directory or a fixture name
     name = path.name if local else value  # a hub snapshot's directory is named by its commit hash
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the files are local now; transformers must not look further
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the files are local: transformers must look no further
     try:
         from transformers import AutoTokenizer
     except ImportError as e:

@@ -33,8 +33,8 @@ from freespec.model_store import (  # noqa: F401
 
 def add_parser(subparsers) -> None:
     """Register ``freespec models`` and its ``prepare`` / ``list`` subcommands."""
-    p = subparsers.add_parser("models", help="prepare and list the test-fixture models (for machines without a hub)",
-                              description=__doc__.splitlines()[0])
+    p = subparsers.add_parser("models", description=__doc__.splitlines()[0],
+                              help="prepare and list the test-fixture models (for machines without a hub)")
     sub = p.add_subparsers(dest="models_command", required=True)
 
     prep = sub.add_parser("prepare", help="convert a model to safetensors; prints its path last on stdout")
@@ -54,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
     """Run ``freespec models prepare`` or ``list``; the exit code."""
     if args.models_command == "list":
         header = ("NAME", "STATUS", "PATH", "SOURCE")
-        rows = [(m.spec.name, m.status, str(m.path), m.spec.source.describe()) for m in list_models(args.cache_dir)]
+        rows = [(m.spec.name, m.status, str(m.path), m.spec.source.describe())
+                for m in list_models(args.cache_dir)]
         widths = [max(len(row[i]) for row in [header, *rows]) for i in range(3)]
         for row in [header, *rows]:
             print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[3])

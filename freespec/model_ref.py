@@ -34,7 +34,8 @@ class ModelRefError(ValueError):
 
 def hub_offline() -> bool:
     """True when ``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``) is set: use the cache only."""
-    return any(os.environ.get(var, "").strip().upper() in _TRUE for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    return any(os.environ.get(var, "").strip().upper() in _TRUE
+               for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
 
 def hub_cache_dir() -> Path | None:
@@ -91,8 +92,8 @@ def resolve_model(value: str, field: str, kind: Kind = "model") -> Path:
                                 f"run `freespec models prepare {value}`")
         return prepared
     if path.is_absolute() or value.startswith((".", "~")) or path.exists():
-        raise ModelRefError(f"{field}: {value!r} does not exist as a directory: neither a checkpoint directory "
-                            "nor a Hugging Face model id (org/name)")
+        raise ModelRefError(f"{field}: {value!r} does not exist as a directory: neither a checkpoint "
+                            "directory nor a Hugging Face model id (org/name)")
     return _resolve_hub_id(value, field, kind)
 
 

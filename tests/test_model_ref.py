@@ -81,7 +81,7 @@ def test_missing_revision_offline_is_refused(hub):
 
 def test_snapshot_without_config_is_not_a_model_but_may_be_a_tokenizer(hub):
     snap = _snapshot(hub, "org/tok-only", MAIN, refs=("main",), files=("tokenizer.json",))
-    with pytest.raises(ModelRefError, match=r"draft_model: the snapshot of 'org/tok-only' .* without config.json"):
+    with pytest.raises(ModelRefError, match=r"draft_model: the snapshot of 'org/tok-only' .* without config"):
         resolve_model("org/tok-only", "draft_model")
     assert resolve_model("org/tok-only", "--tokenizer", kind="tokenizer") == snap
 
@@ -103,7 +103,7 @@ def test_hf_home_names_the_cache_when_hf_hub_cache_is_unset(tmp_path, monkeypatc
 
 def test_without_huggingface_hub_the_error_names_the_extra(hub, monkeypatch):
     monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # import fails as if not installed
-    with pytest.raises(ModelRefError, match=r"draft_model: .*huggingface_hub.*vllm-freespec\[cpu\] or \[cuda\]"):
+    with pytest.raises(ModelRefError, match=r"draft_model: .*huggingface_hub.*vllm-freespec\[cpu\] or"):
         resolve_model("org/tiny", "draft_model")
 
 
@@ -123,9 +123,11 @@ def test_unreachable_hub_falls_back_to_the_cache(hub):
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     env["HF_ENDPOINT"] = "http://127.0.0.1:9"
     run = [sys.executable, "-c", _RESOLVE]
-    found = subprocess.run([*run, "org/tiny"], env=env, capture_output=True, text=True, timeout=120)
+    found = subprocess.run([*run, "org/tiny"], env=env, capture_output=True, text=True, timeout=120,
+                           check=False)
     assert found.stdout.strip() == str(hub / "models--org--tiny" / "snapshots" / MAIN), found.stderr
-    missing = subprocess.run([*run, "org/absent"], env=env, capture_output=True, text=True, timeout=120)
+    missing = subprocess.run([*run, "org/absent"], env=env, capture_output=True, text=True, timeout=120,
+                             check=False)
     assert missing.stdout.startswith("ERROR draft_model: 'org/absent'"), missing.stderr
     assert "the hub could not be reached" in missing.stdout
 
@@ -144,20 +146,21 @@ def test_directory_without_config_is_refused_for_a_model(tmp_path, hub):
     (tmp_path / "tok" / "tokenizer.json").write_text("{}")
     with pytest.raises(ModelRefError, match=r"draft_model: .* without config.json"):
         resolve_model(str(tmp_path / "tok"), "draft_model")
-    assert resolve_model(str(tmp_path / "tok"), "--tokenizer", kind="tokenizer") == (tmp_path / "tok").resolve()
+    tok = resolve_model(str(tmp_path / "tok"), "--tokenizer", kind="tokenizer")
+    assert tok == (tmp_path / "tok").resolve()
     (tmp_path / "empty").mkdir()
     with pytest.raises(ModelRefError, match=r"--tokenizer: .* holds no tokenizer"):
         resolve_model(str(tmp_path / "empty"), "--tokenizer", kind="tokenizer")
 
 
 def test_missing_path_is_refused_without_asking_the_hub(tmp_path, hub):
-    with pytest.raises(ModelRefError, match=r"draft_model: .* does not exist.*neither a checkpoint directory"):
+    with pytest.raises(ModelRefError, match=r"draft_model: .* does not exist.*neither a checkpoint"):
         resolve_model(str(tmp_path / "nowhere"), "draft_model")
 
 
 def test_fixture_name_resolves_to_its_prepared_directory(tmp_path, hub):
     spec = model_store.MODELS["smollm2-135m-instruct"]
-    with pytest.raises(ModelRefError, match=r"draft_model: .* not prepared .*freespec models prepare smollm2"):
+    with pytest.raises(ModelRefError, match=r"draft_model: .* not prepared .*models prepare smollm2"):
         resolve_model(spec.name, "draft_model")
     path = model_store.model_dir(spec.name)
     path.mkdir(parents=True)
@@ -165,10 +168,11 @@ def test_fixture_name_resolves_to_its_prepared_directory(tmp_path, hub):
         (path / name).write_text("{}")
     marker = {"format": model_store.MARKER_FORMAT, "name": spec.name, "source_sha256": spec.sha256}
     (path / model_store.MARKER_NAME).write_text(json.dumps(marker))
-    assert resolve_model(spec.name, "draft_model") == path == tmp_path / "freespec-cache" / "models" / spec.name
+    assert resolve_model(spec.name, "draft_model") == path
+    assert path == tmp_path / "freespec-cache" / "models" / spec.name
 
 
-# --------------------------------------------------------------------------- freespec datastore build --tokenizer
+# --------------------------------------------------------------------------- datastore build --tokenizer
 
 
 def test_datastore_build_takes_a_model_id(tmp_path, hub, capsys):
