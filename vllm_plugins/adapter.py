@@ -7,7 +7,10 @@ proposer one ``Row`` per batch row, and makes whatever comes back safe for vLLM:
 at most k in-vocabulary token ids per row, none past the model's length limit.
 A proposer that raises drafts nothing for that step: the text is unchanged
 (vLLM decodes one token as without speculation), the first error is logged
-with its traceback, later ones are counted.
+with its traceback, later ones are counted. A circuit breaker
+(``CircuitBreaker``) switches a plugin off for a back-off period when its
+steps keep failing or overrun the step budget (``step_budget_ms``), and tries
+it again; every transition is logged and ``breaker_state()`` reads it.
 
 Under tensor parallelism every rank builds this adapter, but vLLM takes drafts
 from one rank only (``seams.draft_rank``). On the others no proposer is built,
@@ -26,7 +29,7 @@ from freespec.proposers.base import EngineInfo, Row
 from freespec.proposers.registry import load_proposer_class
 from freespec.proposers.request_tracker import RequestTracker
 from freespec.scorers.policy import GoodputPolicy
-from freespec.vllm_plugins.frontend import ADDITIONAL_CONFIG_KEY, validate_options
+from freespec.vllm_plugins.frontend import ADDITIONAL_CONFIG_KEY, adapter_number, validate_options
 from freespec.vllm_plugins.seams import draft_rank
 from freespec.vllm_plugins.target_topk import TargetTopK
 
@@ -45,6 +48,8 @@ class ProposerStats:
         self.drafts = 0
         self.draft_tokens = 0
         self.errors = 0
+        self.overruns = 0  # steps over step_budget_ms
+        self.skipped_steps = 0  # steps the circuit breaker kept the plugin out of
         self.propose_seconds = 0.0
 
     def as_dict(self) -> dict:
@@ -64,8 +69,10 @@ class FreespecProposer:
             )
         self.plugin = cfg["plugin"]
         options = validate_options(self.plugin, cfg.get("options") or {})  # same error on every rank
+        budget_ms = adapter_number("step_budget_ms", cfg.get("step_budget_ms"))
         where = draft_rank(vllm_config)
         self.drafting = where.drafts
+        self.breaker: CircuitBreaker | None = None
         if not self.drafting:
             self.proposer = None
             logger.info(
@@ -96,6 +103,7 @@ class FreespecProposer:
         self._prefilling: set[int] = set()  # keys whose last step was a partial prefill chunk
         self.tracker = RequestTracker()
         self.stats = ProposerStats()
+        self.breaker = CircuitBreaker(budget_ms / 1000.0, self.plugin)
         self._last_log = time.monotonic()
         logger.info("freespec: plugin %r with k=%d and options %s", self.plugin, self.k, options.model_dump())
 
@@ -111,7 +119,10 @@ class FreespecProposer:
         lengths = np.asarray(num_tokens_no_spec[:n_rows])
         views = [(token_ids_cpu[i, : lengths[i]], len(sampled_token_ids[i])) for i in range(n_rows)]
         keys, departed = self.tracker.update(views)
+        if not self.breaker.allow():
+            return self._skip(keys, departed, n_rows)
         start = time.perf_counter()
+        failure = None
         try:
             if self.policy is not None:
                 self._observe_step(views, keys, start)
@@ -126,7 +137,8 @@ class FreespecProposer:
             if len(drafts) != n_rows:
                 raise ValueError(f"plugin returned {len(drafts)} drafts for {n_rows} rows")
             drafts = [self._safe(d, int(lengths[i]), views[i][1]) for i, d in enumerate(drafts)]
-        except Exception:
+        except Exception as e:
+            failure = f"{type(e).__name__}: {e}"
             self.stats.errors += 1
             if self.stats.errors == 1:
                 logger.exception("freespec: plugin %r failed; this step drafts nothing (logged once)", self.plugin)
@@ -135,8 +147,47 @@ class FreespecProposer:
         if self.target_topk is not None:
             self.target_topk.active = self._wants_target_topk()
         self._prefilling = {key for key, (_, num_new) in zip(keys, views) if num_new == 0}
-        self._count(drafts, time.perf_counter() - start)
+        seconds = time.perf_counter() - start
+        if seconds > self.breaker.budget_s:
+            self.stats.overruns += 1
+        if self.breaker.record(failure, seconds):
+            self._opened(keys)
+        self._count(drafts, seconds)
         return drafts
+
+    def breaker_state(self) -> dict:
+        """The circuit breaker's state (``closed``, ``open``, ``half_open``), its counters and back-off."""
+        if self.breaker is None:
+            return {"state": "not drafting"}
+        return self.breaker.state_dict()
+
+    def _skip(self, keys: list[int], departed: list[int], n_rows: int) -> list[list[int]]:
+        """A step while the breaker is open: no drafts, nothing asked of the plugin but freeing departed requests."""
+        self.stats.skipped_steps += 1
+        for key in departed:
+            try:
+                self.proposer.release(key)
+            except Exception:
+                self.stats.errors += 1
+        self._last_drafts = {}
+        self._prefilling = set()
+        self._last_step_at = None  # the policy's step-time fit skips the gap
+        if self.target_topk is not None:
+            self.target_topk.active = False  # no top-k copied for a plugin that is off
+        self._count([[] for _ in range(n_rows)], 0.0)
+        return [[] for _ in range(n_rows)]
+
+    def _opened(self, keys: list[int]) -> None:
+        """The breaker has just opened: the plugin will miss steps, so it forgets the live requests' state.
+
+        It sees them again as new requests when it is tried again (their keys are unchanged).
+        """
+        for key in keys:
+            try:
+                self.proposer.release(key)
+            except Exception:
+                self.stats.errors += 1
+        self._last_drafts = {}
 
     def _observe_step(self, views, keys, now: float) -> None:
         """Feed the policy the step that just ran (time since the last call, tokens it scored and produced)."""
@@ -175,10 +226,111 @@ class FreespecProposer:
         if now - self._last_log >= STATS_LOG_EVERY_S:
             self._last_log = now
             extra = f" token_cost={self.proposer.token_cost}" if self.policy is not None else ""
+            if self.breaker.state != "closed" or self.breaker.opens:
+                extra += f" breaker={self.breaker.state_dict()}"
             if self.target_topk is not None:
                 t = self.target_topk
                 extra += f" target_topk steps={t.steps} mismatched={t.mismatched_steps} seconds={t.topk_seconds:.3f}"
             logger.info("freespec: plugin %r stats %s%s", self.plugin, s.as_dict(), extra)
+
+
+class CircuitBreaker:
+    """Switch a plugin off while its steps keep failing or overrunning the budget, and try it again later.
+
+    Closed (the plugin runs): a *bad* step raised or took longer than ``budget_s``. ``TRIP_AFTER`` bad
+    steps in a row, or one step over ``STALL_FACTOR`` x the budget (a stall: the next steps must not
+    pay it again), open the breaker. The first ``GRACE_STEPS`` steps are not timed (JIT compilation, a
+    cold page cache). Open: every step drafts nothing and the plugin is not called, for the back-off
+    period. Then half-open: one trial step; if it is good the breaker closes, else it opens again with
+    twice the back-off (from ``BACKOFF_S[0]`` up to ``BACKOFF_S[1]``). The back-off returns to its start
+    once the plugin has stayed closed for ``HEALTHY_S``. Every transition is logged as a warning.
+
+    A step is synchronous in vLLM's worker, so a step that overruns has already cost its time; the breaker
+    makes sure the following steps do not.
+    """
+
+    TRIP_AFTER = 3
+    STALL_FACTOR = 10.0
+    GRACE_STEPS = 2
+    BACKOFF_S = (1.0, 300.0)
+    HEALTHY_S = 60.0
+
+    def __init__(self, budget_s: float, name: str, clock=time.monotonic) -> None:
+        self.budget_s = budget_s
+        self.name = name
+        self._clock = clock
+        self.state = "closed"
+        self.steps = 0
+        self.bad_in_a_row = 0
+        self.opens = 0
+        self.skipped_steps = 0
+        self.backoff_s = self.BACKOFF_S[0]  # the next open lasts this long
+        self.retry_at = 0.0
+        self.closed_since = clock()
+        self.last_reason = ""
+
+    def allow(self) -> bool:
+        """Whether the plugin runs this step (an open breaker whose back-off is over lets one trial through)."""
+        if self.state != "open":
+            return True
+        if self._clock() < self.retry_at:
+            self.skipped_steps += 1
+            return False
+        self.state = "half_open"
+        logger.warning("freespec: plugin %r circuit breaker half-open: trying one step", self.name)
+        return True
+
+    def record(self, failure: str | None, seconds: float) -> bool:
+        """Account one step the plugin ran (``failure``: its error, or None); True if the breaker opened now."""
+        self.steps += 1
+        timed = self.steps > self.GRACE_STEPS
+        over = timed and seconds > self.budget_s
+        stalled = timed and seconds > self.STALL_FACTOR * self.budget_s
+        bad = failure is not None or over
+        reason = failure or (f"step took {1000 * seconds:.0f} ms, budget {1000 * self.budget_s:.0f} ms" if over else "")
+        if self.state == "half_open":
+            if bad:
+                self._open(f"trial step failed ({reason})")
+                return True
+            self.state, self.bad_in_a_row, self.closed_since = "closed", 0, self._clock()
+            logger.warning("freespec: plugin %r circuit breaker closed: the trial step was good; drafting again",
+                           self.name)
+            return False
+        if not bad:
+            self.bad_in_a_row = 0
+            if self.backoff_s > self.BACKOFF_S[0] and self._clock() - self.closed_since >= self.HEALTHY_S:
+                self.backoff_s = self.BACKOFF_S[0]
+            return False
+        self.bad_in_a_row += 1
+        if stalled:
+            self._open(f"{reason}, over {self.STALL_FACTOR:g}x the budget")
+            return True
+        if self.bad_in_a_row >= self.TRIP_AFTER:
+            self._open(f"{self.bad_in_a_row} bad steps in a row, the last: {reason}")
+            return True
+        return False
+
+    def _open(self, reason: str) -> None:
+        self.state = "open"
+        self.opens += 1
+        self.last_reason = reason
+        self.retry_at = self._clock() + self.backoff_s
+        logger.warning("freespec: plugin %r circuit breaker open: %s; drafting nothing for %.0f s, then one trial "
+                       "step (open %d times so far)", self.name, reason, self.backoff_s, self.opens)
+        self.backoff_s = min(2 * self.backoff_s, self.BACKOFF_S[1])
+        self.bad_in_a_row = 0
+
+    def state_dict(self) -> dict:
+        return {
+            "state": self.state,
+            "budget_ms": round(1000 * self.budget_s, 3),
+            "bad_in_a_row": self.bad_in_a_row,
+            "opens": self.opens,
+            "skipped_steps": self.skipped_steps,
+            "retry_in_s": round(max(0.0, self.retry_at - self._clock()), 3) if self.state == "open" else 0.0,
+            "next_backoff_s": self.backoff_s,
+            "last_reason": self.last_reason,
+        }
 
 
 def step_tokens(views, prev_drafts) -> tuple[int, int] | None:

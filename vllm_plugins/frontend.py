@@ -76,6 +76,24 @@ REFUSED_KEYS = {
 # plugin's own threshold, for experiments. Goodput is the default: in the load sweep (docs/policy.md)
 # it was as fast or faster than "fixed" at every load, and within 4% of no speculation at 39 requests.
 ADAPTER_KEYS = {"policy": ("goodput", "fixed")}
+# The adapter's numeric keys: (default, lowest, highest). ``step_budget_ms``: a plugin step (everything the
+# adapter calls on the plugin in one engine step) that takes longer counts as a bad step for the circuit
+# breaker (adapter.CircuitBreaker: 3 bad steps in a row, or one over 10x the budget, switch the plugin off
+# for a back-off period). 100 ms is several times a CPU decode step of a small model and far above what
+# freespec's own plugins take per step (docs/reliability.md).
+ADAPTER_NUMBERS = {"step_budget_ms": (100.0, 1.0, 60_000.0)}
+
+
+def adapter_number(key: str, value: Any) -> float:
+    """One of the adapter's numeric keys, checked against its bounds; the error names the field."""
+    default, low, high = ADAPTER_NUMBERS[key]
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise FreespecConfigError(
+            f"freespec: speculative_config {key!r} must be a number in [{low:g}, {high:g}], got {value!r}"
+        )
+    return float(value)
 
 
 def translate(
@@ -110,6 +128,8 @@ def translate(
                 f"freespec: speculative_config {key!r} must be one of {list(allowed)}, got {value!r}"
             )
         adapter[key] = value
+    for key in ADAPTER_NUMBERS:
+        adapter[key] = adapter_number(key, spec.pop(key, None))
     raw_options = {key: spec.pop(key) for key in list(spec) if key not in VLLM_KEYS}
     options = validate_options(plugin, raw_options)
     new_spec = {"method": "custom_class", "model": ADAPTER_CLASS, **spec}
