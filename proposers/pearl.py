@@ -24,6 +24,7 @@ over at most ``max_requests`` requests (least recently used evicted first);
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import os
 import re
@@ -70,9 +71,10 @@ class PearlOptions(ProposerOptions):
         '"thread": in a thread of vLLM\'s worker process; "ray": in a Ray actor, on the node or GPU Ray picks',
     )
     step_timeout_s: float = Field(
-        30.0, gt=0, le=3600,
-        description='placement "process" or "ray": a step the draft does not answer in time drafts nothing '
-        "and the draft is restarted",
+        30.0, gt=0, le=120,
+        description="a step the draft does not answer in this time drafts nothing (at most 120 s). "
+        '"process"/"ray": the draft is restarted, and until it has answered for 60 s later steps wait at most '
+        '2 s; "thread": steps draft nothing until the late step has finished, then wait at most 2 s likewise',
     )
     ray_address: str = Field(
         "auto", min_length=1,
@@ -241,7 +243,7 @@ class PearlProposer(Proposer):
                                  f"{self.worker.kind}: {e}") from e
             self._vocab_size = int(self.worker.info["vocab_size"])
         else:
-            from freespec.proposers.pearl_draft import DraftWorker, TorchDraftModel
+            from freespec.proposers.pearl_draft import TorchDraftModel
             from freespec.proposers.pearl_state import PearlDrafter
 
             try:
@@ -250,7 +252,8 @@ class PearlProposer(Proposer):
                 raise ValueError(f"pearl: option 'draft_model' ({options.draft_model}) cannot be loaded: {e}") from e
             self.drafter = PearlDrafter(self.draft, num_speculative_tokens, max_position=self.draft.max_position,
                                         **drafter_options)
-            self.worker = DraftWorker(self.drafter, cores=cores, threads=options.draft_threads, device=options.device)
+            self.worker = TimedDraftWorker(self.drafter, cores=cores, threads=options.draft_threads,
+                                           device=options.device, step_timeout_s=options.step_timeout_s)
             self.worker.start()  # a bad core list fails here, at engine start, not at the first step
             self._vocab_size = self.draft.vocab_size
         self._bound = False
@@ -333,6 +336,76 @@ class PearlProposer(Proposer):
         self._closed = True
         logger.info("freespec: pearl final stats %s", self.stats())
         self.worker.close()
+
+
+@functools.cache
+def _timed_worker_class():
+    """``TimedDraftWorker`` is built on ``pearl_draft.DraftWorker``, which imports torch: defined on first use."""
+    from freespec.proposers.pearl_draft import DraftWorker
+    from freespec.proposers.pearl_remote import HEALTHY_S, RETRY_TIMEOUT_S
+
+    class TimedDraftWorker(DraftWorker):
+        """The ``thread`` placement's worker, with a step timeout like the other placements.
+
+        A thread cannot be killed: a step that does not finish in time drafts nothing, the thread is left to
+        finish it, and steps draft nothing (without waiting) until it has; its late chains are discarded. After
+        a timeout, steps wait at most ``RETRY_TIMEOUT_S`` until the draft has answered for ``HEALTHY_S``.
+        """
+
+        def __init__(self, *args, step_timeout_s: float = 30.0, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.step_timeout_s = step_timeout_s
+            self.timeouts = 0
+            self.skipped_steps = 0
+            self._late = False  # a step that timed out is still running in the thread
+            self._short_timeout = False
+            self._good_since: Optional[float] = None
+
+        def step(self, rows, token_cost=None):
+            self.start()
+            with self._cond:
+                if self._late:
+                    if self._result is None and self._thread.is_alive():
+                        self.skipped_steps += 1
+                        return [[] for _ in rows]
+                    self._result, self._late = None, False  # the late chains: for a step long gone
+            timeout = min(self.step_timeout_s, RETRY_TIMEOUT_S) if self._short_timeout else self.step_timeout_s
+            t0 = time.perf_counter()
+            deadline = time.monotonic() + timeout
+            self._stop.set()
+            with self._cond:
+                self._job, self._result = (rows, token_cost), None
+                self._cond.notify_all()
+                while self._result is None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        self._late, self._short_timeout, self._good_since = True, True, None
+                        self.timeouts += 1
+                        logger.error("freespec: pearl draft thread did not answer a step within %.1f s; steps draft "
+                                     "nothing until it has finished", timeout)
+                        return [[] for _ in rows]
+                    self._cond.wait(timeout=min(1.0, left))
+                    if self._result is None and not self._thread.is_alive():
+                        raise RuntimeError("pearl: the draft thread has stopped")  # never hang vLLM's step
+                ok, value = self._result
+                self._result = None
+            self.times.step_wait += time.perf_counter() - t0
+            self.times.in_flight_wait += max(0.0, self._started_job_at - t0)
+            now = time.monotonic()
+            if self._good_since is None:
+                self._good_since = now
+            elif now - self._good_since >= HEALTHY_S:
+                self._short_timeout = False
+            if not ok:
+                raise value
+            return value
+
+    return TimedDraftWorker
+
+
+def TimedDraftWorker(*args, **kwargs):  # noqa: N802 - a class, built on first use
+    """The thread placement's ``DraftWorker`` with a step timeout (see ``_timed_worker_class``)."""
+    return _timed_worker_class()(*args, **kwargs)
 
 
 def _close_ref(ref) -> None:

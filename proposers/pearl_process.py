@@ -32,7 +32,8 @@ failure rules are ``pearl_remote``'s, shared with the Ray placement:
 
 - every reply is awaited with a timeout, checking that the child is alive;
   a child that dies or does not answer a step within ``step_timeout_s`` is
-  killed and restarted in the background (``pearl_remote.RemoteDraft``);
+  killed and restarted in the background, with a back-off after repeated
+  failures and a short timeout after one (``pearl_remote.RemoteDraft``);
 - an exception inside the child's drafter comes back as an error reply and is
   raised by ``step`` (the adapter logs it once, that step drafts nothing); the
   child resets its draft state and keeps going;
@@ -51,7 +52,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Optional
 
-from freespec.proposers.pearl_remote import DraftError, DraftServer, RemoteDraft
+from freespec.proposers.pearl_remote import DraftError, DraftServer, DraftTimeout, RemoteDraft
 
 logger = logging.getLogger("freespec")
 
@@ -144,7 +145,7 @@ class DraftProcess(RemoteDraft):
             if time.monotonic() >= deadline:
                 if none_on_timeout:
                     return None
-                raise DraftError(f"pearl: the draft process did not answer {what} within {timeout:.0f} s")
+                raise DraftTimeout(f"pearl: the draft process did not answer {what} within {timeout:.0f} s")
 
     def _goodbye(self) -> None:
         if self._proc.poll() is None:

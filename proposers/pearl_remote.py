@@ -12,9 +12,15 @@ everything else, once:
 - ``RemoteDraft``, the worker's side: the ``DraftWorker`` interface plus the
   failure rules. A draft that dies or does not answer a step in
   ``step_timeout_s`` is killed; that step drafts nothing; the error is logged
-  once; a new one is started in the background, at most ``max_restarts``
-  times (then pearl stays off); until it is ready, steps draft nothing without
-  waiting; counters of dead drafts are kept. Subclasses supply the transport
+  once; a new one is started in the background. After ``max_restarts``
+  failures in a row pearl drafts nothing for a back-off period (``RESTART_BACKOFF_S``:
+  5 s, doubling up to 300 s) and then starts a draft again, so it is never off
+  for good; a draft that has answered steps for ``HEALTHY_S`` clears the count
+  and the back-off. After a step timed out, later steps wait at most
+  ``RETRY_TIMEOUT_S`` (2 s) until the draft has been healthy for ``HEALTHY_S``, so
+  a draft that keeps hanging cannot block a step for ``step_timeout_s`` more than
+  once. Until a draft is ready, steps draft nothing without waiting; counters of
+  dead drafts are kept. Subclasses supply the transport
   (``_launch``, ``_poll_ready``, ``_call``, ``_tell``, ``_goodbye``, ``_kill``).
 
 Messages are plain: a JSON-able header (numbers, lists, strings) and, for a
@@ -42,8 +48,18 @@ START_TIMEOUT_S = float(os.environ.get("FREESPEC_PEARL_START_TIMEOUT_S", "600"))
 GAUGES = ("weight_bytes", "kv_bytes", "cached_requests", "cached_tokens")  # in stats: now, not summed
 
 
+# A restarted draft that fails again waits before the next start: 5 s, doubling up to 300 s.
+RESTART_BACKOFF_S = (5.0, 300.0)
+HEALTHY_S = 60.0  # a draft answering steps this long clears the failure count, the back-off and the short timeout
+RETRY_TIMEOUT_S = 2.0  # a step's timeout after a step timed out, until the draft is healthy again
+
+
 class DraftError(RuntimeError):
     """The remote draft died, did not answer in time, or could not start."""
+
+
+class DraftTimeout(DraftError):
+    """The remote draft did not answer a message in time."""
 
 
 # --------------------------------------------------------------------------- messages
@@ -168,8 +184,14 @@ class RemoteDraft:
         self._remote_stats: dict = {}  # the current draft's counters, as of its last reply
         self._dead_stats: dict = {}  # counters of drafts that died, so stats() stays cumulative
         self._ready = False
-        self._off = False
+        self._off = False  # closed: never started again
         self._logged = False
+        self.failures_in_a_row = 0
+        self.backoffs = 0  # times the draft was left off for a back-off period
+        self._backoff_s = RESTART_BACKOFF_S[0]
+        self._relaunch_at: Optional[float] = None  # when a draft left off after failures is started again
+        self._good_since: Optional[float] = None  # first good step since the last failure
+        self._short_timeout = False  # a step timed out: wait at most RETRY_TIMEOUT_S until healthy again
         self._lock = threading.Lock()  # step/wait_idle/close may come from different threads
         atexit.register(_close_ref, weakref.ref(self))
 
@@ -234,7 +256,7 @@ class RemoteDraft:
             self._ready = False
 
     def _failed(self, error: DraftError) -> None:
-        """Kill the draft, log once, restart in the background (or stay off)."""
+        """Kill the draft, log once, restart it in the background (or after a back-off period)."""
         self.deaths += 1
         for name, value in self._remote_stats.items():
             if name not in GAUGES:
@@ -242,27 +264,45 @@ class RemoteDraft:
         self._remote_stats = {}
         self._ready = False
         self._kill()
+        if isinstance(error, DraftTimeout) or "did not answer" in str(error):
+            self._short_timeout = True
         if not self._logged:
             self._logged = True
             logger.error("freespec: %s; that step drafts nothing, restarting the %s (logged once)", error, self.kind)
-        if self._off or self.restarts >= self.max_restarts:
-            if not self._off:
-                logger.error("freespec: pearl %s failed %d times; pearl drafts nothing from now on",
-                             self.kind, self.deaths)
-            self._off = True
+        if self._off:
             return
+        self.failures_in_a_row += 1
+        self._good_since = None
+        if self.failures_in_a_row > self.max_restarts:
+            self._back_off(f"failed {self.failures_in_a_row} times in a row (the last: {error})")
+            return
+        self._relaunch()
+
+    def _back_off(self, why: str) -> None:
+        self.backoffs += 1
+        self._relaunch_at = time.monotonic() + self._backoff_s
+        logger.error("freespec: pearl %s %s; pearl drafts nothing for %.0f s, then starts it again",
+                     self.kind, why, self._backoff_s)
+        self._backoff_s = min(2 * self._backoff_s, RESTART_BACKOFF_S[1])
+
+    def _relaunch(self) -> None:
         self.restarts += 1
         try:
             self._launch()
         except Exception as e:
-            self._off = True
-            logger.error("freespec: pearl cannot restart its %s (%s); pearl drafts nothing", self.kind, e)
+            self._kill()
+            self._back_off(f"cannot be restarted ({e})")
 
     def _usable(self) -> bool:
         """A ready draft; a restarting one becomes ready here once its ready reply has arrived."""
         if self._ready:
             return True
-        if self._off or not self._launched():
+        if self._off:
+            return False
+        if not self._launched():
+            if self._relaunch_at is not None and time.monotonic() >= self._relaunch_at:
+                self._relaunch_at = None
+                self._relaunch()  # ready at a later step; this one does not wait for the model to load
             return False
         try:
             header = self._poll_ready(0)
@@ -275,6 +315,20 @@ class RemoteDraft:
         except DraftError as e:
             self._failed(e)
             return False
+
+    def _step_timeout(self) -> float:
+        return min(self.step_timeout_s, RETRY_TIMEOUT_S) if self._short_timeout else self.step_timeout_s
+
+    def _answered(self) -> None:
+        """A step came back: after ``HEALTHY_S`` of them the failure count, back-off and short timeout are cleared."""
+        now = time.monotonic()
+        if self._good_since is None:
+            self._good_since = now
+        elif now - self._good_since >= HEALTHY_S and (self.failures_in_a_row or self._short_timeout
+                                                        or self._backoff_s != RESTART_BACKOFF_S[0]):
+            self.failures_in_a_row = 0
+            self._short_timeout = False
+            self._backoff_s = RESTART_BACKOFF_S[0]
 
     # -- DraftWorker's interface --------------------------------------------------
     def bind(self, vocab_limit: int) -> None:
@@ -295,12 +349,13 @@ class RemoteDraft:
             t0 = time.perf_counter()
             header, payload = encode_step(rows, token_cost)
             try:
-                reply = self._call(header, payload, self.step_timeout_s, "a step")
+                reply = self._call(header, payload, self._step_timeout(), "a step")
             except DraftError as e:
                 self._failed(e)
                 return [[] for _ in rows]
             finally:
                 self.step_wait += time.perf_counter() - t0
+            self._answered()
             self._remote_stats = reply.get("stats", self._remote_stats)
             if not reply.get("ok"):
                 raise RuntimeError(f"pearl {self.kind}: {reply.get('error')}")
@@ -339,6 +394,7 @@ class RemoteDraft:
             "draft_step_wait": round(counters.get("step_wait", 0.0), 4),  # inside the draft
             "deaths": self.deaths,
             "restarts": self.restarts,
+            "backoffs": self.backoffs,
             "skipped_steps": self.skipped_steps,
         }
 
