@@ -1135,7 +1135,7 @@ def run(args: argparse.Namespace) -> int:
 
     model = args.model
     if not model:
-        from freespec.cli.models import prepare_model
+        from freespec.model_store import prepare_model
 
         try:
             model = str(prepare_model())

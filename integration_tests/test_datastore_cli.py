@@ -22,7 +22,7 @@ def freespec(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def tokenizer_dir() -> str:
-    from freespec.cli.models import prepare_model
+    from freespec.model_store import prepare_model
 
     return str(prepare_model())
 

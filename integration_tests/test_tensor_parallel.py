@@ -31,7 +31,7 @@ def jobs(logprobs: bool = False) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def tp_engines(tmp_path_factory) -> EngineRuns:
-    from freespec.cli.models import prepare_model
+    from freespec.model_store import prepare_model
 
     return EngineRuns(str(prepare_model(MODEL)), tmp_path_factory.mktemp("tp"))
 

@@ -107,7 +107,7 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="tokenizer dir (default: the prepared SmolLM2)")
     args = ap.parse_args()
     if args.model is None:
-        from freespec.cli.models import prepare_model
+        from freespec.model_store import prepare_model
 
         args.model = str(prepare_model())
     corpus = corpus_tokens(args.questions, args.model, max(args.context) + args.steps * (args.k + 1) + 1)

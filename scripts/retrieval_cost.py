@@ -94,7 +94,7 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="tokenizer dir (default: the prepared SmolLM2)")
     args = ap.parse_args()
     if args.model is None:
-        from freespec.cli.models import prepare_model
+        from freespec.model_store import prepare_model
 
         args.model = str(prepare_model())
     docs, tok = spec_bench_tokens(args.questions, args.model)
