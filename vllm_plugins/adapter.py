@@ -2,8 +2,9 @@
 
 vLLM builds ``FreespecProposer(vllm_config)`` in each worker and calls
 ``propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, ...)`` once per
-step. The adapter infers request identity (``RequestTracker``), hands the
-proposer one ``Row`` per batch row, and makes whatever comes back safe for vLLM:
+step. The adapter keys requests by vLLM's request ids, read from the runner's
+input batch (falling back to inferring identity from the tokens,
+``RequestTracker``), hands the proposer one ``Row`` per batch row, and makes whatever comes back safe for vLLM:
 at most k in-vocabulary token ids per row, none past the model's length limit.
 A proposer that raises drafts nothing for that step: the text is unchanged
 (vLLM decodes one token as without speculation), the first error is logged
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 
 import numpy as np
@@ -102,6 +104,8 @@ class FreespecProposer:
         self._last_drafts: dict[int, list[int]] = {}  # request key -> what we proposed last step
         self._prefilling: set[int] = set()  # keys whose last step was a partial prefill chunk
         self.tracker = RequestTracker()
+        self._batch = None  # vLLM's input batch, once found (request ids)
+        self._ids_warned = False
         self.stats = ProposerStats()
         self.breaker = CircuitBreaker(budget_ms / 1000.0, self.plugin)
         self._last_log = time.monotonic()
@@ -118,7 +122,7 @@ class FreespecProposer:
             return [[] for _ in range(n_rows)]
         lengths = np.asarray(num_tokens_no_spec[:n_rows])
         views = [(token_ids_cpu[i, : lengths[i]], len(sampled_token_ids[i])) for i in range(n_rows)]
-        keys, departed = self.tracker.update(views)
+        keys, departed = self.tracker.update(views, self._request_ids(sys._getframe(1), token_ids_cpu, n_rows))
         if not self.breaker.allow():
             return self._skip(keys, departed, n_rows)
         start = time.perf_counter()
@@ -154,6 +158,41 @@ class FreespecProposer:
             self._opened(keys)
         self._count(drafts, seconds)
         return drafts
+
+    def _request_ids(self, caller, token_ids_cpu, n_rows: int) -> list[str] | None:
+        """The engine's request id of each row, read from vLLM's input batch; None where it cannot be read.
+
+        The seam passes no ids, but its caller is the model runner's ``propose_draft_token_ids``, whose
+        ``self.input_batch`` holds ``token_ids_cpu`` (the very array passed) and ``req_ids`` in the same row
+        order. The batch is found once through the caller's frame and then reused while it still holds this
+        array; anything unexpected (another vLLM, another caller, ids missing or repeated) falls back to the
+        fingerprint tracker, with one log line.
+        """
+        batch = self._batch
+        if batch is None or getattr(batch, "token_ids_cpu", None) is not token_ids_cpu:
+            batch = None
+            try:
+                runner = caller.f_locals.get("self") if caller is not None else None
+                candidate = getattr(runner, "input_batch", None)
+                if getattr(candidate, "token_ids_cpu", None) is token_ids_cpu:
+                    batch = candidate
+            except Exception:
+                batch = None
+            self._batch = batch
+        ids = None
+        if batch is not None:
+            try:
+                ids = list(batch.req_ids[:n_rows])
+            except Exception:
+                ids = None
+            if ids is not None and (len(ids) != n_rows or not all(isinstance(i, str) for i in ids)
+                                    or len(set(ids)) != n_rows):
+                ids = None
+        if ids is None and not self._ids_warned:
+            self._ids_warned = True
+            logger.warning("freespec: vLLM's request ids cannot be read here; requests are told apart by their "
+                           "first tokens, length and last token (docs/reliability.md: request identity)")
+        return ids
 
     def breaker_state(self) -> dict:
         """The circuit breaker's state (``closed``, ``open``, ``half_open``), its counters and back-off."""

@@ -1,0 +1,90 @@
+"""Request identity (issue 19): with vLLM's request ids, two requests sharing a long prompt head never swap keys."""
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import numpy as np
+
+from freespec.proposers.copy import CopyProposer
+from freespec.proposers.request_tracker import HEAD_TOKENS, RequestTracker
+from freespec.vllm_plugins.adapter import FreespecProposer
+from freespec.vllm_plugins.frontend import translate
+
+HEAD = list(range(100, 100 + HEAD_TOKENS + 10))  # a shared system prompt longer than the fingerprint's head
+A = np.asarray(HEAD + [1, 2, 3, 9, 7], dtype=np.int32)
+B = np.asarray(HEAD + [4, 5, 6, 9, 7], dtype=np.int32)  # same length, same last token before this step
+
+
+def test_without_ids_the_fingerprint_can_swap_two_requests():
+    t = RequestTracker()
+    ka, kb = t.update([(A[:-1], 1), (B[:-1], 1)])[0]
+    keys, _ = t.update([(B, 1), (A, 1)])  # vLLM reordered the rows
+    assert keys == [ka, kb]  # the fault: B's row got A's key (documented in docs/reliability.md)
+
+
+def test_with_request_ids_keys_follow_the_request():
+    t = RequestTracker()
+    ka, kb = t.update([(A[:-1], 1), (B[:-1], 1)], ["a", "b"])[0]
+    keys, departed = t.update([(B, 1), (A, 1)], ["b", "a"])
+    assert keys == [kb, ka] and departed == []
+    keys, departed = t.update([(A[:3], 3)], ["b"])  # the id now names another sequence: a new key
+    assert keys[0] not in (ka, kb) and sorted(departed) == sorted([ka, kb])
+
+
+class Recording(CopyProposer):
+    """Copy, recording which key it saw for which row."""
+
+    seen: list = []
+
+    def propose(self, rows):
+        type(self).seen.append([(row.key, int(row.tokens[HEAD_TOKENS + 10])) for row in rows])
+        return super().propose(rows)
+
+
+class FakeRunner:
+    """What vLLM's model runner holds: the input batch with token rows and request ids in the same order."""
+
+    def __init__(self, adapter, width=200):
+        self.adapter = adapter
+        self.input_batch = SimpleNamespace(token_ids_cpu=np.zeros((2, width), np.int32), req_ids=[])
+
+    def propose_draft_token_ids(self, seqs, ids):
+        batch = self.input_batch
+        for i, s in enumerate(seqs):
+            batch.token_ids_cpu[i, : len(s)] = s
+        batch.req_ids = list(ids)
+        lengths = np.asarray([len(s) for s in seqs], np.int32)
+        return self.adapter.propose([[int(s[-1])] for s in seqs], lengths, batch.token_ids_cpu)
+
+
+def make_adapter():
+    _, extra = translate({"plugin": "test_reliability_identity:Recording", "num_speculative_tokens": 4}, None)
+    cfg = SimpleNamespace(
+        additional_config=extra,
+        speculative_config=SimpleNamespace(num_speculative_tokens=4),
+        model_config=SimpleNamespace(get_vocab_size=lambda: 1000, max_model_len=4096, model="m", tokenizer=None),
+    )
+    return FreespecProposer(cfg)
+
+
+def test_the_adapter_keys_rows_by_vllms_request_ids(caplog):
+    Recording.seen = []
+    adapter = make_adapter()
+    runner = FakeRunner(adapter)
+    with caplog.at_level(logging.WARNING, logger="freespec"):
+        runner.propose_draft_token_ids([A[:-1], B[:-1]], ["req-a", "req-b"])
+        runner.propose_draft_token_ids([B, A], ["req-b", "req-a"])
+    first, second = Recording.seen
+    key_of = dict((tok, key) for key, tok in first)
+    assert all(key_of[tok] == key for key, tok in second)  # each request kept its own key
+    assert adapter._batch is runner.input_batch and "cannot be read" not in caplog.text
+
+
+def test_without_a_runner_the_adapter_falls_back_with_one_warning(caplog):
+    adapter = make_adapter()
+    tokens = np.zeros((1, 100), np.int32)
+    with caplog.at_level(logging.WARNING, logger="freespec"):
+        for n in (50, 51, 52):
+            adapter.propose([[0]], np.asarray([n], np.int32), tokens)
+    assert caplog.text.count("request ids cannot be read here") == 1
