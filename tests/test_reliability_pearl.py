@@ -6,7 +6,6 @@ import time
 
 import numpy as np
 import pytest
-from pydantic import ValidationError
 
 from freespec.proposers import pearl_remote
 from freespec.proposers.base import Row
