@@ -16,17 +16,13 @@ import argparse
 import contextlib
 import sys
 
-# is_prepared, model_dir: importable from here only until proposers/pearl.py resolves draft_model
-# with freespec.model_ref (issue 17); then drop them.
-from freespec.model_store import (  # noqa: F401
+from freespec.model_store import (
     DEFAULT_MODEL,
     MODELS,
     ModelError,
     PackagedGGUF,
     get_spec,
-    is_prepared,
     list_models,
-    model_dir,
     prepare_model,
 )
 

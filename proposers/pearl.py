@@ -43,26 +43,17 @@ STATS_LOG_EVERY_S = float(os.environ.get("FREESPEC_STATS_INTERVAL_S", "60"))
 
 
 def resolve_draft_model(value: str) -> Path:
-    """A checkpoint directory, or the prepared directory of a model ``freespec models`` knows."""
-    path = Path(value).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise ValueError(f"{value!r} is a directory without config.json, not a transformers checkpoint")
-        return path.resolve()
-    from freespec.cli.models import MODELS, get_spec, is_prepared, model_dir
+    """The draft's checkpoint directory: a path, a Hugging Face model id (from the HF cache, as vLLM
+    resolves it) or a ``freespec models`` fixture name; see ``freespec.model_ref``."""
+    from freespec.model_ref import resolve_model
 
-    if value in MODELS:
-        prepared = model_dir(value)
-        if not is_prepared(get_spec(value), prepared):
-            raise ValueError(f"model {value!r} is not prepared at {prepared}; run `freespec models prepare {value}`")
-        return prepared
-    raise ValueError(f"{value!r} is neither a checkpoint directory nor a model name known to `freespec models` "
-                     f"({', '.join(MODELS)})")
+    return resolve_model(value, "draft_model")
 
 
 class PearlOptions(ProposerOptions):
     draft_model: str = Field(
-        ..., description="draft model: a checkpoint directory, or a name from `freespec models list`"
+        ..., description="draft model: a Hugging Face model id (org/name[@revision]), a checkpoint directory, "
+        "or a `freespec models` test-fixture name"
     )
     device: str = Field("cpu", description='where the draft model runs: "cpu" or "cuda:N"')
     placement: Literal["process", "thread", "ray"] = Field(
