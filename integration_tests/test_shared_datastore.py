@@ -20,7 +20,8 @@ def test_two_servers_share_one_datastore(answers_datastore, model_path, tmp_path
 
     from freespec.proposers.datastore import mapped_residency
 
-    spec = {"plugin": "retrieval", "num_speculative_tokens": K, "datastore": answers_datastore}
+    # in_memory_mb 0: mapped even though this datastore is small enough to be read into memory.
+    spec = {"plugin": "retrieval", "num_speculative_tokens": K, "datastore": answers_datastore, "in_memory_mb": 0}
     servers = []
     try:
         for i in range(2):  # one after the other: two engines starting at once on 2 cores is only slower
