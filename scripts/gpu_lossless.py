@@ -44,15 +44,21 @@ def spread(values):
 # open writing, arithmetic); the first two are copy-heavy, so drafts from the context are accepted there.
 PROMPTS = (
     f"Rewrite this Python code exactly as it is, but rename the function `mean` to `average`:\n\n{CODE}",
-    "Repeat the following paragraph, correcting only its spelling mistakes:\n\nThe comittee met on tuesday "
-    "to discus the new budjet. Most members agreed that the libary needs more funding, but the tresurer "
-    "argued that the roof repairs must come first.",
-    "From this text, list every person's name and the city they live in, one per line as `name: city`:\n\n"
-    "Ana moved from Lisbon to Berlin last year. Her brother Tomas still lives in Porto, and their friend "
-    "Mei, who grew up in Osaka, now works in Toronto.",
-    "Summarize in two sentences: Solar panels convert sunlight into electricity using photovoltaic cells. "
-    "Their output depends on the angle of the sun, the weather and the temperature of the cells. Prices "
-    "fell steeply over the last decade, which made rooftop installations common in many countries.",
+    (
+        "Repeat the following paragraph, correcting only its spelling mistakes:\n\nThe comittee met on tuesday "
+        "to discus the new budjet. Most members agreed that the libary needs more funding, but the tresurer "
+        "argued that the roof repairs must come first."
+    ),
+    (
+        "From this text, list every person's name and the city they live in, one per line as `name: city`:\n\n"
+        "Ana moved from Lisbon to Berlin last year. Her brother Tomas still lives in Porto, and their friend "
+        "Mei, who grew up in Osaka, now works in Toronto."
+    ),
+    (
+        "Summarize in two sentences: Solar panels convert sunlight into electricity using photovoltaic cells. "
+        "Their output depends on the angle of the sun, the weather and the temperature of the cells. Prices "
+        "fell steeply over the last decade, which made rooftop installations common in many countries."
+    ),
     "What is the difference between a list and a tuple in Python? Answer briefly.",
     "Translate into French: The train leaves at eight o'clock, so we should have breakfast early.",
     "Write a short story of about one hundred words about a lighthouse keeper who finds a message in a bottle.",
@@ -91,7 +97,7 @@ def run_engine(name: str, model_dir: str, dtype: str, spec: dict | None, jobs: l
                 f"main({str(spec_in)!r}, {str(spec_out)!r})")
     started = time.perf_counter()
     with open(log_path, "w") as log:
-        proc = subprocess.run([sys.executable, "-c", launcher], stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.run([sys.executable, "-c", launcher], stdout=log, stderr=subprocess.STDOUT, check=False,
                               env={**os.environ, "FREESPEC_STATS_INTERVAL_S": "0"}, timeout=1800)
     seconds = time.perf_counter() - started
     text = log_path.read_text(errors="replace")
@@ -135,10 +141,11 @@ def judge(baseline: dict, got: dict, epsilon: float) -> dict:
 
 def markdown(result: dict) -> str:
     lines = [
-        f"Model {result['model']} ({result['dtype']}), {len(PROMPTS)} prompts, greedy, "
-        f"{result['max_tokens']} tokens, K={K}; tie epsilon {result['tie_epsilon']}.",
+        (f"Model {result['model']} ({result['dtype']}), {len(PROMPTS)} prompts, greedy, "
+         f"{result['max_tokens']} tokens, K={K}; tie epsilon {result['tie_epsilon']}."),
         "",
-        "| config | verdict | identical | diverged on a tie | output tokens | draft tokens | accepted | engine s |",
+        ("| config | verdict | identical | diverged on a tie | output tokens | draft tokens | accepted "
+         "| engine s |"),
         "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for name, r in result["configs"].items():

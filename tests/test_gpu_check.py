@@ -33,7 +33,7 @@ def gpu_check(*args: str, smi_exit: int | None = 0, cwd: Path | None = None) -> 
             smi.chmod(0o755)
         env = {**os.environ, "PATH": os.pathsep.join([str(bin_dir), "/usr/bin", "/bin"]), "HOME": tmp}
         env.pop("XDG_CACHE_HOME", None)
-        return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, cwd=cwd or tmp,
+        return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, check=False, cwd=cwd or tmp,
                               env=env, timeout=120)
 
 

