@@ -35,7 +35,7 @@ import numpy as np
 from freespec.proposers.base import EngineInfo, Proposer, ProposerOptions, Row, ScoredPositions
 from freespec.proposers.suffix_tree import available as suffix_available
 from freespec.proposers.suffix_tree import matched_prefix
-from freespec.scorers.fusion import Candidates, SourcePricing, SourceWeights, fuse, paying_prefix
+from freespec.scorers.fusion import PROBE_EVERY, Candidates, SourcePricing, SourceWeights, fuse, paying_prefix
 from pydantic import Field, field_validator, model_validator
 
 logger = logging.getLogger("freespec")
@@ -132,6 +132,7 @@ class HybridProposer(Proposer):
         self._offered: dict[int, tuple[int, dict[str, np.ndarray]]] = {}
         self._last_call: Optional[float] = None
         self._paused: list[str] = []
+        self._steps = 0
 
     def bind(self, info: EngineInfo) -> None:
         for source in self.sources.values():
@@ -143,7 +144,16 @@ class HybridProposer(Proposer):
                 source.observe(scored)
 
     def _runs(self, name: str) -> bool:
-        return self.weights.can_pay(name, self.token_cost) and (self.pricing is None or self.pricing.runs(name))
+        """Whether ``name`` drafts this step: it pays for its time, and its tokens can clear the bar.
+
+        ``suffix`` offers each token with its own learned chance, so the bar cuts its chain token by
+        token; the others are skipped while their average acceptance is below the bar, except one step
+        in ``PROBE_EVERY``, so an estimate that fell there can recover.
+        """
+        if self.pricing is not None and not self.pricing.runs(name):
+            return False
+        return (name == "suffix" or self.weights.can_pay(name, self.token_cost)
+                or self._steps % PROBE_EVERY == 0)
 
     def wants_target_topk(self) -> bool:
         # Only recycle learns from the target's top-k; while it is not run it needs none.
@@ -177,6 +187,7 @@ class HybridProposer(Proposer):
         if self.pricing is not None and self._last_call is not None:
             self.pricing.observe_step(now - self._last_call)
         self._last_call = now
+        self._steps += 1
         self._learn(rows)
         offered = {}
         for name, source in self.sources.items():
