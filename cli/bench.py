@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import datetime as _dt
 import hashlib
 import importlib.metadata
@@ -31,6 +32,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -1096,7 +1098,29 @@ def repeats_note(repeats: int, rounds: int) -> str:
             f"{BASELINE}'s fastest to the fastest over {BASELINE}'s slowest; match counts every sample.")
 
 
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """SIGTERM (``timeout``, a job scheduler) ends the run like Ctrl-C: servers run in sessions of their own,
+    so only the ``finally`` blocks that stop them keep them from outliving the benchmark."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run(args: argparse.Namespace) -> int:
+    with sigterm_as_interrupt():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     if args.dtype is None:
         args.dtype = default_dtype()

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 
 import pytest
 
@@ -758,3 +759,40 @@ def test_server_log_names_of_long_labels_do_not_collide():
     b = bench._slug('hybrid:{"sources":["copy","recycle","retrieval"],"datastore":"/data/ds","policy":"goodput"}')
     assert a != b and len(a) <= 60 and len(b) <= 60
     assert bench._slug("none") == "none" and bench._slug('copy:{"min_match":3}') == "copy_min_match_3"
+
+
+def test_sigterm_stops_the_benchmarks_server(tmp_path):
+    # A server runs in a session of its own; SIGTERM to the benchmark must still stop it (through the
+    # same finally blocks as Ctrl-C), or `timeout freespec bench` leaves a vLLM server behind.
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pid_file = tmp_path / "server.pid"
+    script = f"""
+import time
+from pathlib import Path
+from freespec.cli import bench
+with bench.sigterm_as_interrupt():
+    server = bench.Server(["sleep", "600"], 0, Path({str(tmp_path / 'log')!r}))
+    server.start()
+    Path({str(pid_file)!r}).write_text(str(server.proc.pid))
+    try:
+        time.sleep(600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop(grace=5)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", script])
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    server_pid = int(pid_file.read_text())
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+    with pytest.raises(ProcessLookupError):
+        for _ in range(50):
+            os.kill(server_pid, 0)
+            time.sleep(0.1)
