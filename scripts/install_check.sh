@@ -2,7 +2,7 @@
 # What a CPU user installs, checked in a fresh virtual environment:
 #   1. build the sdist and, from it, the wheel (`python -m build`);
 #   2. install the wheel (not editable) with the `cpu` extra into a new venv;
-#   3. `freespec --version`, `freespec doctor --json`, `freespec serve --help`, and a real offline
+#   3. `freespec --version`, `freespec doctor --json`, `freespec serve --help=all`, and a real offline
 #      `LLM(MODEL, speculative_config={"plugin": "copy", ...})` generation that must draft and accept;
 #   4. `bin/vllm` is listed by vLLM's distribution alone (RECORD files);
 #   5. `pip uninstall -y vllm-freespec`, then every file of vLLM's distribution (bin/vllm too) is still there.
@@ -90,9 +90,9 @@ assert "copy" in usable, data["plugins"]
 print(f"    vLLM {data['vllm']['version']} ({data['vllm']['distribution']}); usable plugins: {sorted(usable)}")
 EOF
 
-step "freespec serve --help (vLLM's own serve command, started as a CPU user starts it)"
-"$V/bin/freespec" serve --help >serve-help.log 2>&1 || { tail -30 serve-help.log >&2; fail "freespec serve --help"; }
-grep -q -- "--speculative-config" serve-help.log || fail "freespec serve --help does not show vLLM's serve options"
+step "freespec serve --help=all (vLLM's own serve command, started as a CPU user starts it)"
+"$V/bin/freespec" serve --help=all >serve-help.log 2>&1 || { tail -30 serve-help.log >&2; fail "freespec serve"; }
+grep -q -- "--speculative-config" serve-help.log || fail "freespec serve --help=all does not list vLLM's serve options"
 
 step "offline generation: LLM($MODEL, speculative_config={\"plugin\": \"copy\"})"
 # A file with a __main__ guard: vLLM starts its engine core by spawning, which re-imports the main module.
