@@ -121,6 +121,7 @@ class SourceWeights:
 
 PROBE_EVERY = 32  # a source that does not pay still runs one step in this many, to notice when it would
 MIN_EVIDENCE = 64  # steps a source runs before it can be judged
+RESUME_MARGIN = 1.25  # a paused source resumes only when clearly paying, so one at the margin does not flap
 PRICE_KEEP = 1.0 - 1.0 / 64  # exponential weighting of the per-step averages (half-life about 44 steps)
 
 
@@ -141,7 +142,7 @@ class SourcePricing:
     (``observe_tokens``). A source's value is its unique tokens per step times the seconds one output
     token takes (step seconds / tokens produced per step). A source whose value stays below its cost
     after ``MIN_EVIDENCE`` steps is paused, except the last one running; a paused source runs one step
-    in ``PROBE_EVERY``, and is resumed once its value is back above its cost.
+    in ``PROBE_EVERY``, and is resumed once its value is back above ``RESUME_MARGIN`` times its cost.
     """
 
     def __init__(self, names: tuple[str, ...]) -> None:
@@ -202,7 +203,7 @@ class SourcePricing:
         for name in self._last_run:
             p = self.prices[name]
             pays = self.value(name) >= p.seconds
-            if p.paused_at is not None and pays:
+            if p.paused_at is not None and self.value(name) >= RESUME_MARGIN * p.seconds:
                 p.paused_at = None
             elif (p.paused_at is None and not pays and p.steps >= MIN_EVIDENCE
                   and any(q.paused_at is None for other, q in self.prices.items() if other != name)):

@@ -208,3 +208,21 @@ def test_hybrid_stops_running_a_source_that_never_contributes_and_resumes_it(mon
         tokens = tokens + [tokens[-1] + j + 1 for j in range(new)]
         resumed = resumed or p.pricing.paused() == []
     assert resumed
+
+
+def test_pricing_does_not_flap_for_a_source_at_the_margin():
+    pricing = SourcePricing(("a", "b"))
+    pricing.step_seconds, pricing.produced = 0.05, 1.0  # one output token is worth 50 ms
+    pricing._last_run = ("a", "b")
+    for name in ("a", "b"):
+        price = pricing.prices[name]
+        price.steps, price.seconds, price.right = fusion.MIN_EVIDENCE, 0.001, 0.022  # worth 1.1 ms for 1 ms
+    pricing.prices["b"].paused_at = 0
+    pricing._judge()
+    assert pricing.paused() == ["b"]  # paying, but not clearly: a paused source stays paused ...
+    pricing.prices["b"].right = 0.03
+    pricing._judge()
+    assert pricing.paused() == []  # ... until its worth is well above its cost
+    pricing.prices["b"].right = 0.019
+    pricing._judge()
+    assert pricing.paused() == ["b"]  # and a running one stops as soon as it does not pay
