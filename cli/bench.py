@@ -1221,7 +1221,7 @@ def _run(args: argparse.Namespace) -> int:
     header = (
         f"# freespec bench\n\nmodel `{model}`, dtype {args.dtype}, max_tokens {args.max_tokens}, "
         f"temperature {args.temperature}, num_speculative_tokens {args.num_speculative_tokens}, "
-        f"{len(measured)} Spec-Bench prompts. tok/s: completion tokens / block wall time; "
+        f"{len(measured)} prompts from {question_set.describe()}. tok/s: completion tokens / block wall time; "
         f"×{BASELINE}: ratio to {BASELINE}; acc len: 1 + accepted/drafts; acc rate: accepted/draft tokens; "
         f"tok/fwd: tokens per target forward pass; match: outputs identical to {BASELINE}'s"
         + (" (not expected to hold when sampling, temperature > 0)" if args.temperature > 0 else "")

@@ -3,8 +3,8 @@
 Why a process: a draft *thread* inside vLLM's worker shares the worker's GIL.
 The eager transformers forward makes hundreds of Python-level op calls per
 token; each drops and re-takes the GIL, and the target's thread queues behind
-them (measured: +19% on the target's step time; a separate process: +1%,
-docs/pearl.md). In its own process the draft has its own interpreter.
+them (docs/pearl.md measures what that costs the target's step, against a
+separate process). In its own process the draft has its own interpreter.
 
 ``DraftProcess`` has the interface of ``pearl_draft.DraftWorker`` (``step``,
 ``release``, ``wait_idle``, ``close``) plus ``bind`` and ``stats``. The child

@@ -33,7 +33,7 @@ EXPLORE_EVERY = 8  # while it is not, every 8th step drafts as deep as the propo
 # The fit at a load looks at steps of similar size: an observation one octave of T away counts
 # exp(-1/2) as much, two octaves away exp(-2). Why: step time is not one line. A CPU or GPU is
 # memory-bound at a few tokens a step and compute-bound at many, so the cost of one more token
-# grows with T (measured here: ~5 ms per token at 1-9 tokens, ~11 ms between 1 and 39). One line
+# grows with T (docs/policy.md gives the step times measured on the CPU). One line
 # through both regimes under-prices draft tokens in a full batch, which is exactly where a wrong
 # price costs throughput.
 BANDWIDTH_OCTAVES = 1.0
