@@ -1172,6 +1172,7 @@ def _run(args: argparse.Namespace) -> int:
 
     settings = {k: v for k, v in vars(args).items() if k != "func"}
     settings.update(model=model, questions=question_set.describe(), question_set=question_set.name,
+                    questions_file=question_set.path,
                     categories=list(selected),
                     prompts_per_category={c: len(q) for c, q in selected.items()},
                     question_ids_per_level={str(c): {cat: [q.question_id for q in qs] for cat, qs in level.items()}
@@ -1221,7 +1222,8 @@ def _run(args: argparse.Namespace) -> int:
     header = (
         f"# freespec bench\n\nmodel `{model}`, dtype {args.dtype}, max_tokens {args.max_tokens}, "
         f"temperature {args.temperature}, num_speculative_tokens {args.num_speculative_tokens}, "
-        f"{len(measured)} prompts from {question_set.describe()}. tok/s: completion tokens / block wall time; "
+        f"{len(measured)} prompts from {question_set.describe()}. "
+        f"tok/s: completion tokens / block wall time; "
         f"×{BASELINE}: ratio to {BASELINE}; acc len: 1 + accepted/drafts; acc rate: accepted/draft tokens; "
         f"tok/fwd: tokens per target forward pass; match: outputs identical to {BASELINE}'s"
         + (" (not expected to hold when sampling, temperature > 0)" if args.temperature > 0 else "")

@@ -48,6 +48,7 @@ class QuestionSet:
     questions: list[Question]
     name: str  # "spec-bench" or "builtin" or "file"
     origin: str  # a path, or how the set was made
+    path: str | None = None  # the file read, if any (None: the built-in set)
 
     def describe(self) -> str:
         return f"{self.name} ({len(self.questions)} questions; {self.origin})"
@@ -137,19 +138,20 @@ def resolve_questions(questions: str | None, env: Mapping[str, str] = os.environ
         return QuestionSet(builtin_questions(), BUILTIN, "freespec's own prompt set, chosen with --questions")
     if questions:
         path = Path(questions)
-        return QuestionSet(read_questions(path), "file", str(path.resolve()))
+        return QuestionSet(read_questions(path), "file", str(path.resolve()), str(path.resolve()))
     if env.get(ENV_PATH):
         path = Path(env[ENV_PATH])
-        return QuestionSet(read_questions(path), "file", f"{path.resolve()}, from ${ENV_PATH}")
+        where = str(path.resolve())
+        return QuestionSet(read_questions(path), "file", f"{where}, from ${ENV_PATH}", where)
     cached = cache_path(env)
     if cached.is_file():
-        return QuestionSet(read_questions(cached), "spec-bench", f"cached at {cached}")
+        return QuestionSet(read_questions(cached), "spec-bench", f"cached at {cached}", str(cached))
     url = env.get(ENV_URL, SPEC_BENCH_DOWNLOAD)
     if url:
         log(f"downloading Spec-Bench's questions from {url} to {cached}")
         try:
             download_spec_bench(cached, url, fetch)
-            return QuestionSet(read_questions(cached), "spec-bench", f"downloaded to {cached}")
+            return QuestionSet(read_questions(cached), "spec-bench", f"downloaded to {cached}", str(cached))
         except (OSError, urllib.error.URLError, ValueError) as exc:
             log(f"could not download Spec-Bench's questions ({exc}); using freespec's built-in prompt set")
     return QuestionSet(builtin_questions(), BUILTIN,

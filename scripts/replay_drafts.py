@@ -19,6 +19,7 @@ import numpy as np
 
 from freespec.proposers.base import EngineInfo, Row
 from freespec.proposers.registry import load_proposer_class
+from freespec.questions import BUILTIN, resolve_questions
 
 
 def replay(proposer, prompt: list[int], output: list[int]) -> tuple[int, int]:
@@ -48,10 +49,11 @@ def main() -> int:
 
     run = json.loads(Path(args.results).read_text())
     model = run["settings"]["model"]
-    questions = {}
-    for line in Path(run["settings"]["questions"]).read_text().splitlines():
-        q = json.loads(line)
-        questions[q["question_id"]] = q
+    # The set the run measured: its file, or the built-in set (runs before question sets: the path).
+    settings = run["settings"]
+    source = settings.get("questions_file") if "question_set" in settings else settings["questions"]
+    chosen = resolve_questions(source or BUILTIN)
+    questions = {q.question_id: {"turns": [q.prompt]} for q in chosen.questions}
     tok = AutoTokenizer.from_pretrained(model)
     cls = load_proposer_class(args.plugin)
     options = cls.Options(**json.loads(args.options))
