@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import logging
 import time
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
-
 from freespec.proposers.copy import CopyProposer
 from freespec.vllm_plugins.adapter import CircuitBreaker, FreespecProposer
 from freespec.vllm_plugins.frontend import FreespecConfigError, translate
+
+from tests.adapter_helpers import adapter_for, fake_vllm_config
 
 
 class Clock:
@@ -45,13 +45,7 @@ class Slow(CopyProposer):
 
 
 def make_adapter(plugin: str, **keys) -> FreespecProposer:
-    _, extra = translate({"plugin": plugin, "num_speculative_tokens": 4, "policy": "fixed", **keys}, None)
-    cfg = SimpleNamespace(
-        additional_config=extra,
-        speculative_config=SimpleNamespace(num_speculative_tokens=4),
-        model_config=SimpleNamespace(get_vocab_size=lambda: 1000, max_model_len=4096, model="m", tokenizer=None),
-    )
-    return FreespecProposer(cfg)
+    return adapter_for({"plugin": plugin, "num_speculative_tokens": 4, "policy": "fixed", **keys})
 
 
 def stepper(adapter):
@@ -144,10 +138,6 @@ def test_step_budget_is_an_adapter_key_with_bounds_named_in_the_error():
         with pytest.raises(FreespecConfigError, match=r"'step_budget_ms' must be a number in \[1, 60000\]"):
             translate({"plugin": "copy", "num_speculative_tokens": 4, "step_budget_ms": bad}, None)
     # The stock vLLM spelling is checked by the adapter itself.
-    cfg = SimpleNamespace(
-        additional_config={"freespec": {"plugin": "copy", "options": {}, "step_budget_ms": 0}},
-        speculative_config=SimpleNamespace(num_speculative_tokens=4),
-        model_config=SimpleNamespace(get_vocab_size=lambda: 1000, max_model_len=4096, model="m", tokenizer=None),
-    )
+    cfg = fake_vllm_config({"freespec": {"plugin": "copy", "options": {}, "step_budget_ms": 0}})
     with pytest.raises(FreespecConfigError, match="step_budget_ms"):
         FreespecProposer(cfg)

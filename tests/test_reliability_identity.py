@@ -5,11 +5,10 @@ import logging
 from types import SimpleNamespace
 
 import numpy as np
-
 from freespec.proposers.copy import CopyProposer
 from freespec.proposers.request_tracker import HEAD_TOKENS, RequestTracker
-from freespec.vllm_plugins.adapter import FreespecProposer
-from freespec.vllm_plugins.frontend import translate
+
+from tests.adapter_helpers import adapter_for
 
 HEAD = list(range(100, 100 + HEAD_TOKENS + 10))  # a shared system prompt longer than the fingerprint's head
 A = np.asarray(HEAD + [1, 2, 3, 9, 7], dtype=np.int32)
@@ -59,13 +58,7 @@ class FakeRunner:
 
 
 def make_adapter():
-    _, extra = translate({"plugin": "test_reliability_identity:Recording", "num_speculative_tokens": 4}, None)
-    cfg = SimpleNamespace(
-        additional_config=extra,
-        speculative_config=SimpleNamespace(num_speculative_tokens=4),
-        model_config=SimpleNamespace(get_vocab_size=lambda: 1000, max_model_len=4096, model="m", tokenizer=None),
-    )
-    return FreespecProposer(cfg)
+    return adapter_for({"plugin": "test_reliability_identity:Recording", "num_speculative_tokens": 4})
 
 
 def test_the_adapter_keys_rows_by_vllms_request_ids(caplog):
