@@ -198,7 +198,9 @@ class RecycleProposer(Proposer):
         if self.options.save_every_s:
             self._files = _FileWork(self._write, lambda: self._changed_peers(at_start=False))
         if path is not None or self._files is not None:
-            atexit.register(_close_ref, weakref.ref(self))
+            # A strong reference: vLLM may drop its drafter before the interpreter exits, and the last
+            # save must still happen (a weak one let the engine exit without saving).
+            atexit.register(self.close)
         if path is not None:
             _chain_sigterm(weakref.ref(self))
 
@@ -464,12 +466,6 @@ class _FileWork:
                 with self._cond:
                     self._busy = False
                     self._cond.notify_all()
-
-
-def _close_ref(ref) -> None:
-    proposer = ref()
-    if proposer is not None:
-        proposer.close()
 
 
 def _chain_sigterm(ref) -> None:
