@@ -131,7 +131,7 @@ def test_breaker_counts_bad_steps_in_a_row_and_caps_the_backoff():
 
 def test_step_budget_is_an_adapter_key_with_bounds_named_in_the_error():
     _, extra = translate({"plugin": "copy", "num_speculative_tokens": 4}, None)
-    assert extra["freespec"]["step_budget_ms"] == 100.0 and "step_budget_ms" not in extra["freespec"]["options"]
+    assert extra["freespec"]["step_budget_ms"] == 1000.0 and "step_budget_ms" not in extra["freespec"]["options"]
     _, extra = translate({"plugin": "copy", "num_speculative_tokens": 4, "step_budget_ms": 250}, None)
     assert extra["freespec"]["step_budget_ms"] == 250.0
     for bad in (0, -5, 1e9, "fast", True, None if False else [1]):

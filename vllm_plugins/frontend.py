@@ -79,9 +79,10 @@ ADAPTER_KEYS = {"policy": ("goodput", "fixed")}
 # The adapter's numeric keys: (default, lowest, highest). ``step_budget_ms``: a plugin step (everything the
 # adapter calls on the plugin in one engine step) that takes longer counts as a bad step for the circuit
 # breaker (adapter.CircuitBreaker: 3 bad steps in a row, or one over 10x the budget, switch the plugin off
-# for a back-off period). 100 ms is several times a CPU decode step of a small model and far above what
-# freespec's own plugins take per step (docs/reliability.md).
-ADAPTER_NUMBERS = {"step_budget_ms": (100.0, 1.0, 60_000.0)}
+# for a back-off period). 1000 ms: far above what the context sources take per step, and above what
+# `pearl` waits for its draft model's chain on a CPU, whose step legitimately blocks on the draft
+# (docs/reliability.md).
+ADAPTER_NUMBERS = {"step_budget_ms": (1000.0, 1.0, 60_000.0)}
 
 
 def adapter_number(key: str, value: Any) -> float:
