@@ -203,11 +203,7 @@ class FreespecProposer:
     def _skip(self, keys: list[int], departed: list[int], n_rows: int) -> list[list[int]]:
         """A step while the breaker is open: no drafts, nothing asked of the plugin but freeing departed requests."""
         self.stats.skipped_steps += 1
-        for key in departed:
-            try:
-                self.proposer.release(key)
-            except Exception:
-                self.stats.errors += 1
+        self._release(departed)
         self._last_drafts = {}
         self._prefilling = set()
         self._last_step_at = None  # the policy's step-time fit skips the gap
@@ -221,12 +217,16 @@ class FreespecProposer:
 
         It sees them again as new requests when it is tried again (their keys are unchanged).
         """
+        self._release(keys)
+        self._last_drafts = {}
+
+    def _release(self, keys: list[int]) -> None:
+        """Tell the plugin these requests are gone; a plugin that raises is counted, never propagated."""
         for key in keys:
             try:
                 self.proposer.release(key)
             except Exception:
                 self.stats.errors += 1
-        self._last_drafts = {}
 
     def _observe_step(self, views, keys, now: float) -> None:
         """Feed the policy the step that just ran (time since the last call, tokens it scored and produced)."""
