@@ -32,6 +32,8 @@ from collections.abc import Iterator
 from importlib import metadata as importlib_metadata
 from pathlib import Path
 
+from freespec import settings
+
 DEFAULT_MODEL = "smollm2-135m-instruct"
 MARKER_NAME = ".freespec-prepared.json"
 # Bump when the conversion changes in a way that makes older caches unusable.
@@ -150,7 +152,7 @@ def get_spec(name: str) -> ModelSpec:
 
 def default_cache_dir() -> Path:
     """``$FREESPEC_CACHE``, else ``~/.cache/freespec``: where prepared models live."""
-    return Path(os.environ.get("FREESPEC_CACHE") or "~/.cache/freespec").expanduser()
+    return settings.cache_root()
 
 
 def model_dir(name: str, cache_dir: str | os.PathLike | None = None) -> Path:

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from freespec import settings
+
 SPEC_BENCH_URL = "https://github.com/hemingkx/Spec-Bench"
 SPEC_BENCH_COMMIT = "66230f10cb0a02aced5ef3ce1e85163c16160454"  # the commit that last changed the file
 SPEC_BENCH_DOWNLOAD = ("https://raw.githubusercontent.com/hemingkx/Spec-Bench/"
@@ -87,8 +89,7 @@ def builtin_questions() -> list[Question]:
 def cache_path(env: Mapping[str, str] = os.environ) -> Path:
     """Where a downloaded Spec-Bench ``question.jsonl`` is kept: in freespec's cache root
     (``$FREESPEC_CACHE`` or ``~/.cache/freespec``, where prepared models are kept too)."""
-    root = Path(env.get("FREESPEC_CACHE") or "~/.cache/freespec").expanduser()
-    return root / "spec_bench" / "question.jsonl"
+    return settings.cache_root(env) / "spec_bench" / "question.jsonl"
 
 
 def _sha256(data: bytes) -> str:
@@ -139,14 +140,14 @@ def resolve_questions(questions: str | None, env: Mapping[str, str] = os.environ
     if questions:
         path = Path(questions)
         return QuestionSet(read_questions(path), "file", str(path.resolve()), str(path.resolve()))
-    if env.get(ENV_PATH):
-        path = Path(env[ENV_PATH])
+    if settings.questions_path(env):
+        path = Path(settings.questions_path(env))
         where = str(path.resolve())
         return QuestionSet(read_questions(path), "file", f"{where}, from ${ENV_PATH}", where)
     cached = cache_path(env)
     if cached.is_file():
         return QuestionSet(read_questions(cached), "spec-bench", f"cached at {cached}", str(cached))
-    url = env.get(ENV_URL, SPEC_BENCH_DOWNLOAD)
+    url = settings.questions_url(SPEC_BENCH_DOWNLOAD, env)
     if url:
         log(f"downloading Spec-Bench's questions from {url} to {cached}")
         try:

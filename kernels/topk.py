@@ -34,28 +34,19 @@ This module needs only torch (and optionally triton): scripts/kernel_timing.py l
 """
 from __future__ import annotations
 
-import os
 
 import torch
 
-# triton is imported on first use (_have_triton): CPU-only callers never need it or pay for importing it,
-# and importing this module leaves the choice of triton's interpreter mode to whoever imports it first.
+from freespec.kernels import triton_loader
+
+# triton is imported on first use (kernels/triton_loader.py); the kernels' bodies name `tl` as
+# a module global, so the loader binds it here.
 triton = None
 tl = None
-_TRITON_MISSING = False
 
 
 def _have_triton() -> bool:
-    global triton, tl, _TRITON_MISSING
-    if triton is None and not _TRITON_MISSING:
-        try:
-            import triton as _triton
-            import triton.language as _tl
-        except ImportError:
-            _TRITON_MISSING = True
-            return False
-        triton, tl = _triton, _tl
-    return triton is not None
+    return triton_loader.bind(globals())
 
 
 MAX_K = 32
@@ -228,19 +219,7 @@ def _topk_merge_kernel(cand_ptr, bmax_ptr, bsum_ptr, ids_ptr, probs_ptr,
         tl.store(m_probs_ptr + key * stride_m_probs + j, probs.to(m_probs_ptr.dtype.element_ty), mask=ok)
 
 
-_JITTED: dict = {}
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
-
-
-def _jit(fn):
-    """``triton.jit(fn)``, once per interpreter setting (read at decoration time, so decorate lazily)."""
-    key = (fn, _interpreting())
-    if key not in _JITTED:
-        _JITTED[key] = triton.jit(fn)
-    return _JITTED[key]
+_jit = triton_loader.jit
 
 
 def _next_pow2(n: int) -> int:
@@ -300,7 +279,7 @@ def topk_scatter_triton(logits, keys, m_ids, m_probs, k, *, block_v: int | None 
 # ---------------------------------------------------------------------------------------------- dispatch
 def use_triton(t: torch.Tensor) -> bool:
     """Triton for CUDA tensors when it imports; for any tensor with FREESPEC_FORCE_TRITON=1 (tests)."""
-    return (t.is_cuda or os.environ.get("FREESPEC_FORCE_TRITON") == "1") and _have_triton()
+    return triton_loader.wanted(t) and _have_triton()
 
 
 def row_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -29,31 +29,22 @@ This module needs only numpy and torch (and optionally triton).
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
-# triton is imported on first use (_have_triton): CPU-only callers never need it or pay for importing it,
-# and importing this module leaves the choice of triton's interpreter mode to whoever imports it first.
+from freespec.kernels import triton_loader
+
+# triton is imported on first use (kernels/triton_loader.py); the kernels' bodies name `tl` as
+# a module global, so the loader binds it here.
 triton = None
 tl = None
-_TRITON_MISSING = False
 
 
 def _have_triton() -> bool:
-    global triton, tl, _TRITON_MISSING
-    if triton is None and not _TRITON_MISSING:
-        try:
-            import triton as _triton
-            import triton.language as _tl
-        except ImportError:
-            _TRITON_MISSING = True
-            return False
-        triton, tl = _triton, _tl
-    return triton is not None
+    return triton_loader.bind(globals())
 
 
 # ---------------------------------------------------------------------------------------------- template
@@ -196,19 +187,7 @@ def _expand_kernel(m_ids_ptr, m_probs_ptr, stride_ids, stride_probs, V, roots_pt
     tl.store(probs_ptr + b.to(tl.int64) * N + n, prob, mask=live)
 
 
-_JITTED: dict = {}
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
-
-
-def _jit(fn):
-    """``triton.jit(fn)``, once per interpreter setting (read at decoration time, so decorate lazily)."""
-    key = (fn, _interpreting())
-    if key not in _JITTED:
-        _JITTED[key] = triton.jit(fn)
-    return _JITTED[key]
+_jit = triton_loader.jit
 
 
 def expand_tree_triton(m_ids: torch.Tensor, m_probs: torch.Tensor, roots, parents, ranks):
@@ -248,9 +227,7 @@ def expand_tree_triton(m_ids: torch.Tensor, m_probs: torch.Tensor, roots, parent
 # ---------------------------------------------------------------------------------------------- dispatch
 def use_triton(m_ids) -> bool:
     """Triton for CUDA tensors when it imports; for any torch tensor with FREESPEC_FORCE_TRITON=1 (tests)."""
-    if not isinstance(m_ids, torch.Tensor):
-        return False
-    return (m_ids.is_cuda or os.environ.get("FREESPEC_FORCE_TRITON") == "1") and _have_triton()
+    return triton_loader.wanted(m_ids) and _have_triton()
 
 
 def expand_tree(m_ids, m_probs, roots, parents, ranks):

