@@ -2,6 +2,10 @@
 editable) with the `cpu` extra into a fresh venv, runs freespec's commands and a real generation, and
 uninstalls it.
 
+Marked `release`: CI's matrix job runs it (.ci/matrix), once per run, beside the `cluster` tests; `.ci/run`
+leaves it out to stay within its time budget (about 5 minutes on 2 cores). Run it here with
+`bash scripts/test.sh -m release`.
+
 The venv's dependencies are pinned to this environment's versions (the script's default), so pip reuses
 the wheels it has instead of building newer source releases; the script's --fresh run is the user's path.
 """
@@ -14,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.release]
 
 REPO = Path(__file__).resolve().parents[1]
 
