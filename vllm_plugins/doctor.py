@@ -1,7 +1,7 @@
 """The report ``freespec doctor`` prints: vLLM version, each seam probe by name, usable plugins.
 
 Which plugins are usable is decided exactly as the front-end decides it at
-engine start (``version_gate.is_supported`` and ``seams.blocking_probes``), so
+engine start (``version_gate.is_supported`` and ``probes.blocking_probes``), so
 the report and vLLM's behaviour cannot disagree. ``diagnose`` gives the same
 facts as data (``freespec doctor --json``), for scripts and bug reports.
 """
@@ -11,7 +11,7 @@ from typing import Any
 
 
 def _status(probe, expand_hook: bool) -> str:
-    from freespec.vllm_plugins.seams import BLOCKING
+    from freespec.vllm_plugins.probes import BLOCKING
 
     if probe.ok:
         return "ok"
@@ -32,7 +32,7 @@ def diagnose() -> dict[str, Any]:
     """freespec's and vLLM's versions, every probe with its status, and each plugin's state."""
     from freespec import __version__
     from freespec.proposers.registry import available_plugins, load_proposer_class
-    from freespec.vllm_plugins.seams import (
+    from freespec.vllm_plugins.probes import (
         blocking_probes,
         cpu_kernel_override_hook,
         run_probes,

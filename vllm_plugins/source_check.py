@@ -1,12 +1,12 @@
 """Every seam freespec relies on, checked statically against a vLLM source tree (no vLLM import, no GPU).
 
-The probes in ``seams.py`` check the *installed* vLLM when an engine starts. This
+The probes in ``probes.py`` check the *installed* vLLM when an engine starts. This
 module checks the same facts by reading a vLLM release's source with ``ast``, so a
 release that cannot be installed here (the CUDA wheel ``vllm`` on a CPU machine)
 is still compared seam by seam: which symbols exist, their signatures, and the
 lines whose behaviour freespec depends on. One ``check_<seam>`` per seam, named
-as the probe is (``seams.seam_name``); plain-data facts (parameter names, metric
-names, the rank layout, the expand kernel's name) are read from ``seams.py``, so a
+as the probe is (``probes.seam_name``); plain-data facts (parameter names, metric
+names, the rank layout, the expand kernel's name) are read from ``probes.py``, so a
 probe and its static check cannot disagree on them.
 
     python -m freespec.vllm_plugins.source_check --download vllm          # the newest vllm wheel
@@ -15,7 +15,7 @@ probe and its static check cannot disagree on them.
 
 The wheel is fetched with ``pip download --no-deps`` and read in place (zip members
 are parsed, never executed or imported). Exit status 1 when a seam that disables
-speculation (``seams.BLOCKING``, ``target_topk``, ``general_plugins``) moved, 0
+speculation (``probes.BLOCKING``, ``target_topk``, ``general_plugins``) moved, 0
 otherwise; scripts/release_matrix.sh runs it as a non-blocking matrix column.
 """
 from __future__ import annotations
@@ -31,12 +31,12 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-from freespec.vllm_plugins import seams
-from freespec.vllm_plugins.seams import ProbeResult
+from freespec.vllm_plugins import probes
+from freespec.vllm_plugins.probes import ProbeResult
 
 # Seams whose move disables speculation: the probes' blocking set, target_topk (plugins that use it),
 # and general_plugins (without it freespec is never loaded, so no probe could even run).
-BLOCKING = seams.BLOCKING + ("target_topk", "general_plugins")
+BLOCKING = probes.BLOCKING + ("target_topk", "general_plugins")
 # Lines of the model runner ``target_topk`` maps logits rows with (as probe_target_logits reads them).
 TARGET_LOGITS_LINES = {
     "sample_hidden_states = hidden_states[logits_indices]": "logits rows are hidden_states[logits_indices]",
@@ -159,7 +159,7 @@ def literal_strings(tree: ast.Module, alias: str, seen: frozenset = frozenset())
 
 
 def squeeze(text: str) -> str:
-    return seams._squeeze(text)
+    return probes._squeeze(text)
 
 
 def _calls(node: ast.AST, attr: str) -> list[ast.Call]:
@@ -221,7 +221,7 @@ def check_spec_config(src: Source) -> str:
 
     tree = src.tree("config/speculative.py")
     fields = class_fields(find_class(tree, "SpeculativeConfig"))
-    missing = [f for f in seams.SPEC_CONFIG_FIELDS if f not in fields]
+    missing = [f for f in probes.SPEC_CONFIG_FIELDS if f not in fields]
     if missing:
         raise Moved(f"SpeculativeConfig has no field(s) {missing}")
     alias = re.match(r"\s*(\w+)", fields["method"]).group(1)  # "SpeculativeMethod | None"
@@ -246,8 +246,8 @@ def check_custom_class(src: Source) -> str:
         raise Moved("gpu_model_runner no longer dispatches to custom_class's propose()")
     args = [ast.unparse(a) for a in propose[0].args]
     got = [a.rsplit(".", 1)[-1] for a in args]
-    if got[: len(seams.PROPOSE_PARAMS)] != list(seams.PROPOSE_PARAMS):
-        raise Moved(f"propose() is called with {args}, not {list(seams.PROPOSE_PARAMS)}")
+    if got[: len(probes.PROPOSE_PARAMS)] != list(probes.PROPOSE_PARAMS):
+        raise Moved(f"propose() is called with {args}, not {list(probes.PROPOSE_PARAMS)}")
     unsupported = find_function(find_class(src.tree("config/vllm.py"), "VllmConfig"),
                                 "_get_v2_model_runner_unsupported_features")
     if "custom_class" not in {c.value for c in ast.walk(unsupported) if isinstance(c, ast.Constant)}:
@@ -263,8 +263,8 @@ def check_cpu_rejection_sampler(src: Source) -> str:
         raise Moved("CpuPlatform.register_triton_kernel_overrides is no longer a classmethod")
     find_function(src.tree("triton_utils/dispatcher.py"), "register_kernels")
     body = src.segment("platforms/cpu.py", hook)
-    if "register_kernels" not in body or f'"{seams.EXPAND_KERNEL_NAME}"' not in body:
-        raise Moved(f"CpuPlatform.register_triton_kernel_overrides no longer registers {seams.EXPAND_KERNEL_NAME}")
+    if "register_kernels" not in body or f'"{probes.EXPAND_KERNEL_NAME}"' not in body:
+        raise Moved(f"CpuPlatform.register_triton_kernel_overrides no longer registers {probes.EXPAND_KERNEL_NAME}")
     return "CpuPlatform.register_triton_kernel_overrides -> triton_utils.dispatcher.register_kernels"
 
 
@@ -301,10 +301,10 @@ def check_target_topk(src: Source) -> str:
 
 def check_spec_metrics(src: Source) -> str:
     text = src.text("v1/spec_decode/metrics.py")
-    missing = [m for m in seams.SPEC_METRICS if f'"{m}"' not in text]
+    missing = [m for m in probes.SPEC_METRICS if f'"{m}"' not in text]
     if missing:
         raise Moved(f"metric(s) renamed or gone: {missing}")
-    return ", ".join(m.removeprefix("vllm:") for m in seams.SPEC_METRICS)
+    return ", ".join(m.removeprefix("vllm:") for m in probes.SPEC_METRICS)
 
 
 def check_vllm_cli(src: Source) -> str:
@@ -322,7 +322,7 @@ def check_draft_rank(src: Source) -> str:
     for name in ("model_parallel_is_initialized", "get_tp_group", "get_pcp_group"):
         find_function(state, name)
     layout = src.segment("distributed/parallel_state.py", find_function(state, "initialize_model_parallel"))
-    if seams.RANK_LAYOUT not in squeeze(layout):
+    if probes.RANK_LAYOUT not in squeeze(layout):
         raise Moved("the worker rank layout changed (TP rank no longer varies fastest)")
     executor = find_class(src.tree("v1/executor/multiproc_executor.py"), "MultiprocExecutor")
     rank = find_function(executor, "_get_output_rank")

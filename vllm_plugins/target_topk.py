@@ -9,7 +9,7 @@ what vLLM samples is unchanged; only a copy of k ids and k floats per row is
 kept (``freespec.kernels.topk``: a Triton kernel on CUDA, torch on the CPU).
 
 Which token each logits row belongs to is vLLM's layout, written down in
-``seams.probe_target_logits`` and checked there against the installed source:
+``probes.probe_target_logits`` and checked there against the installed source:
 rows come in batch order, and request i contributes ``1 + d_i`` rows, where
 ``d_i`` is the number of draft tokens it was scheduled this step (rows for the
 last committed token and for each draft token). The adapter knows what it

