@@ -1,0 +1,422 @@
+"""Bad configs and bad files an operator can hand freespec, each run the way vLLM would run it.
+
+Every case is a ``--speculative-config`` (and the files it points to, written into a scratch directory).
+``attempt`` runs it through what vLLM runs: the front-end's ``translate`` (called while vLLM parses its
+arguments, before any engine starts), then, for a config that passes, the plugin's constructor and
+``bind`` (what the adapter calls in the worker at engine start), and for the cases that need it one
+serving action (a save). A case's outcome is:
+
+- ``refused``: a ``ValueError`` (freespec's config, datastore and matrix errors all are one) whose message
+  is what the user sees;
+- ``logged``: accepted, and a warning logged (the server goes on);
+- ``accepted``: nothing said (a bad input got through);
+- ``crash``: any other exception (a traceback instead of a named error).
+
+``tests/test_bad_inputs.py`` runs them all; ``scripts/bad_inputs.py --markdown`` prints the table in
+docs/reliability.md.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import os
+import shutil
+import subprocess
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Optional
+
+import numpy as np
+
+from freespec.proposers.base import EngineInfo
+from freespec.proposers.registry import load_proposer_class
+from freespec.vllm_plugins.frontend import translate
+
+K = 4
+VOCAB = 1000  # the stand-in target's vocabulary (the datastore's "tokenizer" maps characters into it)
+FINGERPRINT = "sha256:bad-inputs-tokenizer"
+CANDIDATES = 8  # recycle's default
+
+
+@dataclass(frozen=True)
+class Case:
+    what: str  # the bad input, as a user would describe it
+    names: str  # the field or file the message must name
+    make: Callable[[Path], dict]  # writes the case's files under a scratch directory; returns the config
+    expect: str = "refused"  # or "logged"
+    serve: Optional[Callable[[object, Path], None]] = None  # an action after a successful start (a save)
+
+
+@dataclass
+class Outcome:
+    kind: str  # "refused", "logged", "accepted", "crash"
+    stage: str  # "config" (before vLLM starts), "engine start" (the plugin's loader), "serving"
+    message: str
+
+
+# ---------------------------------------------------------------- files the cases start from
+def corpus_datastore(d: Path, name: str = "ds", fingerprint: str = FINGERPRINT) -> str:
+    """A small valid datastore built by freespec's own builder (one character per token)."""
+    from freespec.proposers.retrieval.build import build_datastore
+
+    corpus = d / f"{name}.jsonl"
+    texts = ["def load(path):\n    return open(path).read()\n", "the quick brown fox jumps over the lazy dog"]
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    out = d / name
+    build_datastore(
+        [corpus], out, lambda batch: [[ord(c) % VOCAB for c in t] for t in batch],
+        tokenizer_name="bad-inputs-chars", fingerprint=fingerprint, vocab_size=VOCAB, progress=False,
+    )
+    return str(out)
+
+
+def edit_manifest(store: str, change: Callable[[dict], None]) -> str:
+    path = Path(store) / "manifest.json"
+    manifest = json.loads(path.read_text())
+    change(manifest)
+    path.write_text(json.dumps(manifest))
+    return store
+
+
+def shard_file(store: str, suffix: str) -> Path:
+    name = json.loads((Path(store) / "manifest.json").read_text())["shards"][0]["name"]
+    return Path(store) / f"{name}.{suffix}"
+
+
+def matrix_file(d: Path, name: str = "matrix.npz", vocab: int = VOCAB, tokenizer: str = FINGERPRINT) -> Path:
+    """A valid recycle matrix file, written by freespec's own writer."""
+    from freespec.proposers.recycle.matrix import save_matrix
+
+    path = d / name
+    ids = np.full((vocab, CANDIDATES), -1, dtype=np.int32)
+    ids[:10, 0] = np.arange(1, 11)
+    save_matrix(str(path), ids, np.zeros_like(ids, dtype=np.float16), tokenizer=tokenizer)
+    return path
+
+
+def npy_bytes(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, array)
+    return buf.getvalue()
+
+
+def crafted_header_matrix(d: Path) -> Path:
+    """A matrix archive whose ``ids.npy`` header declares 2**40 x 8 int32 (about 32 TiB)."""
+    good = matrix_file(d, "good.npz")
+    path = d / "matrix.npz"
+    with zipfile.ZipFile(good) as src, zipfile.ZipFile(path, "w") as dst:
+        for info in src.infolist():
+            data = src.read(info)
+            if info.filename == "ids.npy":
+                header = {"descr": "<i4", "fortran_order": False, "shape": (1 << 40, CANDIDATES)}
+                buf = io.BytesIO()
+                np.lib.format.write_array_header_1_0(buf, header)
+                data = buf.getvalue() + data[len(data) - 64:]
+            dst.writestr(info.filename, data)
+    return path
+
+
+def inflating_matrix(d: Path) -> Path:
+    """A compressed matrix archive whose ``ids.npy`` member inflates to 256 MiB (the header is right)."""
+    good = matrix_file(d, "good.npz")
+    path = d / "matrix.npz"
+    with zipfile.ZipFile(good) as src, zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as dst:
+        for info in src.infolist():
+            data = src.read(info)
+            if info.filename == "ids.npy":
+                data += bytes(256 << 20)
+            dst.writestr(info.filename, data)
+    return path
+
+
+def truncated(path: Path) -> Path:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    return path
+
+
+def draft_without_weights(d: Path) -> str:
+    """A checkpoint directory with a ``config.json`` and no weights."""
+    out = d / "draft"
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": VOCAB, "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    }))
+    return str(out)
+
+
+@contextlib.contextmanager
+def read_only_dir(path: Path) -> Iterator[None]:
+    """``path`` made read-only, for root too (``chattr +i``; ``chmod`` binds only other users)."""
+    if os.geteuid() == 0:
+        subprocess.run(["chattr", "+i", str(path)], check=True, capture_output=True)
+        try:
+            yield
+        finally:
+            subprocess.run(["chattr", "-i", str(path)], check=True, capture_output=True)
+    else:
+        mode = path.stat().st_mode
+        path.chmod(0o555)
+        try:
+            yield
+        finally:
+            path.chmod(mode)
+
+
+def save_into_read_only_dir(proposer, d: Path) -> None:
+    """What the recycle file thread does every ``save_every_s``, with the matrix's directory read-only."""
+    with read_only_dir(d / "matrices"):
+        proposer.save()
+
+
+def spec(plugin, **options) -> dict:
+    return {"plugin": plugin, "num_speculative_tokens": K, **options}
+
+
+def store_dir(d: Path) -> Path:
+    (d / "stores").mkdir(exist_ok=True)
+    return d / "stores"
+
+
+def matrices(d: Path) -> Path:
+    (d / "matrices").mkdir(exist_ok=True)
+    return d / "matrices"
+
+
+# ---------------------------------------------------------------- the cases
+CASES: list[Case] = [
+    # The front-end, for every plugin.
+    Case("unknown plugin name `\"plugin\": \"fastest\"`", "'fastest'", lambda d: spec("fastest")),
+    Case("`\"plugin\"` not a string (`7`)", "'plugin'", lambda d: spec(7)),
+    Case("`\"plugin\"` together with vLLM's `\"method\": \"ngram\"`", "'method'",
+         lambda d: spec("copy", method="ngram")),
+    Case("`num_speculative_tokens` missing", "'num_speculative_tokens'",
+         lambda d: {"plugin": "copy"}),
+    Case("`num_speculative_tokens: 0`", "'num_speculative_tokens'",
+         lambda d: {"plugin": "copy", "num_speculative_tokens": 0}),
+    Case("`num_speculative_tokens: \"4\"` (a string)", "'num_speculative_tokens'",
+         lambda d: {"plugin": "copy", "num_speculative_tokens": "4"}),
+    Case("`disable_by_batch_size: 8` (a key of other vLLM releases)", "'disable_by_batch_size'",
+         lambda d: spec("copy", disable_by_batch_size=8)),
+    Case("`policy: \"fast\"`", "'policy'", lambda d: spec("copy", policy="fast")),
+    Case("`step_budget_ms: 0`", "'step_budget_ms'", lambda d: spec("copy", step_budget_ms=0)),
+    Case("`step_budget_ms: \"100\"` (a string)", "'step_budget_ms'", lambda d: spec("copy", step_budget_ms="100")),
+    Case("`plugin: \"freespec.nowhere:Drafter\"` (a module that does not exist)", "freespec.nowhere:Drafter",
+         lambda d: spec("freespec.nowhere:Drafter")),
+    Case("`plugin: \"json:JSONDecoder\"` (a class that is not a proposer)", "json:JSONDecoder",
+         lambda d: spec("json:JSONDecoder")),
+    # copy
+    Case("copy: unknown option `min_matches`", "'min_matches'", lambda d: spec("copy", min_matches=2)),
+    Case("copy: `min_match: 0`", "'min_match'", lambda d: spec("copy", min_match=0)),
+    Case("copy: `max_match: 4, min_match: 8`", "max_match", lambda d: spec("copy", max_match=4, min_match=8)),
+    Case("copy: `pool_tokens: -5`", "'pool_tokens'", lambda d: spec("copy", pool_tokens=-5)),
+    Case("copy: `pool_tokens: 1e12` (above its bound)", "'pool_tokens'", lambda d: spec("copy", pool_tokens=10**12)),
+    Case("copy: `adaptive: \"sometimes\"`", "'adaptive'", lambda d: spec("copy", adaptive="sometimes")),
+    # recycle: options
+    Case("recycle: `candidates: 64`", "'candidates'", lambda d: spec("recycle", candidates=64)),
+    Case("recycle: `candidates: 32, tree_widths: [32]*8` (1.1e12 tree nodes)", "tree_widths",
+         lambda d: spec("recycle", candidates=32, tree_widths=[32] * 8)),
+    Case("recycle: `tree_widths: [4, 0]`", "tree_widths", lambda d: spec("recycle", tree_widths=[4, 0])),
+    Case("recycle: `tree_widths: [16]` with `candidates: 8`", "tree_widths",
+         lambda d: spec("recycle", tree_widths=[16])),
+    Case("recycle: `matrix_path` in a directory that does not exist", "matrix_path",
+         lambda d: spec("recycle", matrix_path=str(d / "missing" / "m.npz"))),
+    Case("recycle: `save_every_s: -1`", "'save_every_s'", lambda d: spec("recycle", save_every_s=-1)),
+    Case("recycle: `merge_from` a string, not a list", "merge_from",
+         lambda d: spec("recycle", merge_from=str(d / "peer.npz"))),
+    # recycle: matrix files (read at engine start)
+    Case("recycle: `matrix_path` a `.npy` array renamed `.npz`", "matrix.npz",
+         lambda d: spec("recycle", matrix_path=str(_write(matrices(d) / "matrix.npz", npy_bytes(np.zeros((4, 4))))))),
+    Case("recycle: `matrix_path` with a crafted `.npy` header (2**40 rows)", "'ids'",
+         lambda d: spec("recycle", matrix_path=str(crafted_header_matrix(matrices(d))))),
+    Case("recycle: `matrix_path` a compressed archive inflating to 256 MiB", "'ids'",
+         lambda d: spec("recycle", matrix_path=str(inflating_matrix(matrices(d))))),
+    Case("recycle: `matrix_path` learned with another tokenizer", "'tokenizer'",
+         lambda d: spec("recycle", matrix_path=str(matrix_file(matrices(d), tokenizer="sha256:another")))),
+    Case("recycle: `matrix_path` of another vocabulary size", "'vocab_size'",
+         lambda d: spec("recycle", matrix_path=str(matrix_file(matrices(d), vocab=VOCAB // 2)))),
+    Case("recycle: `matrix_path` a text file", "matrix.npz",
+         lambda d: spec("recycle", matrix_path=str(_write(matrices(d) / "matrix.npz", b"not a matrix\n")))),
+    Case("recycle: `matrix_path` truncated (half a file)", "matrix.npz",
+         lambda d: spec("recycle", matrix_path=str(truncated(matrix_file(matrices(d)))))),
+    Case("recycle: `matrix_path` a directory", "matrix.npz",
+         lambda d: spec("recycle", matrix_path=str(_mkdir(matrices(d) / "matrix.npz")))),
+    Case("recycle: `merge_from` a corrupt file at start", "peer.npz",
+         lambda d: spec("recycle", merge_from=[str(truncated(matrix_file(matrices(d), "peer.npz")))])),
+    Case("recycle: the matrix directory read-only (when it saves)", "matrix.npz",
+         lambda d: spec("recycle", matrix_path=str(matrices(d) / "matrix.npz")),
+         expect="logged", serve=save_into_read_only_dir),
+    # retrieval: options and the manifest (read when the config is parsed)
+    Case("retrieval: `datastore` missing", "'datastore'", lambda d: spec("retrieval")),
+    Case("retrieval: `datastore` a directory that does not exist", "datastore",
+         lambda d: spec("retrieval", datastore=str(d / "no-such-store"))),
+    Case("retrieval: `datastore` a file, not a directory", "datastore",
+         lambda d: spec("retrieval", datastore=str(_write(d / "store.jsonl", b"{}\n")))),
+    Case("retrieval: `datastore` a list", "'datastore'", lambda d: spec("retrieval", datastore=[str(d)])),
+    Case("retrieval: `datastore` a directory without `manifest.json`", "manifest.json",
+         lambda d: spec("retrieval", datastore=str(_mkdir(d / "empty-store")))),
+    Case("retrieval: `manifest.json` not JSON", "manifest.json",
+         lambda d: spec("retrieval", datastore=_broken_manifest(d))),
+    Case("retrieval: `manifest.json` of format version 2", "version",
+         lambda d: spec("retrieval", datastore=edit_manifest(corpus_datastore(store_dir(d)),
+                                                             lambda m: m.update(version=2)))),
+    Case("retrieval: a shard name that is absolute (`/etc/passwd`)", "shards[0].name",
+         lambda d: spec("retrieval", datastore=edit_manifest(corpus_datastore(store_dir(d)),
+                                                             lambda m: m["shards"][0].update(name="/etc/passwd")))),
+    Case("retrieval: a shard name with `../`", "shards[0].name",
+         lambda d: spec("retrieval", datastore=edit_manifest(corpus_datastore(store_dir(d)),
+                                                             lambda m: m["shards"][0].update(name="../ds2/00000")))),
+    Case("retrieval: `manifest.json` `tokenizer` a string", "'tokenizer'",
+         lambda d: spec("retrieval", datastore=edit_manifest(corpus_datastore(store_dir(d)),
+                                                             lambda m: m.update(tokenizer="fake-chars")))),
+    Case("retrieval: a shard's `tokens` a string", "shards[0].tokens",
+         lambda d: spec("retrieval", datastore=edit_manifest(corpus_datastore(store_dir(d)),
+                                                             lambda m: m["shards"][0].update(tokens="many")))),
+    Case("retrieval: a shard's `.tokens` file truncated", ".tokens",
+         lambda d: spec("retrieval", datastore=_truncate_shard(corpus_datastore(store_dir(d)), "tokens"))),
+    Case("retrieval: a shard's `.sa` file missing", ".sa",
+         lambda d: spec("retrieval", datastore=_remove_shard(corpus_datastore(store_dir(d)), "sa"))),
+    Case("retrieval: a datastore built with another tokenizer", "another tokenizer",
+         lambda d: spec("retrieval", datastore=corpus_datastore(store_dir(d), fingerprint="sha256:another"))),
+    Case("retrieval: `in_memory_mb: -1`", "'in_memory_mb'",
+         lambda d: spec("retrieval", datastore=corpus_datastore(store_dir(d)), in_memory_mb=-1)),
+    Case("retrieval: `max_continuations: 0`", "'max_continuations'",
+         lambda d: spec("retrieval", datastore=corpus_datastore(store_dir(d)), max_continuations=0)),
+    # hybrid
+    Case("hybrid: `sources: [\"copy\", \"oracle\"]`", "sources", lambda d: spec("hybrid", sources=["copy", "oracle"])),
+    Case("hybrid: `sources: [\"retrieval\"]` without `datastore`", "datastore",
+         lambda d: spec("hybrid", sources=["retrieval"])),
+    Case("hybrid: `datastore` without the `retrieval` source", "datastore",
+         lambda d: spec("hybrid", datastore=corpus_datastore(store_dir(d)))),
+    Case("hybrid: unknown option `candidates` (a recycle option)", "'candidates'",
+         lambda d: spec("hybrid", candidates=8)),
+    Case("hybrid: `datastore` a directory that does not exist", "datastore",
+         lambda d: spec("hybrid", sources=["copy", "retrieval"], datastore=str(d / "no-such-store"))),
+    Case("hybrid: `datastore` with a `../` shard name", "shards[0].name",
+         lambda d: spec("hybrid", sources=["copy", "retrieval"], datastore=edit_manifest(
+             corpus_datastore(store_dir(d)), lambda m: m["shards"][0].update(name="../ds2/00000")))),
+    # pearl
+    Case("pearl: `draft_model` missing", "'draft_model'", lambda d: spec("pearl")),
+    Case("pearl: `draft_model` a path that does not exist", "draft_model",
+         lambda d: spec("pearl", draft_model=str(d / "no-such-model"))),
+    Case("pearl: `draft_model` a directory without `config.json`", "draft_model",
+         lambda d: spec("pearl", draft_model=str(_mkdir(d / "not-a-model")))),
+    Case("pearl: `draft_model` a `config.json` without weights", "draft_model",
+         lambda d: spec("pearl", draft_model=draft_without_weights(d))),
+    Case("pearl: `device: \"gpu\"`", "'device'", lambda d: spec("pearl", draft_model=draft_without_weights(d),
+                                                               device="gpu")),
+    Case("pearl: `step_timeout_s: 600`", "'step_timeout_s'",
+         lambda d: spec("pearl", draft_model=draft_without_weights(d), step_timeout_s=600)),
+    Case("pearl: `placement: \"mpi\"`", "'placement'",
+         lambda d: spec("pearl", draft_model=draft_without_weights(d), placement="mpi")),
+    Case("pearl: `draft_cores: \"0-63\"`", "draft_cores",
+         lambda d: spec("pearl", draft_model=draft_without_weights(d), draft_cores="0-63")),
+]
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir(parents=True)
+    return path
+
+
+def _broken_manifest(d: Path) -> str:
+    store = corpus_datastore(store_dir(d))
+    (Path(store) / "manifest.json").write_text('{"format": "freespec-datastore", "version": 1, ')
+    return store
+
+
+def _truncate_shard(store: str, suffix: str) -> str:
+    truncated(shard_file(store, suffix))
+    return store
+
+
+def _remove_shard(store: str, suffix: str) -> str:
+    shard_file(store, suffix).unlink()
+    return store
+
+
+# ---------------------------------------------------------------- running a case
+class _Warnings(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def start_plugin(extra: dict):
+    """The plugin as the adapter builds it at engine start: options, constructor, ``bind``."""
+    cfg = extra["freespec"]
+    cls = load_proposer_class(cfg["plugin"])
+    proposer = cls(cls.Options.model_validate(cfg["options"]), K)
+    try:
+        proposer.bind(EngineInfo(vocab_size=VOCAB, model="bad-inputs", tokenizer_fingerprint=lambda: FINGERPRINT))
+    except BaseException:
+        stop_plugin(proposer)
+        raise
+    return proposer
+
+
+def stop_plugin(proposer) -> None:
+    close = getattr(proposer, "close", None)
+    if callable(close):
+        close()
+    store = getattr(proposer, "store", None)
+    if store is not None and callable(getattr(store, "close", None)):
+        store.close()
+
+
+def attempt(case: Case, scratch: Path) -> Outcome:
+    """Run ``case`` with its files under ``scratch`` (an empty directory)."""
+    handler = _Warnings()
+    logger = logging.getLogger("freespec")
+    logger.addHandler(handler)
+    stage = "config"
+    try:
+        config = case.make(scratch)
+        _, extra = translate(config, None)
+        stage = "engine start"
+        proposer = start_plugin(extra)
+        stage = "serving"
+        try:
+            if case.serve is not None:
+                case.serve(proposer, scratch)
+        finally:
+            stop_plugin(proposer)
+    except ValueError as e:
+        return Outcome("refused", stage, str(e))
+    except Exception as e:  # noqa: BLE001 - a crash is what this looks for
+        return Outcome("crash", stage, f"{type(e).__name__}: {e}")
+    finally:
+        logger.removeHandler(handler)
+    if handler.messages:
+        return Outcome("logged", stage, handler.messages[0])
+    return Outcome("accepted", stage, "")
+
+
+def shown(message: str, scratch: Path) -> str:
+    """The message as the table shows it: the scratch directory as ``DIR``, the options list cut."""
+    message = message.replace(str(scratch.resolve()), "DIR").replace(str(scratch), "DIR")
+    head, cut, _ = message.partition(". Allowed options: ")
+    return head + (". Allowed options: …" if cut else "")
+
+
+def run_all(root: Path) -> Iterator[tuple[Case, Outcome, str]]:
+    """Every case in its own scratch directory under ``root``: (case, outcome, the message as shown)."""
+    for i, case in enumerate(CASES):
+        scratch = root / f"case{i:02d}"
+        scratch.mkdir(parents=True)
+        outcome = attempt(case, scratch)
+        yield case, outcome, shown(outcome.message, scratch)
+        shutil.rmtree(scratch, ignore_errors=True)
