@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from bad_input_cases import run_all  # noqa: E402
+from bad_input_cases import run_all
 
 
 def cell(text: str) -> str:

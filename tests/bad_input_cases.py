@@ -25,12 +25,11 @@ import os
 import shutil
 import subprocess
 import zipfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Optional
 
 import numpy as np
-
 from freespec.proposers.base import EngineInfo
 from freespec.proposers.registry import load_proposer_class
 from freespec.vllm_plugins.frontend import translate
@@ -47,7 +46,7 @@ class Case:
     names: str  # the field or file the message must name
     make: Callable[[Path], dict]  # writes the case's files under a scratch directory; returns the config
     expect: str = "refused"  # or "logged"
-    serve: Optional[Callable[[object, Path], None]] = None  # an action after a successful start (a save)
+    serve: Callable[[object, Path], None] | None = None  # an action after a successful start (a save)
 
 
 @dataclass
