@@ -1,0 +1,603 @@
+"""Past responses kept across restarts and replicas: a bounded store of token sequences, persisted atomically.
+
+Why: the responses a server has produced are the best corpus for its next ones (REST, He et al., 2024;
+SuffixDecoding keeps its recent responses for the same reason), but a cache in memory is lost at restart
+and each replica learns alone. A drafting source loads the store at start, adds every finished response,
+saves it now and then in the background and merges its replicas' files, as ``recycle`` does with its matrix.
+
+Bounds: at most ``max_responses`` responses and ``max_tokens`` tokens (a longer response keeps its first
+``max_tokens``); adding beyond either evicts the oldest. A response added again moves to the newest. Memory:
+4 bytes per token plus at most ``ENTRY_OVERHEAD_BYTES`` per response (``max_bytes()``); a save in progress
+keeps the responses it writes alive, so at most twice that while one runs; a peer's file waiting to be merged
+adds at most one more store. Disk: ``file_bytes()`` (4 bytes per token, 12 per response, a header of at most
+``HEADER_BYTES + MAX_FINGERPRINT_BYTES`` and a 32-byte checksum).
+
+File format (version 1, little-endian, no pickle): a 64-byte header (``MAGIC``, version, fingerprint
+length, vocabulary size, a reserved zero, response count, token count, the horizon's stamp and digest), the
+caller's tokenizer fingerprint
+(UTF-8), the responses' lengths (uint32) and stamps (int64, nanoseconds since the epoch by the clock of
+the server that added them), their tokens (int32, concatenated, oldest response first), then the SHA-256
+of everything before it. A file that is corrupt, truncated, of another tokenizer or vocabulary, or larger
+than this store's bounds is refused with ``ResponseStoreError`` before anything beyond its header is read.
+
+Saving writes a temporary file next to the target (created with mode 0666, so the umask applies as to any
+new file), fsyncs it and renames it over the target, so a crash leaves the old file or the new one, never
+half of one.
+
+Merge rule (replicas): the union of both stores, one copy of each distinct response (the newest stamp),
+less what either side has evicted (its horizon: the newest response it dropped), then the newest responses
+that fit the bounds. It is commutative, associative and idempotent, so a replica may merge a file that
+already holds its own responses, and files may be merged in any order or grouping.
+
+Threads: ``add``, ``save_async``, ``merge_async`` and ``take_merged`` do no file I/O and hold a lock only
+for in-memory work; writing and reading peers' files happen in one background thread with one slot for
+the next save (a newer request replaces an older one) and one for a peer store read and checked (the thread
+waits until it is taken). ``load``, ``merge_from`` (at start) and ``close`` (at exit) do their I/O in the
+caller's thread. A failed save is logged once per distinct error and never raised.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import secrets
+import struct
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+logger = logging.getLogger("freespec")
+
+MAGIC = b"\x89FSRESP\n"  # a non-ASCII first byte and a newline: a file mangled as text does not match
+VERSION = 1
+# magic, version, fingerprint bytes, vocab size, reserved, count, tokens, horizon (stamp, digest)
+_HEADER = struct.Struct("<8sIIIIQQq16s")
+HEADER_BYTES = _HEADER.size
+MAX_FINGERPRINT_BYTES = 1024
+CHECKSUM_BYTES = 32
+# The most the options may ask for (the file's fields are uint64, but one store is meant for one server's
+# recent traffic): 1,048,576 responses and 268,435,456 tokens (1 GiB of token ids).
+MAX_RESPONSES = 1 << 20
+MAX_TOKENS = 1 << 28
+# Memory per response beyond its tokens: the numpy array and its buffer, the digest (twice: key and entry),
+# the entry, its stamp and the ordered dict's node. tracemalloc measured 440 to 610 bytes per response
+# (100 to 50,000 responses of 2 tokens); test_memory_stays_within_the_stated_bound checks the bound.
+ENTRY_OVERHEAD_BYTES = 700
+
+_DIGEST_BYTES = 16
+
+
+class ResponseStoreError(ValueError):
+    """A store file that must not be used; ``path`` and ``reason`` say which and why (also in the message)."""
+
+    def __init__(self, path: str, reason: str, detail: str) -> None:
+        super().__init__(f"response store {path!r}: {reason}: {detail}")
+        self.path, self.reason, self.detail = path, reason, detail
+
+
+# ``ResponseStoreError.reason``: one of these.
+UNREADABLE, NOT_A_STORE, UNSUPPORTED, FOREIGN, OVERSIZE, TRUNCATED, CORRUPT = (
+    "unreadable", "not a response store", "unsupported version", "foreign", "oversize", "truncated", "corrupt",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    stamp: int
+    digest: bytes
+    tokens: np.ndarray  # int32, read-only
+
+    @property
+    def key(self) -> tuple[int, bytes]:
+        """The merge order: by stamp, ties broken by content, so every replica orders alike."""
+        return (self.stamp, self.digest)
+
+
+NO_HORIZON = (0, b"")
+
+
+@dataclass(frozen=True)
+class Stored:
+    """A store's content: its entries, oldest first, and its horizon, the newest key it has evicted (every
+    entry is newer). A merge drops what is not newer than either side's horizon: a response one replica
+    evicted does not come back from another's older file, which keeps the merge associative."""
+
+    entries: Sequence[_Entry]
+    horizon: tuple[int, bytes] = NO_HORIZON
+
+
+def _digest(tokens: np.ndarray) -> bytes:
+    return hashlib.blake2b(memoryview(tokens).cast("B"), digest_size=_DIGEST_BYTES).digest()
+
+
+def _frozen(tokens: np.ndarray) -> np.ndarray:
+    tokens.flags.writeable = False
+    return tokens
+
+
+def file_bytes(responses: int, tokens: int, fingerprint: str) -> int:
+    """The exact size of a store file holding ``responses`` responses of ``tokens`` tokens in all."""
+    return HEADER_BYTES + len(fingerprint.encode()) + 12 * responses + 4 * tokens + CHECKSUM_BYTES
+
+
+def write_store(path: str, stored: Stored, *, fingerprint: str, vocab_size: int) -> None:
+    """Write ``stored`` to ``path`` atomically: temporary file, fsync, rename, fsync the folder.
+
+    On any error the temporary file is removed and the old file (if any) is left as it was.
+    """
+    fp = fingerprint.encode()
+    directory = os.path.dirname(os.path.abspath(path)) or "."
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    # 0666 and not mkstemp's 0600: the umask applies as to any new file (0644 under 022), so a replica
+    # running as another user can read it.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            h = hashlib.sha256()
+
+            def put(data) -> None:
+                h.update(data)
+                f.write(data)
+
+            entries = stored.entries
+            total = sum(len(e.tokens) for e in entries)
+            stamp, digest = stored.horizon
+            put(_HEADER.pack(MAGIC, VERSION, len(fp), vocab_size, 0, len(entries), total, stamp, digest))
+            put(fp)
+            put(np.fromiter((len(e.tokens) for e in entries), dtype="<u4", count=len(entries)).tobytes())
+            put(np.fromiter((e.stamp for e in entries), dtype="<i8", count=len(entries)).tobytes())
+            for e in entries:
+                put(memoryview(e.tokens.astype("<i4", copy=False)).cast("B"))
+            f.write(h.digest())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    try:  # the rename itself durable (Linux); not every platform or filesystem allows it
+        dfd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:
+        pass
+
+
+def read_store(
+    path: str, *, fingerprint: str, vocab_size: int, max_responses: int, max_tokens: int
+) -> Stored:
+    """Read a store file and check it whole; any doubt raises ``ResponseStoreError`` naming the reason.
+
+    The header is checked (magic, version, fingerprint, vocabulary size, counts against the bounds, the
+    file's exact size) before anything else is read or allocated; then the checksum, the lengths, the token
+    ids (in ``[0, vocab_size)``) and the stamps' order.
+    """
+
+    def refuse(reason: str, detail: str) -> ResponseStoreError:
+        return ResponseStoreError(path, reason, detail)
+
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            head = f.read(HEADER_BYTES)
+            if head[: len(MAGIC)] != MAGIC[: len(head)]:
+                raise refuse(NOT_A_STORE, "its first bytes are not a freespec response store's")
+            if len(head) < HEADER_BYTES:
+                raise refuse(TRUNCATED, f"{size} bytes, shorter than the {HEADER_BYTES}-byte header")
+            _, version, fp_len, vocab, reserved, count, total, h_stamp, h_digest = _HEADER.unpack(head)
+            if version != VERSION:
+                raise refuse(UNSUPPORTED, f"format version {version}, this freespec reads version {VERSION}")
+            if fp_len > MAX_FINGERPRINT_BYTES or reserved != 0:
+                raise refuse(CORRUPT, f"header fields out of range (fingerprint of {fp_len} bytes, reserved {reserved})")
+            fp = f.read(fp_len)
+            if len(fp) < fp_len:
+                raise refuse(TRUNCATED, f"{size} bytes, shorter than its header")
+            theirs = fp.decode("utf-8", "replace")
+            if theirs != fingerprint:
+                raise refuse(FOREIGN, f"written for tokenizer {theirs!r}, this server's is {fingerprint!r}")
+            if vocab != vocab_size:
+                raise refuse(FOREIGN, f"written for a vocabulary of {vocab} tokens, this server's has {vocab_size}")
+            if count > max_responses or total > max_tokens:
+                raise refuse(OVERSIZE, f"holds {count} responses of {total} tokens, more than this store's "
+                                       f"max_responses {max_responses} / max_tokens {max_tokens} (written with "
+                                       "larger bounds: raise them, or remove the file)")
+            expected = file_bytes(count, total, fingerprint)
+            if size < expected:
+                raise refuse(TRUNCATED, f"{size} bytes, its header says {expected}")
+            if size > expected:
+                raise refuse(CORRUPT, f"{size} bytes, its header says {expected}")
+            h = hashlib.sha256(head)
+            h.update(fp)
+            lengths = _read_array(f, h, "<u4", count)
+            stamps = _read_array(f, h, "<i8", count)
+            tokens = _read_array(f, h, "<i4", total)
+            if f.read(CHECKSUM_BYTES) != h.digest():
+                raise refuse(CORRUPT, "checksum mismatch (the file was modified or damaged)")
+    except ResponseStoreError:
+        raise
+    except (OSError, EOFError, ValueError) as e:  # EOFError/ValueError: the file shrank while being read
+        raise refuse(UNREADABLE, f"{type(e).__name__}: {e}") from e
+    if count and (int(lengths.min()) < 1 or int(lengths.sum(dtype=np.uint64)) != total):
+        raise refuse(CORRUPT, "response lengths do not add up to the token count")
+    if total and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
+        raise refuse(CORRUPT, f"token ids outside the vocabulary [0, {vocab_size})")
+    horizon = (h_stamp, h_digest) if (h_stamp, h_digest) != (0, bytes(_DIGEST_BYTES)) else NO_HORIZON
+    ends = np.cumsum(lengths, dtype=np.int64)
+    starts = ends - lengths
+    out: list[_Entry] = []
+    for s, e, stamp in zip(starts.tolist(), ends.tolist(), stamps.tolist()):
+        piece = _frozen(tokens[s:e].astype(np.int32, copy=True))  # its own buffer: evicting it frees it
+        out.append(_Entry(int(stamp), _digest(piece), piece))
+        if out[-1].key <= (out[-2].key if len(out) > 1 else horizon):
+            raise refuse(CORRUPT, "responses are not in order (by stamp and content, all newer than its horizon)")
+    return Stored(out, horizon)
+
+
+def _read_array(f, h, dtype: str, n: int) -> np.ndarray:
+    out = np.empty(n, dtype=dtype)
+    view = memoryview(out).cast("B")
+    done = 0
+    while done < len(view):
+        got = f.readinto(view[done:])
+        if not got:
+            raise EOFError(f"ended after {done} of {len(view)} bytes of an array")
+        done += got
+    h.update(view)
+    return out
+
+
+def merge(a: Stored, b: Stored, max_responses: int, max_tokens: int) -> Stored:
+    """The merge rule: one copy of each distinct response (its newest stamp), newer than both horizons, then
+    the newest that fit the bounds (the first that does not becomes the horizon), oldest first.
+
+    Commutative, associative and idempotent (a store merged with itself, or with a file it already merged,
+    is unchanged): ordered by ``_Entry.key``, the result does not depend on which side is which.
+    """
+    horizon = max(a.horizon, b.horizon)
+    best: dict[bytes, _Entry] = {}
+    for e in (*a.entries, *b.entries):
+        seen = best.get(e.digest)
+        if seen is None or e.stamp > seen.stamp:
+            best[e.digest] = e
+    newest_first = sorted((e for e in best.values() if e.key > horizon), key=lambda e: e.key, reverse=True)
+    kept: list[_Entry] = []
+    tokens = 0
+    for e in newest_first:
+        if len(kept) == max_responses or tokens + len(e.tokens) > max_tokens:
+            horizon = e.key  # what does not fit, and everything older, is dropped
+            break
+        kept.append(e)
+        tokens += len(e.tokens)
+    kept.reverse()
+    return Stored(kept, horizon)
+
+
+class ResponseStore:
+    """Past responses (token id arrays), bounded by ``max_responses`` and ``max_tokens``, saved to ``path``.
+
+    ``fingerprint`` names the tokenizer (``freespec.proposers.vocab.vocab_fingerprint``) and ``vocab_size``
+    the vocabulary; a file written for others is refused. Memory: at most ``max_bytes()`` bytes (4 per
+    token, ``ENTRY_OVERHEAD_BYTES`` per response), twice that while a save runs; disk: ``file_bytes``.
+    """
+
+    def __init__(
+        self, path: str, *, fingerprint: str, vocab_size: int, max_responses: int = 10_000,
+        max_tokens: int = 2_000_000,
+    ) -> None:
+        if not 1 <= max_responses <= MAX_RESPONSES:
+            raise ValueError(f"max_responses must be in [1, {MAX_RESPONSES}], got {max_responses}")
+        if not 1 <= max_tokens <= MAX_TOKENS:
+            raise ValueError(f"max_tokens must be in [1, {MAX_TOKENS}], got {max_tokens}")
+        if len(fingerprint.encode()) > MAX_FINGERPRINT_BYTES:
+            raise ValueError(f"fingerprint longer than {MAX_FINGERPRINT_BYTES} bytes")
+        if not 1 <= vocab_size < 1 << 31:
+            raise ValueError(f"vocab_size must be in [1, 2**31), got {vocab_size}")
+        directory = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(directory):  # the file may not exist yet (first start); its folder must
+            raise ValueError(f"response store {path!r}: directory {directory!r} does not exist")
+        self.path, self.fingerprint, self.vocab_size = path, fingerprint, vocab_size
+        self.max_responses, self.max_tokens = max_responses, max_tokens
+        self._lock = threading.Lock()  # in-memory state only; never held during file I/O
+        self._entries: OrderedDict[bytes, _Entry] = OrderedDict()  # digest -> entry, oldest first
+        self._tokens = 0
+        self._horizon = NO_HORIZON  # the newest key evicted (``Stored``)
+        self._last_stamp = 0
+        self._write_lock = threading.Lock()  # one writer of ``path`` at a time (thread or close)
+        self._save_error: str | None = None
+        self._files: _FileWork | None = None
+        self._closed = False
+        self.saves = 0  # successful saves (tests, statistics)
+
+    # ---------------------------------------------------------------- bounds
+    def max_bytes(self) -> int:
+        """The most memory the responses may take (a save in progress may keep as much again alive)."""
+        return 4 * self.max_tokens + ENTRY_OVERHEAD_BYTES * self.max_responses
+
+    def max_file_bytes(self) -> int:
+        """The largest file this store writes or accepts."""
+        return file_bytes(self.max_responses, self.max_tokens, self.fingerprint)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def num_tokens(self) -> int:
+        return self._tokens
+
+    def responses(self) -> list[np.ndarray]:
+        """The stored responses (read-only int32 arrays), oldest first."""
+        with self._lock:
+            return [e.tokens for e in self._entries.values()]
+
+    # ---------------------------------------------------------------- in memory (any thread, no I/O)
+    def add(self, tokens: Sequence[int] | np.ndarray) -> bool:
+        """Keep a finished response (copied); evicts the oldest beyond the bounds. No file I/O.
+
+        Work: one copy and one hash of the response, amortised O(1) dictionary work. Returns False for an
+        empty response (nothing kept); raises ``ValueError`` for ids outside ``[0, vocab_size)``.
+        """
+        src = np.asarray(tokens[: self.max_tokens])
+        if src.ndim != 1:
+            raise ValueError(f"a response is a 1-D sequence of token ids, got shape {src.shape}")
+        if src.size == 0:
+            return False
+        if src.dtype.kind not in "iu" or int(src.min()) < 0 or int(src.max()) >= self.vocab_size:
+            raise ValueError(f"a response holds token ids in [0, {self.vocab_size}), got {src.dtype} "
+                             f"in [{src.min()}, {src.max()}]")
+        arr = src.astype(np.int32)  # a copy: the caller may reuse its buffer
+        digest = _digest(_frozen(arr))
+        with self._lock:
+            stamp = self._last_stamp = max(time.time_ns(), self._last_stamp + 1)
+            old = self._entries.pop(digest, None)
+            if old is not None:
+                self._tokens -= len(old.tokens)
+            self._entries[digest] = _Entry(stamp, digest, arr)
+            self._tokens += len(arr)
+            while len(self._entries) > self.max_responses or self._tokens > self.max_tokens:
+                _, gone = self._entries.popitem(last=False)
+                self._tokens -= len(gone.tokens)
+                self._horizon = gone.key
+        return True
+
+    def _snapshot(self) -> Stored:
+        """The store as it is now (references: the arrays are read-only)."""
+        with self._lock:
+            return Stored(list(self._entries.values()), self._horizon)
+
+    def _merge(self, other: Stored) -> list[np.ndarray]:
+        """Merge a store read from a file into this one; returns the responses it did not hold, oldest first."""
+        with self._lock:
+            merged = merge(Stored(list(self._entries.values()), self._horizon), other,
+                           self.max_responses, self.max_tokens)
+            added = [e.tokens for e in merged.entries if e.digest not in self._entries]
+            self._entries = OrderedDict((e.digest, e) for e in merged.entries)
+            self._tokens = sum(len(e.tokens) for e in merged.entries)
+            self._horizon = merged.horizon
+            # Stamps of later adds stay newer than everything merged, a peer's clock ahead of ours included.
+            newest = merged.entries[-1].stamp if merged.entries else 0
+            self._last_stamp = max(self._last_stamp, newest, merged.horizon[0])
+            return added
+
+    # ---------------------------------------------------------------- at start (I/O in the caller's thread)
+    def load(self) -> list[np.ndarray]:
+        """Read ``path`` (if it exists) into the store; returns the responses it added, oldest first (on the
+        empty store of a start: all of the file's).
+
+        Raises ``ResponseStoreError`` for a corrupt, truncated, foreign or oversize file (a refusal at start).
+        """
+        if not os.path.exists(self.path):
+            logger.info("freespec: response store %s does not exist yet; starting empty, will save there", self.path)
+            return []
+        loaded = self._merge(self._read(self.path))
+        logger.info("freespec: response store loaded %d responses from %s", len(loaded), self.path)
+        return loaded
+
+    def merge_from(self, path: str) -> list[np.ndarray]:
+        """Merge a replica's file now (at start; I/O in this thread); returns the responses it added.
+
+        A file that does not exist yet merges nothing; a bad one raises ``ResponseStoreError``.
+        """
+        if not os.path.exists(path):
+            logger.info("freespec: response store merge_from %s does not exist yet", path)
+            return []
+        added = self._merge(self._read(path))
+        logger.info("freespec: response store merged %d new responses from %s", len(added), path)
+        return added
+
+    def _read(self, path: str) -> Stored:
+        return read_store(path, fingerprint=self.fingerprint, vocab_size=self.vocab_size,
+                          max_responses=self.max_responses, max_tokens=self.max_tokens)
+
+    # ---------------------------------------------------------------- while serving (I/O in the background)
+    def save_async(self) -> None:
+        """Ask the background thread to save the store as it is now; returns at once (no I/O here).
+
+        One slot: a request not yet started is replaced by this one. After ``close`` it does nothing.
+        """
+        if not self._closed:
+            self._work().request(snapshot=self._snapshot())
+
+    def merge_async(self, paths: Sequence[str]) -> None:
+        """Ask the background thread to read those of ``paths`` that changed since it last read them.
+
+        A good file waits in one slot for ``take_merged``; a missing one is skipped, a bad or unreachable one
+        logged (once per distinct error) and tried again when asked next.
+        """
+        own = os.path.abspath(self.path)
+        paths = tuple(p for p in paths if os.path.abspath(p) != own)
+        if paths and not self._closed:
+            self._work().request(peers=paths)
+
+    def take_merged(self) -> list[np.ndarray]:
+        """Merge the peer store the background thread has read, if any; returns the responses it added.
+
+        No file I/O: a merge in memory, O(responses) (milliseconds for 10,000).
+        """
+        ready = None if self._files is None else self._files.take()
+        if ready is None:
+            return []
+        path, stored = ready
+        added = self._merge(stored)
+        logger.info("freespec: response store merged %d new responses from %s", len(added), path)
+        return added
+
+    def wait_files(self, timeout: float = 30.0) -> bool:
+        """Until the background work requested so far is done or a peer store waits to be taken (tests)."""
+        return True if self._files is None else self._files.wait(timeout)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the background thread and save a last time, in this thread (at exit; idempotent; never raises)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._files is not None:
+            self._files.stop(timeout)
+        self._save(self._snapshot(), timeout=timeout)
+
+    def _work(self) -> _FileWork:
+        if self._files is None:
+            self._files = _FileWork(self._save, self._read_peer)
+        return self._files
+
+    def _save(self, stored: Stored, timeout: float = -1) -> None:
+        """Write ``stored``; a failure is logged once per distinct error, never raised."""
+        if not self._write_lock.acquire(timeout=timeout):
+            logger.warning("freespec: response store %s: a save still running after %.0f s; this one skipped",
+                           self.path, timeout)
+            return
+        try:
+            write_store(self.path, stored, fingerprint=self.fingerprint, vocab_size=self.vocab_size)
+        except Exception as e:  # noqa: BLE001 - a save never raises into the server; logged below
+            # The same failure again names another temporary file: errno (else the text) says it is the same.
+            kind = f"{type(e).__name__} {e.errno}" if isinstance(e, OSError) and e.errno else f"{type(e).__name__}: {e}"
+            if kind != self._save_error:
+                self._save_error = kind
+                logger.warning("freespec: could not save the response store to %s (%s: %s); the server goes on "
+                               "and tries again at the next save (logged once per distinct error)",
+                               self.path, type(e).__name__, e)
+            return
+        finally:
+            self._write_lock.release()
+        self.saves += 1
+        if self._save_error is not None:
+            self._save_error = None
+            logger.info("freespec: response store saved to %s again", self.path)
+
+    def _read_peer(self, path: str, seen: dict, errors: dict) -> Stored | None:
+        """A peer's store if its file changed since last read and is good; else None (logged, never raised)."""
+        try:
+            st = os.stat(path)
+            stat = (st.st_mtime_ns, st.st_size)
+            if seen.get(path) == stat:
+                return None
+            stored = self._read(path)
+        except FileNotFoundError:
+            errors.pop(path, None)
+            return None
+        except (OSError, ResponseStoreError) as e:
+            why = str(e) if isinstance(e, ResponseStoreError) else f"{type(e).__name__}: {e}"
+            if errors.get(path) != why:
+                errors[path] = why
+                logger.warning("freespec: response store merge_from %s skipped (%s); logged once per distinct "
+                               "error", path, why)
+            return None
+        seen[path] = stat
+        errors.pop(path, None)
+        return stored
+
+
+class _FileWork:
+    """The store's file work in one background thread, so the caller never waits for a disk.
+
+    Two slots: the next snapshot to save (coalesced: a newer one replaces one not yet written) and the peer
+    paths to check; a peer store read and checked waits in a third until ``take()``, and the thread waits
+    for that, so at most one peer store is held. Same shape as recycle's ``_FileWork`` (to fold into one).
+    """
+
+    def __init__(self, save, read_peer) -> None:
+        self._save, self._read_peer = save, read_peer
+        self._cond = threading.Condition()
+        self._snapshot: Stored | None = None
+        self._peers: tuple[str, ...] = ()
+        self._ready: tuple[str, Stored] | None = None
+        self._busy = self._stopping = False
+        self._seen: dict = {}  # peer path -> (mtime_ns, size) last merged
+        self._errors: dict = {}  # peer path -> the last error logged for it
+        self._thread = threading.Thread(target=self._run, name="freespec-response-store", daemon=True)
+        self._thread.start()
+
+    def request(self, snapshot: Stored | None = None, peers: tuple[str, ...] = ()) -> None:
+        with self._cond:
+            if snapshot is not None:
+                self._snapshot = snapshot
+            if peers:
+                self._peers = tuple(dict.fromkeys(self._peers + peers))
+            self._cond.notify_all()
+
+    def take(self) -> tuple[str, Stored] | None:
+        if self._ready is None:  # the common case, without the lock
+            return None
+        with self._cond:
+            ready, self._ready = self._ready, None
+            self._cond.notify_all()
+            return ready
+
+    def wait(self, timeout: float) -> bool:
+        """Until nothing is requested or running (True), or a peer store waits to be taken, or ``timeout``."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._snapshot is not None or self._peers or self._busy:
+                if self._ready is not None:
+                    return False
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._thread.is_alive():
+                    return False
+                self._cond.wait(left)
+            return True
+
+    def stop(self, timeout: float) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopping and self._snapshot is None and not self._peers:
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                snapshot, self._snapshot = self._snapshot, None
+                peers, self._peers = self._peers, ()
+                self._busy = True
+            try:
+                if snapshot is not None:
+                    self._save(snapshot)  # logs its own failures
+                del snapshot
+                for path in peers:
+                    stored = self._read_peer(path, self._seen, self._errors)
+                    if stored is None:
+                        continue
+                    with self._cond:
+                        while self._ready is not None and not self._stopping:
+                            self._cond.wait()
+                        if self._stopping:
+                            return
+                        self._ready = (path, stored)
+                        self._cond.notify_all()
+            except Exception:  # never let the thread die: the next request tries again
+                logger.exception("freespec: response store background file work failed; will try again")
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
