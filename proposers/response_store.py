@@ -8,21 +8,21 @@ saves it now and then in the background and merges its replicas' files, as ``rec
 Bounds: at most ``max_responses`` responses and ``max_tokens`` tokens (a longer response keeps its first
 ``max_tokens``); adding beyond either evicts the oldest. A response added again moves to the newest. Memory:
 4 bytes per token plus at most ``ENTRY_OVERHEAD_BYTES`` per response (``max_bytes()``); a save in progress
-keeps the responses it writes alive, so at most twice that while one runs; a peer's file waiting to be merged
-adds at most one more store. Disk: ``file_bytes()`` (4 bytes per token, 12 per response, a header of at most
+keeps the responses it writes alive, so at most twice that while one runs; a peer's file being read or
+waiting to be merged adds at most one more store (read straight into its responses' buffers). Disk: ``file_bytes()`` (4 bytes per token, 12 per response, a header of at most
 ``HEADER_BYTES + MAX_FINGERPRINT_BYTES`` and a 32-byte checksum).
 
 File format (version 1, little-endian, no pickle): a 64-byte header (``MAGIC``, version, fingerprint
 length, vocabulary size, a reserved zero, response count, token count, the horizon's stamp and digest), the
-caller's tokenizer fingerprint
-(UTF-8), the responses' lengths (uint32) and stamps (int64, nanoseconds since the epoch by the clock of
-the server that added them), their tokens (int32, concatenated, oldest response first), then the SHA-256
+caller's tokenizer fingerprint (UTF-8), the responses' lengths (uint32) and stamps (int64, nanoseconds since
+the epoch by the clock of the server that added them), their tokens (int32, concatenated, oldest response first), then the SHA-256
 of everything before it. A file that is corrupt, truncated, of another tokenizer or vocabulary, or larger
 than this store's bounds is refused with ``ResponseStoreError`` before anything beyond its header is read.
 
 Saving writes a temporary file next to the target (created with mode 0666, so the umask applies as to any
 new file), fsyncs it and renames it over the target, so a crash leaves the old file or the new one, never
-half of one.
+half of one. A temporary file a crash left behind is removed by the next ``load`` (when the process that
+wrote it is gone), so crashes do not add up on disk.
 
 Merge rule (replicas): the union of both stores, one copy of each distinct response (the newest stamp),
 less what either side has evicted (its horizon: the newest response it dropped), then the newest responses
@@ -178,8 +178,8 @@ def read_store(
     """Read a store file and check it whole; any doubt raises ``ResponseStoreError`` naming the reason.
 
     The header is checked (magic, version, fingerprint, vocabulary size, counts against the bounds, the
-    file's exact size) before anything else is read or allocated; then the checksum, the lengths, the token
-    ids (in ``[0, vocab_size)``) and the stamps' order.
+    file's exact size) before anything else is read or allocated; then the lengths (they must add up to the
+    token count), the token ids (in ``[0, vocab_size)``), the order of the stamps and the checksum.
     """
 
     def refuse(reason: str, detail: str) -> ResponseStoreError:
@@ -218,31 +218,32 @@ def read_store(
             h = hashlib.sha256(head)
             h.update(fp)
             lengths = _read_array(f, h, "<u4", count)
+            if count and (int(lengths.min()) < 1 or int(lengths.sum(dtype=np.uint64)) != total):
+                raise refuse(CORRUPT, "response lengths do not add up to the token count")
             stamps = _read_array(f, h, "<i8", count)
-            tokens = _read_array(f, h, "<i4", total)
+            horizon = (h_stamp, h_digest) if (h_stamp, h_digest) != (0, bytes(_DIGEST_BYTES)) else NO_HORIZON
+            out: list[_Entry] = []
+            for n, stamp in zip(lengths.tolist(), stamps.tolist()):
+                # Each response in its own buffer (evicting it frees it), read straight into it: reading
+                # takes the file's token bytes once.
+                piece = _frozen(_read_array(f, h, "<i4", n).astype(np.int32, copy=False))
+                if int(piece.min()) < 0 or int(piece.max()) >= vocab_size:
+                    raise refuse(CORRUPT, f"token ids outside the vocabulary [0, {vocab_size})")
+                out.append(_Entry(int(stamp), _digest(piece), piece))
+                if out[-1].key <= (out[-2].key if len(out) > 1 else horizon):
+                    raise refuse(CORRUPT, "responses are not in order (by stamp and content, all newer than "
+                                          "its horizon)")
             if f.read(CHECKSUM_BYTES) != h.digest():
                 raise refuse(CORRUPT, "checksum mismatch (the file was modified or damaged)")
     except ResponseStoreError:
         raise
     except (OSError, EOFError, ValueError) as e:  # EOFError/ValueError: the file shrank while being read
         raise refuse(UNREADABLE, f"{type(e).__name__}: {e}") from e
-    if count and (int(lengths.min()) < 1 or int(lengths.sum(dtype=np.uint64)) != total):
-        raise refuse(CORRUPT, "response lengths do not add up to the token count")
-    if total and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
-        raise refuse(CORRUPT, f"token ids outside the vocabulary [0, {vocab_size})")
-    horizon = (h_stamp, h_digest) if (h_stamp, h_digest) != (0, bytes(_DIGEST_BYTES)) else NO_HORIZON
-    ends = np.cumsum(lengths, dtype=np.int64)
-    starts = ends - lengths
-    out: list[_Entry] = []
-    for s, e, stamp in zip(starts.tolist(), ends.tolist(), stamps.tolist()):
-        piece = _frozen(tokens[s:e].astype(np.int32, copy=True))  # its own buffer: evicting it frees it
-        out.append(_Entry(int(stamp), _digest(piece), piece))
-        if out[-1].key <= (out[-2].key if len(out) > 1 else horizon):
-            raise refuse(CORRUPT, "responses are not in order (by stamp and content, all newer than its horizon)")
     return Stored(out, horizon)
 
 
 def _read_array(f, h, dtype: str, n: int) -> np.ndarray:
+    """``n`` values of ``dtype`` read from ``f`` into a new array, fed to the checksum ``h``."""
     out = np.empty(n, dtype=dtype)
     view = memoryview(out).cast("B")
     done = 0
@@ -286,7 +287,9 @@ class ResponseStore:
 
     ``fingerprint`` names the tokenizer (``freespec.proposers.vocab.vocab_fingerprint``) and ``vocab_size``
     the vocabulary; a file written for others is refused. Memory: at most ``max_bytes()`` bytes (4 per
-    token, ``ENTRY_OVERHEAD_BYTES`` per response), twice that while a save runs; disk: ``file_bytes``.
+    token, ``ENTRY_OVERHEAD_BYTES`` per response), twice that while a save runs; disk: ``max_file_bytes()``.
+    At the defaults (10,000 responses, 2,000,000 tokens): 15 MB in memory, 30 MB while saving, 8.1 MB on
+    disk. The caller registers ``close`` to run at exit (and on SIGTERM), as ``recycle`` does.
     """
 
     def __init__(
@@ -394,12 +397,30 @@ class ResponseStore:
 
         Raises ``ResponseStoreError`` for a corrupt, truncated, foreign or oversize file (a refusal at start).
         """
+        self._remove_stale_temporaries()
         if not os.path.exists(self.path):
             logger.info("freespec: response store %s does not exist yet; starting empty, will save there", self.path)
             return []
         loaded = self._merge(self._read(self.path))
         logger.info("freespec: response store loaded %d responses from %s", len(loaded), self.path)
         return loaded
+
+    def _remove_stale_temporaries(self) -> None:
+        """Remove temporary files of ``path`` left by a crashed save (this process's, or a process now gone)."""
+        directory, base = os.path.split(os.path.abspath(self.path))
+        prefix = f".{base}."
+        try:
+            names = [n for n in os.listdir(directory) if n.startswith(prefix) and n.endswith(".tmp")]
+        except OSError:
+            return
+        for name in names:
+            pid = name[len(prefix):].split(".", 1)[0]
+            if pid.isdigit() and (int(pid) == os.getpid() or not _process_alive(int(pid))):
+                try:
+                    os.unlink(os.path.join(directory, name))
+                    logger.info("freespec: response store removed %s, left by an interrupted save", name)
+                except OSError:
+                    pass
 
     def merge_from(self, path: str) -> list[np.ndarray]:
         """Merge a replica's file now (at start; I/O in this thread); returns the responses it added.
@@ -513,6 +534,16 @@ class ResponseStore:
         seen[path] = stat
         errors.pop(path, None)
         return stored
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, another user's
+        return True
+    return True
 
 
 class _FileWork:

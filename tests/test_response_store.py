@@ -211,8 +211,24 @@ def test_a_crash_between_temporary_write_and_rename_leaves_the_old_file(tmp_path
     done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120)
     assert done.returncode == 17, done.stderr
     temps = [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
-    assert len(temps) == 1  # the crash left its temporary file whole ...
+    assert len(temps) == 1  # the crash left its temporary file written ...
     assert as_lists(store(tmp_path).load()) == [[1, 2]]  # ... and the old file untouched
+    assert os.listdir(tmp_path) == [os.path.basename(path)]  # the next start removed the dead writer's file
+
+
+def test_load_keeps_a_temporary_file_of_a_live_writer(tmp_path):
+    path = saved(tmp_path, [[1]])
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        other = tmp_path / f".responses.bin.{live.pid}.abcd.tmp"
+        other.write_bytes(b"being written")
+        unrelated = tmp_path / ".other.bin.1.abcd.tmp"
+        unrelated.write_bytes(b"another store's")
+        store(tmp_path).load()
+        assert sorted(os.listdir(tmp_path)) == sorted([os.path.basename(path), other.name, unrelated.name])
+    finally:
+        live.kill()
+        live.wait()
 
 
 # ---------------------------------------------------------------- refused files
