@@ -1,12 +1,16 @@
-"""Proposers that fail on purpose, for the fault tests (loaded as ``module:Class`` plugins).
+"""Faults on purpose: proposers that fail (loaded as ``module:Class`` plugins), and a directory made read-only.
 
-Both draft like ``copy`` (found through the registry, wherever its module lives) when they do not fail.
+The proposers draft like ``copy`` (found through the registry, wherever its module lives) when they do not fail.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+import subprocess
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 from freespec.proposers.registry import load_proposer_class
 from pydantic import Field
@@ -59,3 +63,21 @@ class FaultInjector(CopyProposer):
             if self._draws.random() < self.options.raise_rate:
                 raise RuntimeError("injected proposer fault")
         return super().propose(rows)
+
+
+@contextlib.contextmanager
+def read_only_dir(path: Path) -> Iterator[None]:
+    """``path`` made read-only, for root too (``chattr +i``; ``chmod`` binds only other users)."""
+    if os.geteuid() == 0:
+        subprocess.run(["chattr", "+i", str(path)], check=True, capture_output=True)
+        try:
+            yield
+        finally:
+            subprocess.run(["chattr", "-i", str(path)], check=True, capture_output=True)
+    else:
+        mode = path.stat().st_mode
+        path.chmod(0o555)
+        try:
+            yield
+        finally:
+            path.chmod(mode)

@@ -17,13 +17,10 @@ docs/reliability.md.
 """
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import logging
-import os
 import shutil
-import subprocess
 import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -33,6 +30,8 @@ import numpy as np
 from freespec.proposers.base import EngineInfo
 from freespec.proposers.registry import load_proposer_class
 from freespec.vllm_plugins.frontend import translate
+
+from integration_tests.faulty import read_only_dir
 
 K = 4
 VOCAB = 1000  # the stand-in target's vocabulary (the datastore's "tokenizer" maps characters into it)
@@ -146,24 +145,6 @@ def draft_without_weights(d: Path) -> str:
         "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
     }))
     return str(out)
-
-
-@contextlib.contextmanager
-def read_only_dir(path: Path) -> Iterator[None]:
-    """``path`` made read-only, for root too (``chattr +i``; ``chmod`` binds only other users)."""
-    if os.geteuid() == 0:
-        subprocess.run(["chattr", "+i", str(path)], check=True, capture_output=True)
-        try:
-            yield
-        finally:
-            subprocess.run(["chattr", "-i", str(path)], check=True, capture_output=True)
-    else:
-        mode = path.stat().st_mode
-        path.chmod(0o555)
-        try:
-            yield
-        finally:
-            path.chmod(mode)
 
 
 def save_into_read_only_dir(proposer, d: Path) -> None:
