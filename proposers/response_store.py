@@ -505,13 +505,13 @@ class ResponseStore:
                 logger.warning("freespec: could not save the response store to %s (%s: %s); the server goes on "
                                "and tries again at the next save (logged once per distinct error)",
                                self.path, type(e).__name__, e)
-            return
+        else:
+            self.saves += 1
+            if self._save_error is not None:
+                self._save_error = None
+                logger.info("freespec: response store saved to %s again", self.path)
         finally:
             self._write_lock.release()
-        self.saves += 1
-        if self._save_error is not None:
-            self._save_error = None
-            logger.info("freespec: response store saved to %s again", self.path)
 
     def _read_peer(self, path: str, seen: dict, errors: dict) -> Stored | None:
         """A peer's store if its file changed since last read and is good; else None (logged, never raised)."""
