@@ -20,6 +20,7 @@ VARIABLES = {
     "diagnosis (`freespec doctor` lists the names)",
     "FREESPEC_FORCE_TRITON": "`1`: run the Triton kernels for CPU tensors too (Triton's interpreter; the "
     "kernel parity tests set it)",
+    "FREESPEC_METRICS": "`0`: freespec exports no Prometheus metrics (default: exported, docs/metrics.md)",
     "FREESPEC_PEARL_START_TIMEOUT_S": "seconds `pearl`'s draft process or Ray actor may take to load its "
     "model before the engine gives up on it (default 600)",
     "FREESPEC_QUESTIONS": "`freespec bench`: the question file to use when `--questions` is not given",
@@ -68,6 +69,11 @@ def stats_interval_s(env: Mapping[str, str] | None = None) -> float:
             except ValueError:
                 continue
     return DEFAULT_STATS_INTERVAL_S
+
+
+def metrics_enabled(env: Mapping[str, str] | None = None) -> bool:
+    """False when ``$FREESPEC_METRICS`` is ``0``: no Prometheus metrics."""
+    return _env(env).get("FREESPEC_METRICS", "1").strip() != "0"
 
 
 def disabled_patches(env: Mapping[str, str] | None = None) -> set[str]:

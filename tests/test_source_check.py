@@ -120,6 +120,14 @@ FILES = {
             torch.ops._C.expand_kernel_impl(_ensure_int64(output), input_val, cu_num_tokens, replace_from, replace_to)
     """,
     "v1/spec_decode/metrics.py": "NAMES = [" + ", ".join(f'"{m}"' for m in probes.SPEC_METRICS) + "]\n",
+    "v1/metrics/prometheus.py": """
+        def get_prometheus_registry():
+            if os.getenv("PROMETHEUS_MULTIPROC_DIR") is not None:
+                registry = CollectorRegistry()
+                multiprocess.MultiProcessCollector(registry)
+                return registry
+            return REGISTRY
+    """,
     "entrypoints/cli/main.py": """
         import importlib.metadata
 
@@ -169,6 +177,7 @@ MOVES = {
     "target_topk": ("v1/worker/gpu_model_runner.py", "num_sampled_tokens = num_draft_tokens + 1",
                     "num_sampled_tokens = num_draft_tokens"),
     "spec_metrics": ("v1/spec_decode/metrics.py", '"vllm:spec_decode_num_drafts"', '"vllm:spec_decode_drafts"'),
+    "metrics_registry": ("v1/metrics/prometheus.py", "multiprocess.MultiProcessCollector(registry)", "pass"),
     "vllm_cli": ("entrypoints/cli/main.py", "def main():", "def main(argv):"),
     "draft_rank": ("v1/executor/multiproc_executor.py", "unique_reply_rank=self.output_rank", "timeout=5"),
 }

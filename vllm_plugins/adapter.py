@@ -13,6 +13,10 @@ with its traceback, later ones are counted. A circuit breaker
 steps keep failing or overrun the step budget (``step_budget_ms``), and tries
 it again; every transition is logged and ``breaker_state()`` reads it.
 
+Each worker logs its counters every vLLM stats interval (``settings.stats_interval_s``) and exports
+them as Prometheus metrics (``metrics``): tokens drafted and accepted, steps with and without a draft,
+the plugin's seconds per step, errors, the breaker's on/off state, the policy's bar and step-time fit.
+
 Under tensor parallelism every rank builds this adapter, but vLLM takes drafts
 from one rank only (``ranks.draft_rank``). On the others no proposer is built,
 so no datastore is mapped, no draft model loaded, no matrix kept, and
@@ -21,24 +25,22 @@ so no datastore is mapped, no draft model loaded, no matrix kept, and
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import time
 
 import numpy as np
 
+from freespec import settings
 from freespec.proposers.base import EngineInfo, Row
 from freespec.proposers.registry import load_proposer_class
 from freespec.vllm_plugins.request_tracker import RequestTracker
 from freespec.scorers.policy import GoodputPolicy
 from freespec.vllm_plugins.frontend import ADDITIONAL_CONFIG_KEY, adapter_number, validate_options
+from freespec.vllm_plugins.metrics import PluginMetrics
 from freespec.vllm_plugins.ranks import draft_rank
 from freespec.vllm_plugins.target_topk import TargetTopK
 
 logger = logging.getLogger("freespec")
-
-# How often each worker logs its counters (FREESPEC_STATS_INTERVAL_S; 0 = every step).
-STATS_LOG_EVERY_S = float(os.environ.get("FREESPEC_STATS_INTERVAL_S", "60"))
 
 
 class ProposerStats:
@@ -49,6 +51,7 @@ class ProposerStats:
         self.rows = 0
         self.drafts = 0
         self.draft_tokens = 0
+        self.accepted_tokens = 0  # draft tokens vLLM accepted (read from the next step's sampled tokens)
         self.errors = 0
         self.overruns = 0  # steps over step_budget_ms
         self.skipped_steps = 0  # steps the circuit breaker kept the plugin out of
@@ -108,6 +111,9 @@ class FreespecProposer:
         self._ids_warned = False
         self.stats = ProposerStats()
         self.breaker = CircuitBreaker(budget_ms / 1000.0, self.plugin)
+        self.metrics = PluginMetrics(self.plugin)
+        self._enabled = True  # as last exported: the breaker is not open
+        self._log_every_s = settings.stats_interval_s()  # vLLM's stats interval; 0: every step
         self._last_log = time.monotonic()
         logger.info("freespec: plugin %r with k=%d and options %s", self.plugin, self.k, options.model_dump())
 
@@ -123,8 +129,10 @@ class FreespecProposer:
         lengths = np.asarray(num_tokens_no_spec[:n_rows])
         views = [(token_ids_cpu[i, : lengths[i]], len(sampled_token_ids[i])) for i in range(n_rows)]
         keys, departed = self.tracker.update(views, self._request_ids(sys._getframe(1), token_ids_cpu, n_rows))
+        accepted = accepted_tokens(views, [None if key in self._prefilling else self._last_drafts.get(key)
+                                           for key in keys])
         if not self.breaker.allow():
-            return self._skip(keys, departed, n_rows)
+            return self._skip(keys, departed, n_rows, accepted)
         start = time.perf_counter()
         failure = None
         try:
@@ -144,6 +152,7 @@ class FreespecProposer:
         except Exception as e:
             failure = f"{type(e).__name__}: {e}"
             self.stats.errors += 1
+            self.metrics.error()
             if self.stats.errors == 1:
                 logger.exception("freespec: plugin %r failed; this step drafts nothing (logged once)", self.plugin)
             drafts = [[] for _ in range(n_rows)]
@@ -156,7 +165,7 @@ class FreespecProposer:
             self.stats.overruns += 1
         if self.breaker.record(failure, seconds):
             self._opened(keys)
-        self._count(drafts, seconds)
+        self._count(drafts, seconds, accepted)
         return drafts
 
     def _request_ids(self, caller, token_ids_cpu, n_rows: int) -> list[str] | None:
@@ -200,7 +209,7 @@ class FreespecProposer:
             return {"state": "not drafting"}
         return self.breaker.state_dict()
 
-    def _skip(self, keys: list[int], departed: list[int], n_rows: int) -> list[list[int]]:
+    def _skip(self, keys: list[int], departed: list[int], n_rows: int, accepted: int) -> list[list[int]]:
         """A step while the breaker is open: no drafts, nothing asked of the plugin but freeing departed requests."""
         self.stats.skipped_steps += 1
         self._release(departed)
@@ -209,7 +218,7 @@ class FreespecProposer:
         self._last_step_at = None  # the policy's step-time fit skips the gap
         if self.target_topk is not None:
             self.target_topk.active = False  # no top-k copied for a plugin that is off
-        self._count([[] for _ in range(n_rows)], 0.0)
+        self._count([[] for _ in range(n_rows)], None, accepted)
         return [[] for _ in range(n_rows)]
 
     def _opened(self, keys: list[int]) -> None:
@@ -227,6 +236,7 @@ class FreespecProposer:
                 self.proposer.release(key)
             except Exception:
                 self.stats.errors += 1
+                self.metrics.error()
 
     def _observe_step(self, views, keys, now: float) -> None:
         """Feed the policy the step that just ran (time since the last call, tokens it scored and produced)."""
@@ -237,6 +247,7 @@ class FreespecProposer:
                 self.policy.observe_step(counted[0], counted[1], now - self._last_step_at, rows=len(views))
         self._last_step_at = now
         self.proposer.token_cost = self.policy.token_cost(rows=len(views))
+        self.metrics.token_cost(self.proposer.token_cost)
 
     def _wants_target_topk(self) -> bool:
         try:
@@ -254,23 +265,39 @@ class FreespecProposer:
                 raise ValueError(f"draft token {t} outside the vocabulary [0, {self.vocab_size})")
         return draft
 
-    def _count(self, drafts: list[list[int]], seconds: float) -> None:
+    def _count(self, drafts: list[list[int]], seconds: float | None, accepted: int) -> None:
+        """Account one step (``seconds``: the plugin's time, None when the breaker kept it out)."""
         s = self.stats
+        drafted = sum(1 for d in drafts if d)
+        tokens = sum(len(d) for d in drafts)
         s.steps += 1
         s.rows += len(drafts)
-        s.drafts += sum(1 for d in drafts if d)
-        s.draft_tokens += sum(len(d) for d in drafts)
-        s.propose_seconds += seconds
+        s.drafts += drafted
+        s.draft_tokens += tokens
+        s.accepted_tokens += accepted
+        s.propose_seconds += seconds or 0.0
+        self.metrics.step(tokens, accepted, drafted > 0, seconds)
+        enabled = self.breaker.state != "open"
+        if enabled != self._enabled:
+            self._enabled = enabled
+            self.metrics.switched(enabled, self.breaker.last_kind)
         now = time.monotonic()
-        if now - self._last_log >= STATS_LOG_EVERY_S:
+        if now - self._last_log >= self._log_every_s:
             self._last_log = now
-            extra = f" token_cost={self.proposer.token_cost}" if self.policy is not None else ""
-            if self.breaker.state != "closed" or self.breaker.opens:
-                extra += f" breaker={self.breaker.state_dict()}"
-            if self.target_topk is not None:
-                t = self.target_topk
-                extra += f" target_topk steps={t.steps} mismatched={t.mismatched_steps} seconds={t.topk_seconds:.3f}"
-            logger.info("freespec: plugin %r stats %s%s", self.plugin, s.as_dict(), extra)
+            self._log_stats()
+
+    def _log_stats(self) -> None:
+        """The periodic log line (vLLM's stats interval), and the policy's step-time fit for the metrics."""
+        extra = ""
+        if self.policy is not None:
+            extra = f" token_cost={self.proposer.token_cost}"
+            self.metrics.step_fit(self.policy.model.fit())
+        if self.breaker.state != "closed" or self.breaker.opens:
+            extra += f" breaker={self.breaker.state_dict()}"
+        if self.target_topk is not None:
+            t = self.target_topk
+            extra += f" target_topk steps={t.steps} mismatched={t.mismatched_steps} seconds={t.topk_seconds:.3f}"
+        logger.info("freespec: plugin %r stats %s%s", self.plugin, self.stats.as_dict(), extra)
 
 
 class CircuitBreaker:
@@ -307,6 +334,7 @@ class CircuitBreaker:
         self.retry_at = 0.0
         self.closed_since = clock()
         self.last_reason = ""
+        self.last_kind = ""  # why it last opened, one of metrics.OFF_REASONS
 
     def allow(self) -> bool:
         """Whether the plugin runs this step (an open breaker whose back-off is over lets one trial through)."""
@@ -329,7 +357,7 @@ class CircuitBreaker:
         reason = failure or (f"step took {1000 * seconds:.0f} ms, budget {1000 * self.budget_s:.0f} ms" if over else "")
         if self.state == "half_open":
             if bad:
-                self._open(f"trial step failed ({reason})")
+                self._open(f"trial step failed ({reason})", "trial_failed")
                 return True
             self.state, self.bad_in_a_row, self.closed_since = "closed", 0, self._clock()
             logger.warning("freespec: plugin %r circuit breaker closed: the trial step was good; drafting again",
@@ -342,17 +370,18 @@ class CircuitBreaker:
             return False
         self.bad_in_a_row += 1
         if stalled:
-            self._open(f"{reason}, over {self.STALL_FACTOR:g}x the budget")
+            self._open(f"{reason}, over {self.STALL_FACTOR:g}x the budget", "stall")
             return True
         if self.bad_in_a_row >= self.TRIP_AFTER:
-            self._open(f"{self.bad_in_a_row} bad steps in a row, the last: {reason}")
+            kind = "error" if failure is not None else "over_budget"
+            self._open(f"{self.bad_in_a_row} bad steps in a row, the last: {reason}", kind)
             return True
         return False
 
-    def _open(self, reason: str) -> None:
+    def _open(self, reason: str, kind: str) -> None:
         self.state = "open"
         self.opens += 1
-        self.last_reason = reason
+        self.last_reason, self.last_kind = reason, kind
         self.retry_at = self._clock() + self.backoff_s
         logger.warning("freespec: plugin %r circuit breaker open: %s; drafting nothing for %.0f s, then one trial "
                        "step (open %d times so far)", self.name, reason, self.backoff_s, self.opens)
@@ -370,6 +399,17 @@ class CircuitBreaker:
             "next_backoff_s": self.backoff_s,
             "last_reason": self.last_reason,
         }
+
+
+def accepted_tokens(views, prev_drafts) -> int:
+    """Draft tokens the target accepted in the step just run: for each row given a draft last step, its new
+    tokens minus the one vLLM samples itself, at most the draft's length. ``prev_drafts[i]``: None for a row
+    that was new or mid-prefill (nothing was drafted for it)."""
+    accepted = 0
+    for (_, num_new), draft in zip(views, prev_drafts):
+        if draft and num_new > 0:
+            accepted += min(len(draft), num_new - 1)
+    return accepted
 
 
 def step_tokens(views, prev_drafts) -> tuple[int, int] | None:

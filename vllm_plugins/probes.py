@@ -268,6 +268,31 @@ def probe_spec_metrics() -> ProbeResult:
     return ProbeResult("spec_metrics", True, ", ".join(m.removeprefix("vllm:") for m in SPEC_METRICS))
 
 
+# What vLLM's ``get_prometheus_registry`` must do for freespec's worker metrics to reach /metrics.
+METRICS_REGISTRY_TEXT = ("PROMETHEUS_MULTIPROC_DIR", "MultiProcessCollector(")
+
+
+def probe_metrics_registry() -> ProbeResult:
+    """With ``PROMETHEUS_MULTIPROC_DIR`` set, vLLM's ``/metrics`` collects every process's metric files.
+
+    vLLM's API server serves the registry ``vllm.v1.metrics.prometheus.get_prometheus_registry`` returns;
+    freespec's metrics are written in the worker that runs the proposer (``metrics``). Reports only.
+    """
+    try:
+        prometheus = importlib.import_module("vllm.v1.metrics.prometheus")
+    except ImportError as e:
+        return ProbeResult("metrics_registry", False, f"vllm.v1.metrics.prometheus is missing: {e}")
+    registry = getattr(prometheus, "get_prometheus_registry", None)
+    if registry is None:
+        return ProbeResult("metrics_registry", False, "vllm.v1.metrics.prometheus.get_prometheus_registry is gone")
+    missing = [t for t in METRICS_REGISTRY_TEXT if t not in inspect.getsource(registry)]
+    if missing:
+        return ProbeResult("metrics_registry", False, f"get_prometheus_registry no longer uses {missing}: freespec's "
+                           "worker metrics would not reach /metrics")
+    return ProbeResult("metrics_registry", True, "with PROMETHEUS_MULTIPROC_DIR set, /metrics collects every "
+                       "vLLM process's metrics (freespec's from the workers)")
+
+
 def probe_vllm_cli() -> ProbeResult:
     """Whether vLLM's own ``vllm`` command starts here; when it does not, what to run instead.
 
@@ -369,6 +394,7 @@ PROBES = (
     probe_cpu_expand_kernel,
     probe_target_logits,
     probe_spec_metrics,
+    probe_metrics_registry,
     probe_vllm_cli,
     probe_draft_rank,
 )

@@ -307,6 +307,17 @@ def check_spec_metrics(src: Source) -> str:
     return ", ".join(m.removeprefix("vllm:") for m in probes.SPEC_METRICS)
 
 
+def check_metrics_registry(src: Source) -> str:
+    """``get_prometheus_registry`` collects every process's files under PROMETHEUS_MULTIPROC_DIR."""
+    rel = "v1/metrics/prometheus.py"
+    body = src.segment(rel, find_function(src.tree(rel), "get_prometheus_registry"))
+    missing = [t for t in probes.METRICS_REGISTRY_TEXT if t not in body]
+    if missing:
+        raise Moved(f"get_prometheus_registry no longer uses {missing}: freespec's worker metrics would not reach "
+                    "/metrics")
+    return "with PROMETHEUS_MULTIPROC_DIR set, /metrics collects every vLLM process's metrics"
+
+
 def check_vllm_cli(src: Source) -> str:
     """vLLM's CLI entry point ``vllm.entrypoints.cli.main:main``, which freespec's command runs."""
     main = find_function(src.tree("entrypoints/cli/main.py"), "main")
@@ -360,6 +371,7 @@ CHECKS: tuple[Callable[[Source], str], ...] = (
     check_cpu_expand_kernel,
     check_target_topk,
     check_spec_metrics,
+    check_metrics_registry,
     check_vllm_cli,
     check_draft_rank,
 )

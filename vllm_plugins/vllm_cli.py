@@ -10,6 +10,12 @@ answers as vLLM's own platform detection does for that wheel (``0.32.0+cpu``);
 then vLLM's own CLI runs unchanged with ARGS. With stock vLLM it is a plain
 pass-through.
 
+Named patch ``prometheus_multiproc``: ``freespec serve`` starts vLLM with
+``PROMETHEUS_MULTIPROC_DIR`` set to a fresh directory (removed at exit) when it is
+not set, so the metrics freespec writes in the engine's worker process reach
+vLLM's ``/metrics`` (see ``metrics``). It must be set before prometheus_client is
+first imported, which is why the command does it rather than the general plugin.
+
 freespec installs no command named ``vllm``: that file belongs to vLLM's
 distribution (both wheels' RECORDs would list it, and uninstalling one would
 delete the other's command).
@@ -18,8 +24,12 @@ from __future__ import annotations
 
 import importlib.metadata
 import inspect
+import os
 import sys
+import tempfile
 
+from freespec import settings
+from freespec.vllm_plugins.patches import disabled
 from freespec.vllm_plugins.version_gate import installed_distribution
 
 # Distributions that ship the ``vllm`` Python package under another name, and the local
@@ -71,8 +81,27 @@ def stock_cli_fails() -> bool:
     return CLI_VERSION_CALL in inspect.getsource(cli_main)
 
 
+def multiproc_metrics_dir() -> tempfile.TemporaryDirectory | None:
+    """Patch ``prometheus_multiproc``: a fresh ``PROMETHEUS_MULTIPROC_DIR`` for this process and its children.
+
+    None (nothing set) when the variable is already set (vLLM uses it as it is), metrics are off
+    (``FREESPEC_METRICS=0``), the patch is disabled, or prometheus_client is already imported here (its
+    multiprocess mode is chosen at import, and a late switch would hide vLLM's own API-server metrics).
+    The directory is removed when the returned object is dropped or the process exits.
+    """
+    if "PROMETHEUS_MULTIPROC_DIR" in os.environ or not settings.metrics_enabled() or disabled("prometheus_multiproc"):
+        return None
+    if "prometheus_client" in sys.modules:
+        return None
+    directory = tempfile.TemporaryDirectory(prefix="freespec-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory.name
+    return directory
+
+
 def main(argv: list[str] | None = None) -> int | None:
     """Run vLLM's CLI with ``argv`` (default: this process's arguments), version lookup fixed first."""
+    args = sys.argv[1:] if argv is None else argv
+    metrics_dir = multiproc_metrics_dir() if args[:1] == ["serve"] else None  # noqa: F841 (held until exit)
     apply_version_alias()
     if argv is not None:
         # vLLM's CLI reads sys.argv itself (its parser and several subcommands).

@@ -1,0 +1,185 @@
+"""freespec's Prometheus metrics: what the adapter counts per step, the breaker's on/off state, turning them off.
+
+The real path (a ``vllm serve`` worker writing, ``/metrics`` collecting) is integration_tests/test_metrics.py.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import numpy as np
+import pytest
+from freespec.proposers.copy import CopyProposer
+from freespec.vllm_plugins import metrics, patches, vllm_cli
+from freespec.vllm_plugins.adapter import FreespecProposer, accepted_tokens
+
+from tests.adapter_helpers import adapter_for
+
+prometheus_client = pytest.importorskip("prometheus_client")
+REGISTRY = prometheus_client.REGISTRY
+
+
+def sample(name: str, **labels) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+class AlwaysFails(CopyProposer):
+    def propose(self, rows):
+        raise RuntimeError("injected fault")
+
+
+def accepting_stepper(adapter: FreespecProposer):
+    """Drive the adapter as vLLM would when the target accepts every draft token (a periodic text)."""
+    tokens = np.tile(np.arange(10, dtype=np.int32), (1, 100))
+    length = np.array([40], dtype=np.int32)
+    sampled = [[int(tokens[0, 39])]]
+
+    def step():
+        drafts = adapter.propose(sampled, length, tokens)
+        produced = len(drafts[0]) + 1  # every draft token accepted, plus the token vLLM samples itself
+        sampled[0] = [int(t) for t in tokens[0, length[0] : length[0] + produced]]
+        length[0] += produced
+        return drafts
+
+    return step
+
+
+def test_accepted_tokens_counts_new_tokens_beyond_the_sampled_one_up_to_the_draft():
+    views = [(None, 3), (None, 5), (None, 1), (None, 0), (None, 4)]
+    drafts = [[1, 2, 3], [1, 2], [7], [5, 6], None]
+    # 2 of 3 accepted; 2 of 2 (the bonus is not a draft token); 0 (rejected); prefill: 0; new row: 0
+    assert accepted_tokens(views, drafts) == 4
+
+
+def test_drafted_and_accepted_tokens_and_steps_reach_the_registry():
+    plugin = "test_metrics:Accepting"
+    adapter = adapter_for({"plugin": "copy", "num_speculative_tokens": 4, "policy": "fixed"})
+    adapter.metrics = metrics.PluginMetrics(plugin)  # a label of its own: counters are process-wide
+    step = accepting_stepper(adapter)
+    lengths = [len(step()[0]) for _ in range(6)]
+    assert sum(lengths) > 0
+    assert sample("freespec:draft_tokens_total", plugin=plugin, source=plugin) == sum(lengths)
+    # every draft was accepted; the last one is judged by a step that has not run yet
+    assert sample("freespec:accepted_tokens_total", plugin=plugin, source=plugin) == sum(lengths[:-1])
+    steps = sample("freespec:steps_total", plugin=plugin, drafted="yes") + sample(
+        "freespec:steps_total", plugin=plugin, drafted="no")
+    assert steps == 6
+    assert sample("freespec:propose_seconds_count", plugin=plugin) == 6
+    assert sample("freespec:plugin_enabled", plugin=plugin) == 1
+
+
+def test_a_failing_plugin_shows_errors_and_the_breaker_switching_it_off():
+    plugin = "test_metrics:AlwaysFails"
+    adapter = adapter_for({"plugin": plugin, "num_speculative_tokens": 4, "policy": "fixed"})
+    step = accepting_stepper(adapter)
+    for _ in range(5):
+        assert step() == [[]]
+    assert sample("freespec:errors_total", plugin=plugin) == 3  # the breaker kept it out of the last two steps
+    assert sample("freespec:plugin_enabled", plugin=plugin) == 0
+    assert sample("freespec:plugin_disabled_total", plugin=plugin, reason="error") == 1
+    assert sample("freespec:plugin_disabled_total", plugin=plugin, reason="over_budget") == 0
+    assert sample("freespec:steps_total", plugin=plugin, drafted="no") == 5
+    assert sample("freespec:propose_seconds_count", plugin=plugin) == 3  # skipped steps have no plugin time
+
+
+@pytest.mark.parametrize("failure, seconds, kind", [("boom", 0.0, "error"), (None, 0.5, "over_budget")])
+def test_the_breaker_names_why_it_opened_from_a_bounded_set(failure, seconds, kind):
+    from freespec.vllm_plugins.adapter import CircuitBreaker
+
+    b = CircuitBreaker(0.1, "p")
+    b.steps = CircuitBreaker.GRACE_STEPS
+    while not b.record(failure, seconds):
+        pass
+    assert b.last_kind == kind and kind in metrics.OFF_REASONS
+    b.state = "half_open"
+    assert b.record("boom", 0.0) and b.last_kind == "trial_failed"
+    b.state, b.bad_in_a_row = "closed", 0
+    assert b.record(None, 5.0) and b.last_kind == "stall"
+
+
+def test_the_policy_bar_is_exported_when_it_changes():
+    plugin = "test_metrics:Bar"
+    m = metrics.PluginMetrics(plugin)
+    m.token_cost(None)  # the fixed bar: nothing to export
+    assert REGISTRY.get_sample_value("freespec:token_cost", {"plugin": plugin}) in (None, 0.0)
+    m.token_cost(0.25)
+    assert sample("freespec:token_cost", plugin=plugin) == 0.25
+    m.step_fit((0.01, 0.002))
+    assert sample("freespec:step_time_fit_seconds", plugin=plugin, term="per_token") == 0.002
+
+
+def test_freespec_metrics_0_turns_them_off(monkeypatch):
+    monkeypatch.setenv("FREESPEC_METRICS", "0")
+    m = metrics.PluginMetrics("test_metrics:Off")
+    m.step(3, 2, True, 0.01)
+    m.error()
+    assert REGISTRY.get_sample_value("freespec:draft_tokens_total", {"plugin": "test_metrics:Off",
+                                                                      "source": "test_metrics:Off"}) is None
+
+
+def test_without_prometheus_client_metrics_do_nothing(monkeypatch):
+    monkeypatch.setattr(metrics, "_families", None)
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # import fails
+    m = metrics.PluginMetrics("test_metrics:Absent")
+    assert not m.on
+    m.step(3, 2, True, 0.01), m.error(), m.switched(False, "error"), m.token_cost(0.5)  # no error
+
+
+def test_serve_sets_a_fresh_multiprocess_directory_only_when_it_can(monkeypatch):
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    monkeypatch.delenv("FREESPEC_METRICS", raising=False)
+    monkeypatch.delenv("FREESPEC_DISABLE_PATCHES", raising=False)
+    assert vllm_cli.multiproc_metrics_dir() is None  # prometheus_client already imported here: too late
+    monkeypatch.delitem(sys.modules, "prometheus_client")
+    directory = vllm_cli.multiproc_metrics_dir()
+    try:
+        assert os.environ["PROMETHEUS_MULTIPROC_DIR"] == directory.name and os.path.isdir(directory.name)
+        assert vllm_cli.multiproc_metrics_dir() is None  # already set: vLLM uses it as it is
+    finally:
+        directory.cleanup()
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR")
+    monkeypatch.setenv("FREESPEC_DISABLE_PATCHES", "prometheus_multiproc")
+    assert vllm_cli.multiproc_metrics_dir() is None
+    monkeypatch.setenv("FREESPEC_DISABLE_PATCHES", "")
+    monkeypatch.setenv("FREESPEC_METRICS", "0")
+    assert vllm_cli.multiproc_metrics_dir() is None
+    assert "PROMETHEUS_MULTIPROC_DIR" not in os.environ
+
+
+def test_the_stats_line_follows_vllms_interval(monkeypatch, caplog):
+    monkeypatch.delenv("FREESPEC_STATS_INTERVAL_S", raising=False)
+    monkeypatch.setenv("VLLM_LOG_STATS_INTERVAL", "3600")
+    adapter = adapter_for({"plugin": "copy", "num_speculative_tokens": 4, "policy": "fixed"})
+    with caplog.at_level(logging.INFO, logger="freespec"):
+        step = accepting_stepper(adapter)
+        step(), step()
+    assert "stats" not in caplog.text
+    monkeypatch.setenv("VLLM_LOG_STATS_INTERVAL", "0")  # every step
+    adapter = adapter_for({"plugin": "copy", "num_speculative_tokens": 4, "policy": "fixed"})
+    with caplog.at_level(logging.INFO, logger="freespec"):
+        step = accepting_stepper(adapter)
+        step(), step()
+    assert "'accepted_tokens'" in caplog.text
+
+
+def test_freespec_logs_at_vllms_level_through_vllms_handlers(monkeypatch):
+    ours, theirs = logging.getLogger("freespec"), logging.getLogger("vllm")
+    handler = logging.NullHandler()
+    monkeypatch.setattr(ours, "handlers", [])
+    monkeypatch.setattr(ours, "level", logging.NOTSET)
+    monkeypatch.setattr(ours, "propagate", True)
+    monkeypatch.setattr(theirs, "handlers", [handler])
+    monkeypatch.setattr(theirs, "level", logging.WARNING)  # VLLM_LOGGING_LEVEL=WARNING
+    patches.route_logs_to_vllm()
+    assert ours.handlers == [handler] and ours.level == logging.WARNING and not ours.propagate
+
+
+def test_every_named_patch_is_listed_once_and_installable_by_name():
+    names = patches.patch_names()
+    assert len(set(names)) == len(names)
+    assert {"speculative_config_frontend", "cpu_expand_kernel", "vllm_cli_version", "prometheus_multiproc"} <= set(names)
+    for p in patches.PATCHES:
+        assert p.install is None or callable(getattr(patches, p.install))
+    with pytest.raises(ValueError, match="no patch named"):
+        patches.disabled("no_such_patch")

@@ -1,0 +1,149 @@
+"""freespec's Prometheus metrics, written in the process where vLLM runs the proposer.
+
+vLLM serves ``/metrics`` from its API server, while the proposer runs in the engine's worker
+process. Metrics cross that gap through prometheus_client's multiprocess mode, which vLLM
+supports (``vllm/v1/metrics/prometheus.py``): when ``PROMETHEUS_MULTIPROC_DIR`` is set before vLLM
+starts, every process writes its metrics to files there and the API server's registry collects them
+all (probe ``metrics_registry``). ``freespec serve`` sets it (patch ``prometheus_multiproc``); with
+plain ``vllm serve``, set it to an empty directory. Without prometheus_client, or with
+``FREESPEC_METRICS=0``, every call here does nothing.
+
+Names follow vLLM's (``vllm:`` there, ``freespec:`` here); label values come from bounded sets
+(plugin names, a plugin's sources, fixed reasons). Per step: a few increments on label children bound
+once, a few microseconds (docs/metrics.md has the list).
+"""
+from __future__ import annotations
+
+import logging
+
+from freespec import settings
+
+logger = logging.getLogger("freespec")
+
+# Seconds a plugin takes per step; vLLM's steps run from about a millisecond (GPU) to a second (CPU).
+PROPOSE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+# Why the circuit breaker switched a plugin off (``adapter.CircuitBreaker``), as a bounded label.
+OFF_REASONS = ("error", "over_budget", "stall", "trial_failed")
+
+_families: dict | None = None
+
+
+def _make_families() -> dict:
+    """The metric families, created once per process (prometheus_client refuses a name registered twice)."""
+    from prometheus_client import Counter, Gauge, Histogram
+
+    return {
+        "draft_tokens": Counter("freespec:draft_tokens", "Draft tokens a plugin proposed.", ["plugin", "source"]),
+        "accepted_tokens": Counter(
+            "freespec:accepted_tokens", "Draft tokens the target model accepted.", ["plugin", "source"]
+        ),
+        "steps": Counter(
+            "freespec:steps", "Engine steps the plugin was asked for drafts, with and without a draft.",
+            ["plugin", "drafted"],
+        ),
+        "propose_seconds": Histogram(
+            "freespec:propose_seconds", "Seconds the plugin took to propose, per step.", ["plugin"],
+            buckets=PROPOSE_BUCKETS,
+        ),
+        "errors": Counter("freespec:errors", "Steps (or releases) in which the plugin raised.", ["plugin"]),
+        "enabled": Gauge(
+            "freespec:plugin_enabled", "1 while the plugin drafts, 0 while its circuit breaker keeps it off.",
+            ["plugin"], multiprocess_mode="min",
+        ),
+        "disabled": Counter(
+            "freespec:plugin_disabled", "Times the circuit breaker switched the plugin off, by reason.",
+            ["plugin", "reason"],
+        ),
+        "token_cost": Gauge(
+            "freespec:token_cost", "The policy's bar: accepted tokens a draft token must bring to be drafted.",
+            ["plugin"], multiprocess_mode="mostrecent",
+        ),
+        "step_fit": Gauge(
+            "freespec:step_time_fit_seconds", "The policy's step-time fit: base seconds and seconds per token.",
+            ["plugin", "term"], multiprocess_mode="mostrecent",
+        ),
+    }
+
+
+def families() -> dict | None:
+    """The process's metric families, or None when metrics are off (``FREESPEC_METRICS=0``, no prometheus_client)."""
+    global _families
+    if not settings.metrics_enabled():
+        return None
+    if _families is None:
+        try:
+            _families = _make_families()
+        except ImportError:
+            return None
+    return _families
+
+
+def exported() -> bool:
+    """Whether this process's metrics reach the API server's ``/metrics`` (prometheus_client multiprocess mode)."""
+    try:
+        from prometheus_client import values
+    except ImportError:
+        return False
+    return bool(getattr(values.ValueClass, "_multiprocess", False))
+
+
+class PluginMetrics:
+    """One adapter's metrics: label children bound once, so a step costs a few increments."""
+
+    def __init__(self, plugin: str) -> None:
+        f = families()
+        self.on = f is not None
+        if not self.on:
+            return
+        # source: where the drafted tokens came from; the adapter sees one fused draft per row, so the plugin.
+        self._draft = f["draft_tokens"].labels(plugin, plugin)
+        self._accepted = f["accepted_tokens"].labels(plugin, plugin)
+        self._with = f["steps"].labels(plugin, "yes")
+        self._without = f["steps"].labels(plugin, "no")
+        self._seconds = f["propose_seconds"].labels(plugin)
+        self._errors = f["errors"].labels(plugin)
+        self._enabled = f["enabled"].labels(plugin)
+        self._disabled = {r: f["disabled"].labels(plugin, r) for r in OFF_REASONS}
+        self._token_cost = f["token_cost"].labels(plugin)
+        self._fit = {t: f["step_fit"].labels(plugin, t) for t in ("base", "per_token")}
+        self._last_cost: float | None = None
+        self._enabled.set(1)
+        if not exported():
+            logger.info("freespec: metrics for plugin %r are kept in this process only; set PROMETHEUS_MULTIPROC_DIR "
+                        "(freespec serve does) to see them on vLLM's /metrics (docs/metrics.md)", plugin)
+
+    def step(self, draft_tokens: int, accepted_tokens: int, drafted: bool, seconds: float | None) -> None:
+        """One engine step: tokens drafted now, tokens of the last drafts accepted, the plugin's time (None: skipped)."""
+        if not self.on:
+            return
+        if draft_tokens:
+            self._draft.inc(draft_tokens)
+        if accepted_tokens:
+            self._accepted.inc(accepted_tokens)
+        (self._with if drafted else self._without).inc()
+        if seconds is not None:
+            self._seconds.observe(seconds)
+
+    def error(self) -> None:
+        if self.on:
+            self._errors.inc()
+
+    def switched(self, enabled: bool, reason: str = "") -> None:
+        """The circuit breaker switched the plugin on or off (``reason``: one of ``OFF_REASONS``, when off)."""
+        if not self.on:
+            return
+        self._enabled.set(1 if enabled else 0)
+        if not enabled:
+            self._disabled[reason].inc()
+
+    def token_cost(self, cost: float | None) -> None:
+        """The policy's bar for this step (None: the plugin's fixed bar; not exported)."""
+        if self.on and cost is not None and cost != self._last_cost:
+            self._last_cost = cost
+            self._token_cost.set(cost)
+
+    def step_fit(self, fit: tuple[float, float] | None) -> None:
+        """The policy's step-time fit (base seconds, seconds per token), when identified."""
+        if self.on and fit is not None:
+            self._fit["base"].set(fit[0])
+            self._fit["per_token"].set(fit[1])
