@@ -1,12 +1,13 @@
 """`freespec serve` (what a CPU user runs for `vllm serve`) as a subprocess on 127.0.0.1 for the server
-tests, run by `freespec bench`'s own ``Server``."""
+tests, run by the benchmark library's ``Server`` (freespec.bench.server)."""
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
 
-from freespec.cli.bench import Server, free_port, parse_prometheus_text, sum_metric
+from freespec.bench.prometheus import parse_prometheus_text, sum_metric
+from freespec.bench.server import Server, free_port
 
 __all__ = ["free_port", "metric", "serve_args", "serve_command", "start_server"]
 

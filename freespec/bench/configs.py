@@ -1,0 +1,150 @@
+"""``--configs`` entries: ``none``, vLLM's own methods, or a freespec plugin with JSON options.
+
+A plugin's speculative config is checked here by the same rules ``vllm serve`` applies to it
+(``freespec.vllm_plugins.frontend.translate``: option names and values, reserved keys), so a typo fails
+before a server is started instead of minutes later in its log.
+"""
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from freespec.bench.errors import ConfigSpecError
+from freespec.proposers.registry import UnknownPluginError
+from freespec.vllm_plugins.frontend import FreespecConfigError, translate
+
+DEFAULT_CONFIGS = ("none", "ngram", "suffix", "hybrid")
+BASELINE = "none"
+
+# vLLM's own speculative methods that need no plugin; anything else is a
+# freespec plugin name and goes into the speculative config as ``"plugin"``.
+VLLM_METHODS = ("ngram", "suffix", "draft_model")
+# vLLM 0.32 (vllm/config/speculative.py) fills prompt_lookup_min/max with 5 and
+# 5 when neither is given; they are written out so the recorded config is
+# complete. Override with e.g. ``ngram:{"prompt_lookup_min":2,"prompt_lookup_max":4}``.
+NGRAM_DEFAULTS = {"prompt_lookup_max": 5, "prompt_lookup_min": 5}
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+
+
+@dataclass
+class BenchConfig:
+    label: str  # as the user wrote it; unique within a run
+    name: str  # none | ngram | suffix | plugin name
+    speculative_config: dict[str, Any] | None  # None for ``none``
+
+    @property
+    def is_baseline(self) -> bool:
+        return self.speculative_config is None
+
+
+def split_config_list(text: str) -> list[str]:
+    """Split ``none,ngram,copy:{"a":1,"b":2}`` at commas outside JSON braces and strings."""
+    items: list[str] = []
+    depth = 0
+    in_string = False
+    escaped = False
+    current: list[str] = []
+    for ch in text:
+        if in_string:
+            current.append(ch)
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+            continue
+        if ch == '"':
+            in_string = True
+        elif ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            items.append("".join(current).strip())
+            current = []
+            continue
+        current.append(ch)
+    items.append("".join(current).strip())
+    return [item for item in items if item]
+
+
+def _options(spec: str, name: str, options_text: str) -> dict[str, Any]:
+    options_text = options_text.strip()
+    if not options_text:
+        raise ConfigSpecError(
+            f"config {spec!r}: nothing after ':'; write options as JSON, e.g. {name}:{{\"key\": 1}}"
+        )
+    try:
+        options = json.loads(options_text)
+    except json.JSONDecodeError as exc:
+        raise ConfigSpecError(
+            f"config {name!r}: options {options_text!r} are not valid JSON ({exc.msg} at column {exc.colno})"
+        ) from None
+    if not isinstance(options, dict):
+        raise ConfigSpecError(
+            f"config {name!r}: options must be a JSON object like {{\"key\": 1}}, got {type(options).__name__}"
+        )
+    return options
+
+
+def parse_config_spec(spec: str, num_speculative_tokens: int) -> BenchConfig:
+    """Turn one ``--configs`` entry into a BenchConfig.
+
+    ``none``: no speculation. ``ngram`` / ``suffix`` / ``draft_model``: vLLM's methods. Anything else names
+    a freespec plugin, checked by the front-end's rules. Options follow a colon as a JSON object
+    (``copy:{"min_match":3}``) and are merged into the speculative config; they may override
+    ``num_speculative_tokens``. The name chooses the method: options cannot name another.
+    """
+    spec = spec.strip()
+    name, sep, options_text = spec.partition(":")
+    name = name.strip()
+    if not name or not _NAME_RE.match(name):
+        raise ConfigSpecError(f"config {spec!r}: {name!r} is not a config name (e.g. none, ngram, suffix, copy)")
+    options = _options(spec, name, options_text) if sep else {}
+    if name == BASELINE:
+        if options:
+            raise ConfigSpecError(f"config {spec!r}: '{BASELINE}' (no speculation) takes no options")
+        return BenchConfig(label=BASELINE, name=BASELINE, speculative_config=None)
+    chooser = "method" if name in VLLM_METHODS else "plugin"
+    if chooser in options:
+        raise ConfigSpecError(f"config {spec!r}: option {chooser!r} is set by the config name; leave it out")
+    sc: dict[str, Any] = {chooser: name, "num_speculative_tokens": num_speculative_tokens}
+    if name == "ngram" and not ({"prompt_lookup_min", "prompt_lookup_max"} & options.keys()):
+        sc.update(NGRAM_DEFAULTS)
+    if name == "draft_model" and "model" not in options:
+        raise ConfigSpecError(
+            f"config {spec!r}: draft_model needs option 'model', the draft checkpoint, "
+            "e.g. draft_model:{\"model\": \"/path/to/draft\"}"
+        )
+    sc.update(options)
+    if chooser == "plugin":
+        try:
+            translate(sc, None)
+        except (FreespecConfigError, UnknownPluginError) as exc:
+            raise ConfigSpecError(f"config {spec!r}: {exc}") from None
+    return BenchConfig(label=spec, name=name, speculative_config=sc)
+
+
+def parse_config_list(entries: Iterable[str], num_speculative_tokens: int) -> list[BenchConfig]:
+    """Parse all ``--configs`` entries; the baseline ``none`` is put first (added if missing)."""
+    configs: list[BenchConfig] = []
+    seen: set[str] = set()
+    for entry in entries:
+        for item in split_config_list(entry):
+            config = parse_config_spec(item, num_speculative_tokens)
+            if config.label in seen:
+                raise ConfigSpecError(f"config {config.label!r} is listed twice")
+            seen.add(config.label)
+            configs.append(config)
+    if not configs:
+        raise ConfigSpecError("no configs given")
+    baseline = [c for c in configs if c.is_baseline]
+    others = [c for c in configs if not c.is_baseline]
+    if not baseline:
+        baseline = [BenchConfig(label=BASELINE, name=BASELINE, speculative_config=None)]
+    return baseline + others

@@ -1,0 +1,35 @@
+"""Every setting of one benchmark run, with the command line's defaults (``freespec bench --help``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from freespec.bench.configs import DEFAULT_CONFIGS
+
+
+@dataclass
+class BenchOptions:
+    questions: str | None = None  # a question.jsonl, "builtin", or None: freespec.questions resolves it
+    categories: str | None = None  # comma-separated; None: every category of the file
+    per_category: list[int] | None = None  # one count, or one per concurrency level; None: all
+    max_tokens: int = 128
+    temperature: float = 0.0
+    seed: int = 0
+    concurrency: list[int] = field(default_factory=lambda: [1])
+    dtype: str | None = None  # None: what fits the machine (freespec.machine.default_dtype)
+    model: str | None = None  # None: freespec's prepared model, or the running server's (base_url)
+    configs: list[str] = field(default_factory=lambda: [",".join(DEFAULT_CONFIGS)])
+    num_speculative_tokens: int = 8
+    warmup: int = 4
+    out: str | None = None  # None: bench_results/<timestamp>
+    port: int | None = None
+    max_model_len: int = 4096
+    gpu_memory_utilization: float | None = None  # None: vLLM's own default; never passed to a CPU build
+    server_args: str = ""
+    server_timeout: float = 900.0
+    request_timeout: float = 900.0
+    reuse_server: bool = False
+    repeats: int = 1
+    rounds: int = 1
+    new_questions_per_level: bool = False
+    base_url: str | None = None  # measure this running server instead of starting servers
+    label: str | None = None  # the config name of the server at base_url, as the tables show it

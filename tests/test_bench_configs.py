@@ -1,0 +1,94 @@
+"""``--configs`` entries: names, JSON options, and plugin configs checked by the front-end's rules."""
+from __future__ import annotations
+
+import pytest
+
+from freespec.bench import configs
+
+
+def test_parse_config_spec_builtin_methods():
+    none = configs.parse_config_spec("none", 8)
+    assert none.is_baseline and none.speculative_config is None and none.label == "none"
+    ngram = configs.parse_config_spec("ngram", 8)
+    assert ngram.speculative_config == {
+        "method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 5, "prompt_lookup_min": 5,
+    }
+    suffix = configs.parse_config_spec("suffix", 6)
+    assert suffix.speculative_config == {"method": "suffix", "num_speculative_tokens": 6}
+
+
+def test_parse_config_spec_vllm_draft_model_needs_its_model():
+    sc = configs.parse_config_spec('draft_model:{"model": "/m/draft"}', 4).speculative_config
+    assert sc == {"method": "draft_model", "num_speculative_tokens": 4, "model": "/m/draft"}
+    with pytest.raises(configs.ConfigSpecError, match=r"draft_model needs option 'model'"):
+        configs.parse_config_spec("draft_model", 4)
+
+
+def test_parse_config_spec_ngram_options_replace_lookup_defaults():
+    sc = configs.parse_config_spec('ngram:{"prompt_lookup_min": 2}', 8).speculative_config
+    assert sc == {"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_min": 2}
+
+
+def test_parse_config_spec_plugin_with_options():
+    config = configs.parse_config_spec('copy:{"min_match": 3, "num_speculative_tokens": 4}', 8)
+    assert config.name == "copy"
+    assert config.label == 'copy:{"min_match": 3, "num_speculative_tokens": 4}'
+    assert config.speculative_config == {"plugin": "copy", "num_speculative_tokens": 4, "min_match": 3}
+    plain = configs.parse_config_spec("copy", 8)
+    assert plain.speculative_config == {"plugin": "copy", "num_speculative_tokens": 8}
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ('copy:{"min_match": 3', r"config 'copy'.*not valid JSON"),
+        ("copy:[1, 2]", r"config 'copy'.*JSON object"),
+        ("copy:", r"nothing after ':'"),
+        ('none:{"x": 1}', r"takes no options"),
+        ('copy:{"plugin": "other"}', r"option 'plugin'"),
+        ('ngram:{"method": "suffix"}', r"option 'method'"),
+        ("bad name", r"not a config name"),
+    ],
+)
+def test_parse_config_spec_errors_name_the_config(spec, message):
+    with pytest.raises(configs.ConfigSpecError, match=message):
+        configs.parse_config_spec(spec, 8)
+
+
+def test_split_config_list_keeps_json_together():
+    assert configs.split_config_list('none, ngram,copy:{"a": 1, "b": [1, 2], "c": "x,}"},suffix') == [
+        "none", "ngram", 'copy:{"a": 1, "b": [1, 2], "c": "x,}"}', "suffix",
+    ]
+
+
+def test_parse_config_list_puts_baseline_first_and_adds_it():
+    parsed = configs.parse_config_list(["ngram,none", "copy"], 8)
+    assert [c.label for c in parsed] == ["none", "ngram", "copy"]
+    parsed = configs.parse_config_list(["ngram"], 8)
+    assert [c.label for c in parsed] == ["none", "ngram"]
+    with pytest.raises(configs.ConfigSpecError, match="twice"):
+        configs.parse_config_list(["ngram", "ngram"], 8)
+
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ('copy:{"colour": "red"}', r"config 'copy:.*unknown option 'colour'.*Allowed options: "),
+        ('copy:{"min_match": "three"}', r"option 'min_match'"),
+        ('copy:{"model": "/m"}', r"both 'plugin' and 'model'"),
+        ('copy:{"num_speculative_tokens": 0}', r"'num_speculative_tokens' must be an integer >= 1"),
+        ('copy:{"policy": "greedy"}', r"'policy' must be one of"),
+        ("telepathy", r"unknown freespec plugin 'telepathy'.*copy"),
+    ],
+)
+def test_plugin_configs_are_checked_by_the_frontends_rules_before_any_server(spec, message):
+    with pytest.raises(configs.ConfigSpecError, match=message):
+        configs.parse_config_spec(spec, 8)
+
+
+def test_a_checked_plugin_config_is_recorded_as_written():
+    # The front-end rewrites the config for vLLM when the server starts; the run records the user's form.
+    config = configs.parse_config_spec('copy:{"policy": "fixed", "step_budget_ms": 500}', 8)
+    assert config.speculative_config == {"plugin": "copy", "num_speculative_tokens": 8, "policy": "fixed",
+                                         "step_budget_ms": 500}

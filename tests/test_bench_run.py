@@ -1,0 +1,258 @@
+"""A whole run of ``freespec bench`` through its command line, against fake servers: no vLLM, no model."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import pytest
+from bench_helpers import FAKE_SERVER, start_fake_server, write_questions
+from freespec.cli import bench
+
+from freespec.bench import run, server
+from freespec.bench.configs import parse_config_list
+
+
+@pytest.fixture
+def questions_file(tmp_path):
+    return write_questions(tmp_path)
+
+
+def parse_bench_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    bench.add_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["bench", *argv])
+
+
+def test_add_parser_defaults_and_values():
+    parser = argparse.ArgumentParser()
+    bench.add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["bench"])
+    assert args.func is bench.run
+    defaults = (args.max_tokens, args.temperature, args.dtype, args.num_speculative_tokens)
+    assert defaults == (128, 0.0, None, 8)  # dtype: chosen for the machine at run time (freespec.machine)
+    assert args.questions is None  # resolved at run time: see tests/test_questions.py
+    copy = 'copy:{"min_match":3,"max_match":16}'
+    args = parser.parse_args(["bench", "--concurrency", "1", "8", "--configs", "none,ngram", copy])
+    assert args.concurrency == [1, 8]
+    assert [c.label for c in parse_config_list(args.configs, 8)] == ["none", "ngram", copy]
+    with pytest.raises(SystemExit):
+        parser.parse_args(["bench", "--concurrency", "0"])
+    assert (args.repeats, args.rounds) == (1, 1)
+    args = parser.parse_args(["bench", "--repeats", "3", "--rounds", "2"])
+    assert (args.repeats, args.rounds) == (3, 2)
+    for option in ("--repeats", "--rounds"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["bench", option, "0"])
+
+
+def test_run_reports_missing_questions(tmp_path, capsys):
+    parser = argparse.ArgumentParser()
+    bench.add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["bench", "--questions", str(tmp_path / "missing.jsonl"), "--model", "m",
+                              "--out", str(tmp_path / "out")])
+    assert bench.run(args) == 2
+    err = capsys.readouterr().err
+    assert "https://github.com/hemingkx/Spec-Bench" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_run_reports_bad_config_json(tmp_path, questions_file, capsys):
+    parser = argparse.ArgumentParser()
+    bench.add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["bench", "--questions", str(questions_file), "--model", "m",
+                              "--configs", "copy:{oops}", "--out", str(tmp_path / "out")])
+    assert bench.run(args) == 2
+    assert "config 'copy'" in capsys.readouterr().err
+
+
+@pytest.fixture
+def fake_server(tmp_path, monkeypatch):
+    """The fake vLLM server's script, with bench's polling made fast (tests point server_command at it)."""
+    script = tmp_path / "fake_server.py"
+    script.write_text(FAKE_SERVER)
+    monkeypatch.setattr(server, "HEALTH_POLL_S", 0.05)
+    monkeypatch.setattr(server, "METRICS_SETTLE_S", 0.01)
+    return script
+
+
+def test_run_end_to_end_with_a_fake_server(tmp_path, questions_file, monkeypatch, capsys, fake_server):
+    started = []
+
+    def fake_command(model, port, config, options, cpu):
+        cmd = [sys.executable, str(fake_server), str(port), "plain" if config.is_baseline else "spec"]
+        started.append(cmd)
+        return cmd
+
+    monkeypatch.setattr(run, "server_command", fake_command)
+    monkeypatch.setattr(run, "suffix_available", lambda: False)
+    out = tmp_path / "out"
+    args = parse_bench_args(
+        "--questions", str(questions_file), "--model", "fake-model", "--categories", "writing,math",
+        "--per-category", "2", "--max-tokens", "16", "--concurrency", "1", "2", "--configs", "none,ngram,suffix",
+        "--warmup", "2", "--out", str(out), "--server-timeout", "60",
+    )
+    assert bench.run(args) == 0
+    printed = capsys.readouterr().out
+    assert "suffix" in printed and "arctic-inference" in printed
+    assert len(started) == 4  # a fresh server per config x concurrency
+
+    result = json.loads((out / "results.json").read_text())
+    assert result["status"] == "complete"
+    assert {c["label"]: c["status"] for c in result["configs"]} == {"suffix": "skipped", "none": "ok", "ngram": "ok"}
+    assert len(result["requests"]) == 2 * 2 * 2 * 2  # configs x concurrency x categories x questions
+    assert all(r["completion_tokens"] == 16 and r["error"] is None for r in result["requests"])
+    rows = {(r["config"], r["concurrency"], r["category"]): r for r in result["aggregates"]}
+    ngram = rows[("ngram", 1, "writing")]
+    # 2 requests in the block, each adding 2 drafts / 8 draft tokens / 4 accepted in the fake server.
+    assert (ngram["num_drafts"], ngram["num_draft_tokens"], ngram["num_accepted_tokens"]) == (4, 16, 8)
+    assert ngram["mean_acceptance_length"] == pytest.approx(3.0)
+    assert ngram["acceptance_rate"] == pytest.approx(0.5)
+    assert ngram["tokens_per_forward"] == pytest.approx(32 / 24)
+    assert (ngram["text_identical"], ngram["text_compared"]) == (1, 2)  # "writing q1" differs
+    assert rows[("ngram", 1, "all")]["text_compared"] == 4
+    # Above concurrency 1, all questions go in together as one "mixed" block.
+    assert ("ngram", 2, "writing") not in rows and rows[("ngram", 2, "mixed")]["num_requests"] == 4
+    assert rows[("none", 1, "writing")]["num_drafts"] is None
+    # Streamed requests: each has its first-token time and chunk gaps; each row the latency figures.
+    assert all(0 < r["ttft_s"] <= r["latency_s"] and r["itl_s"] and r["tpot_s"] > 0 for r in result["requests"])
+    for row in (rows[("ngram", 2, "all")], rows[("none", 1, "all")]):
+        assert 0 < row["mean_ttft_ms"] and row["p50_tpot_ms"] <= row["p99_tpot_ms"] and row["p90_itl_ms"] >= 0
+    assert (out / "results.png").read_bytes()[:4] == b"\x89PNG"
+    assert (out / "results_tpot.png").read_bytes()[:4] == b"\x89PNG"
+    md = (out / "results.md").read_text()
+    assert "| ngram | writing |" in md and "suffix: skipped" in md
+    assert "## Latency" in md and "| ngram | 2 |" in md
+    assert "| ngram | writing |" in printed and "| ngram | 2 |" in printed
+
+
+def test_run_with_repeats_and_rounds_against_a_fake_server(tmp_path, questions_file, monkeypatch, capsys, fake_server):
+    started = []
+
+    def fake_command(model, port, config, options, cpu):
+        started.append(config.label)
+        return [sys.executable, str(fake_server), str(port), "plain" if config.is_baseline else "spec"]
+
+    monkeypatch.setattr(run, "server_command", fake_command)
+    out = tmp_path / "out"
+    args = parse_bench_args(
+        "--questions", str(questions_file), "--model", "fake-model", "--categories", "writing,math",
+        "--per-category", "2", "--max-tokens", "16", "--configs", "none,ngram", "--warmup", "1",
+        "--repeats", "2", "--rounds", "2", "--out", str(out), "--server-timeout", "60",
+    )
+    assert bench.run(args) == 0
+    printed = capsys.readouterr().out
+    assert started == ["none", "ngram", "none", "ngram"]  # the config list once per round, fresh servers
+    assert "2 repeats per level on each server" in printed
+
+    result = json.loads((out / "results.json").read_text())
+    assert [(c["label"], c["round"]) for c in result["configs"]] == [("none", 0), ("ngram", 0), ("none", 1),
+                                                                      ("ngram", 1)]
+    assert len(result["requests"]) == 2 * 2 * 2 * 4  # configs x rounds x repeats x questions
+    samples = [(r["round"], r["repeat"]) for r in result["requests"] if r["config"] == "ngram"]
+    assert samples == [(0, 0)] * 4 + [(0, 1)] * 4 + [(1, 0)] * 4 + [(1, 1)] * 4
+    rows = {(r["config"], r["concurrency"], r["category"]): r for r in result["aggregates"]}
+    ngram = rows[("ngram", 1, "writing")]
+    assert ngram["samples"] == 4
+    assert [(s["round"], s["repeat"]) for s in ngram["per_sample"]] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    # Each repeat's counter delta covers its own block only: 2 requests x 2 drafts.
+    blocks = [b for b in result["blocks"] if (b["config"], b["category"]) == ("ngram", "writing")]
+    assert [b["spec"]["num_drafts"] for b in blocks] == [4, 4, 4, 4]
+    assert ngram["num_drafts"] == 16 and ngram["mean_acceptance_length"] == pytest.approx(3.0)
+    assert ngram["tok_per_s_min"] <= ngram["tok_per_s"] <= ngram["tok_per_s_max"]
+    assert ngram["ratio_low"] <= ngram["ratio"] <= ngram["ratio_high"]
+    assert (ngram["text_identical"], ngram["text_compared"]) == (4, 8)  # "writing q1" differs in every repeat
+    none = rows[("none", 1, "writing")]
+    assert (none["text_identical"], none["text_compared"]) == (6, 6)  # none's later samples vs its first
+    md = (out / "results.md").read_text()
+    assert "Each block measured 4 times (2 rounds on fresh servers × 2 repeats per server)" in md
+    ngram_line = next(line for line in md.splitlines() if line.startswith("| ngram | writing |"))
+    assert " ±" in ngram_line and "4/8" in ngram_line
+    assert (out / "results.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_run_reports_a_server_that_dies(tmp_path, questions_file, monkeypatch, capsys, fake_server):
+
+    def fake_command(model, port, config, options, cpu):
+        if config.is_baseline:
+            return [sys.executable, str(fake_server), str(port), "plain"]
+        return [sys.executable, "-c", "import sys; print('ValueError: no plugin named copy'); sys.exit(3)"]
+
+    monkeypatch.setattr(run, "server_command", fake_command)
+    out = tmp_path / "out"
+    args = parse_bench_args(
+        "--questions", str(questions_file), "--model", "fake-model", "--per-category", "1",
+        "--max-tokens", "4", "--configs", "none,copy", "--warmup", "0", "--out", str(out),
+    )
+    assert bench.run(args) == 1
+    captured = capsys.readouterr()
+    cause = "the vLLM server exited with code 3 before it was ready (ValueError: no plugin named copy)"
+    assert cause in captured.err
+    assert f"- copy: failed: {cause}; see " in captured.out  # the summary: one line per failed config
+    result = json.loads((out / "results.json").read_text())
+    assert result["status"] == "complete with failures"
+    assert {c["label"]: c["status"] for c in result["configs"]} == {"none": "ok", "copy": "failed"}
+    assert len(result["requests"]) == 3
+    assert [r["config"] for r in result["aggregates"]] == ["none"] * 4
+
+
+def test_run_measures_running_servers_with_base_url(tmp_path, questions_file, monkeypatch, capsys, fake_server):
+    def no_server(*args):
+        raise AssertionError("--base-url starts no server")
+
+    monkeypatch.setattr(run, "server_command", no_server)
+    plain, none_url = start_fake_server(fake_server, "plain")
+    spec, hybrid_url = start_fake_server(fake_server, "spec")
+    out = tmp_path / "out"
+    try:
+        args = parse_bench_args(
+            "--base-url", hybrid_url, none_url, "--label", "hybrid", "none", "--questions", str(questions_file),
+            "--categories", "writing", "--per-category", "2", "--max-tokens", "8", "--concurrency", "1", "2",
+            "--warmup", "1", "--out", str(out))
+        assert bench.run(args) == 0
+    finally:
+        for proc in (plain, spec):
+            proc.kill()
+            proc.wait()
+    result = json.loads((out / "results.json").read_text())
+    assert [(c["label"], c["base_url"]) for c in result["configs"]] == [("none", none_url), ("hybrid", hybrid_url)]
+    assert all("memory" not in s and "command" not in s for c in result["configs"] for s in c["servers"])
+    assert result["settings"]["model"] == "fake-model"  # the first model the server lists
+    rows = {(r["config"], r["concurrency"], r["category"]): r for r in result["aggregates"]}
+    hybrid = rows[("hybrid", 1, "writing")]
+    assert (hybrid["num_drafts"], hybrid["num_accepted_tokens"]) == (4, 8)  # from the server's /metrics
+    assert hybrid["ratio"] is not None and (hybrid["text_identical"], hybrid["text_compared"]) == (1, 2)
+    assert rows[("none", 1, "writing")]["num_drafts"] is None
+    md = (out / "results.md").read_text()
+    assert f"server {hybrid_url}, {none_url}" in md and "dtype" not in md.splitlines()[2]
+
+
+def test_base_url_needs_one_label_per_server(tmp_path, questions_file, capsys):
+    args = parse_bench_args("--base-url", "http://127.0.0.1:9", "--questions", str(questions_file),
+                            "--out", str(tmp_path / "out"))
+    assert bench.run(args) == 2
+    assert "give one label per server" in capsys.readouterr().err
+    args = parse_bench_args("--base-url", "http://127.0.0.1:9", "--label", "hybrid", "--questions",
+                            str(questions_file), "--out", str(tmp_path / "out"))
+    assert bench.run(args) == 2
+    assert "cannot reach the server at http://127.0.0.1:9" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_defaults_fit_the_machine(tmp_path, questions_file, monkeypatch, capsys, fake_server):
+    seen = []
+
+    def fake_command(model, port, config, options, cpu):
+        seen.append((options.dtype, cpu, server.server_command(model, port, config, options, cpu)))
+        return [sys.executable, str(fake_server), str(port), "plain"]
+
+    monkeypatch.setattr(run, "server_command", fake_command)
+    monkeypatch.setattr(run, "is_cpu_vllm", lambda: True)
+    monkeypatch.setattr(run, "default_dtype", lambda cpu: "float32" if cpu else "auto")
+    args = parse_bench_args("--questions", str(questions_file), "--model", "m", "--configs", "none",
+                            "--per-category", "1", "--max-tokens", "2", "--warmup", "0",
+                            "--gpu-memory-utilization", "0.5", "--out", str(tmp_path / "out"))
+    assert bench.run(args) == 0
+    (dtype, cpu, cmd), = seen
+    assert (dtype, cpu) == ("float32", True) and "--gpu-memory-utilization" not in cmd
+    assert "--gpu-memory-utilization is ignored by a CPU build" in capsys.readouterr().out

@@ -1,0 +1,118 @@
+"""The server a benchmark measures: the command it starts, its log's root cause, stopping it, a running one."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from bench_helpers import FAKE_SERVER, start_fake_server
+
+from freespec.bench import server
+from freespec.bench.configs import parse_config_spec
+from freespec.bench.errors import BenchError
+from freespec.bench.options import BenchOptions
+from freespec.bench.run import slug
+
+
+def test_server_command_uses_freespec_vllm_cli():
+    options = BenchOptions(dtype="float32", max_model_len=2048, gpu_memory_utilization=0.3, seed=0,
+                           server_args="--max-num-seqs 4")
+    config = parse_config_spec("ngram", 8)
+    cmd = server.server_command("/models/m", 8123, config, options, cpu=False)
+    assert cmd[1:5] == ["-m", "freespec.vllm_plugins.vllm_cli", "serve", "/models/m"]
+    assert cmd[cmd.index("--port") + 1] == "8123" and cmd[cmd.index("--dtype") + 1] == "float32"
+    assert cmd[cmd.index("--gpu-memory-utilization") + 1] == "0.3"
+    assert json.loads(cmd[cmd.index("--speculative-config") + 1]) == config.speculative_config
+    assert cmd[-2:] == ["--max-num-seqs", "4"]
+    baseline_cmd = server.server_command("/m", 1, parse_config_spec("none", 8), options, cpu=False)
+    assert "--speculative-config" not in baseline_cmd
+
+
+def test_gpu_memory_utilization_goes_to_a_gpu_build_only_when_given():
+    config = parse_config_spec("none", 8)
+    given = BenchOptions(dtype="auto", gpu_memory_utilization=0.5)
+    assert "--gpu-memory-utilization" not in server.server_command("/m", 1, config, given, cpu=True)
+    assert "--gpu-memory-utilization" not in server.server_command("/m", 1, config, BenchOptions(), cpu=False)
+
+
+def test_log_failure_hint_finds_the_root_cause():
+    log = (
+        "(APIServer pid=1) WARNING [system_utils.py:255] can cause `OSError: [Errno 24] Too many open files`.\n"
+        "(VllmWorker-0 pid=2) ERROR [multiproc_executor.py:953] Traceback (most recent call last):\n"
+        "(VllmWorker-0 pid=2) ERROR [multiproc_executor.py:953] ValueError: Available memory is too low.\n"
+        "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.\n"
+        "RuntimeError: Engine core initialization failed. See root cause above."
+    )
+    assert server.log_failure_hint(log) == "ValueError: Available memory is too low."
+    assert server.log_failure_hint(log.splitlines()[-1]) is None
+    assert server.log_failure_hint("all good\n") is None
+
+
+def test_server_log_names_of_long_labels_do_not_collide():
+    a = slug('hybrid:{"sources":["copy","recycle","retrieval"],"datastore":"/data/ds","policy":"fixed"}')
+    b = slug('hybrid:{"sources":["copy","recycle","retrieval"],"datastore":"/data/ds","policy":"goodput"}')
+    assert a != b and len(a) <= 60 and len(b) <= 60
+    assert slug("none") == "none" and slug('copy:{"min_match":3}') == "copy_min_match_3"
+
+
+def test_first_model_of_a_models_listing():
+    assert server.first_model('{"object": "list", "data": [{"id": "m1"}, {"id": "m2"}]}') == "m1"
+    for bad in ('{"data": []}', "not json", '{"error": "x"}'):
+        with pytest.raises(BenchError, match="lists no model"):
+            server.first_model(bad)
+
+
+def test_running_server_reads_counters_and_treats_a_missing_metrics_page_as_none(tmp_path, monkeypatch):
+    monkeypatch.setattr(server, "METRICS_SETTLE_S", 0.01)
+    script = tmp_path / "fake_server.py"
+    script.write_text(FAKE_SERVER)
+    proc, url = start_fake_server(script, "spec")
+    try:
+        running = server.RunningServer(url + "/")
+        assert running.base_url == url
+        assert running.spec_counters() == {"num_drafts": 0.0, "num_draft_tokens": 0.0, "num_accepted_tokens": 0.0}
+        # A server without /metrics (a proxy in front of vLLM): blank acceptance figures, not a failure.
+        monkeypatch.setattr(server, "http_get", lambda u, timeout: (_ for _ in ()).throw(
+            server.urllib.error.HTTPError(u, 404, "Not Found", {}, None)))
+        assert running.spec_counters() is None
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_sigterm_stops_the_benchmarks_server(tmp_path):
+    # A server runs in a session of its own; SIGTERM to the benchmark must still stop it (through the
+    # same finally blocks as Ctrl-C), or `timeout freespec bench` leaves a vLLM server behind.
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pid_file = tmp_path / "server.pid"
+    script = f"""
+import time
+from pathlib import Path
+from freespec.bench.run import sigterm_as_interrupt
+from freespec.bench.server import Server
+with sigterm_as_interrupt():
+    server = Server(["sleep", "600"], 0, Path({str(tmp_path / 'log')!r}))
+    server.start()
+    Path({str(pid_file)!r}).write_text(str(server.proc.pid))
+    try:
+        time.sleep(600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop(grace=5)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", script])
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    server_pid = int(pid_file.read_text())
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+    with pytest.raises(ProcessLookupError):
+        for _ in range(50):
+            os.kill(server_pid, 0)
+            time.sleep(0.1)
