@@ -472,7 +472,8 @@ class ResponseStore:
         return added
 
     def wait_files(self, timeout: float = 30.0) -> bool:
-        """Until the background work requested so far is done or a peer store waits to be taken (tests)."""
+        """Wait for the background work requested so far (tests): True when it is done and no peer store
+        waits for ``take_merged``; False when one waits, or after ``timeout`` seconds."""
         return True if self._files is None else self._files.wait(timeout)
 
     def close(self, timeout: float = 10.0) -> None:
@@ -593,7 +594,7 @@ class _FileWork:
                 if left <= 0 or not self._thread.is_alive():
                     return False
                 self._cond.wait(left)
-            return True
+            return self._ready is None
 
     def stop(self, timeout: float) -> None:
         with self._cond:
