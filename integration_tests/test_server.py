@@ -1,6 +1,7 @@
 """`vllm serve` with a freespec plugin: the OpenAI server as a subprocess on 127.0.0.1."""
 from __future__ import annotations
 
+import json
 import subprocess
 
 import pytest
@@ -54,3 +55,24 @@ def test_unknown_plugin_makes_vllm_serve_exit_listing_the_plugins(model_path):
     assert proc.returncode != 0
     out = proc.stderr + proc.stdout
     assert "unknown freespec plugin 'telepathy'" in out and "copy" in out
+
+
+def test_bench_measures_a_running_server_through_base_url(server, model_path, tmp_path):
+    """`freespec bench --base-url URL --label copy` against the real server: streamed requests with their
+    latency figures, and the acceptance counters read from its /metrics."""
+    from freespec.bench.options import BenchOptions
+    from freespec.bench.run import run
+
+    options = BenchOptions(base_url=[server.base_url], label=["copy"], questions="builtin",
+                           categories="coding,extraction", per_category=[1], max_tokens=48, warmup=1,
+                           out=str(tmp_path / "out"), request_timeout=300)
+    assert run(options, argv=["freespec", "bench"]) == 0
+    result = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert result["status"] == "complete" and result["settings"]["model"] == model_path
+    requests = result["requests"]
+    assert len(requests) == 2 and all(r["error"] is None for r in requests)
+    assert all(0 < r["ttft_s"] < r["latency_s"] and r["completion_tokens"] > 1 and r["tpot_s"] > 0 for r in requests)
+    row = next(r for r in result["aggregates"] if r["category"] == "all")
+    # The acceptance figures come from the server's /metrics (counter deltas over the measured blocks).
+    assert row["num_drafts"] > 0 and row["num_draft_tokens"] > 0 and row["acceptance_rate"] is not None
+    assert row["mean_tpot_ms"] > 0 and row["p99_itl_ms"] >= row["p50_itl_ms"]
