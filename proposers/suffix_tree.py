@@ -18,20 +18,28 @@ fused draft that was verified was another source's.
 arctic-inference is optional (``bench``/``cpu``/``cuda`` extras); ``available()`` says whether a
 supported version (``SUPPORTED``) is importable.
 
+Learning across restarts and replicas (``responses_path``, ``merge_from``): every finished response is
+also kept in a bounded ``ResponseStore`` (``proposers/response_store.py``), saved atomically in a
+background thread every ``save_every_s`` and at exit or SIGTERM, and loaded into the global tree at the
+next start, as if those requests had just run; replicas merge each other's files. A bad file is refused
+at start, naming it.
+
 Memory: per live request a tree over its sequence (O(tokens), path-compressed, depth at most
 ``max_tree_depth``); the global tree holds at most ``max_cached_requests`` outputs. ``state_bytes``
-asks the trees (arctic's own estimate).
+asks the trees (arctic's own estimate). With ``responses_path``: each live request's output once more
+(4 bytes a token) and the store (``ResponseStore.max_bytes``: 15 MB at the defaults, twice that while saving).
 """
 from __future__ import annotations
 
 import logging
+import time
 from importlib import metadata
 from typing import Optional, Sequence
 
 import numpy as np
-from freespec.proposers.base import Proposer, ProposerOptions, Row
+from freespec.proposers.base import EngineInfo, Proposer, ProposerOptions, Row
 from freespec.scorers.fusion import Candidates
-from pydantic import Field
+from pydantic import Field, model_validator
 
 logger = logging.getLogger("freespec")
 
@@ -85,6 +93,31 @@ class SuffixOptions(ProposerOptions):
         le=1.0,
         description='used alone: draft while the chance the prefix is accepted is at least this (with "policy": "fixed")',
     )
+    responses_path: Optional[str] = Field(
+        None,
+        description="file of past responses: loaded into the global tree at start, saved every save_every_s "
+        "and at exit (learning across restarts); its folder must exist",
+    )
+    merge_from: tuple[str, ...] = Field(
+        (), max_length=256, description="other replicas' responses files, merged in at start and every save_every_s"
+    )
+    save_every_s: float = Field(
+        300.0, ge=0.0, le=86_400.0,
+        description="seconds between saves to responses_path and checks of merge_from (0: only at start and exit)",
+    )
+    max_saved_responses: int = Field(
+        10_000, ge=1, le=1_048_576, description="responses kept in responses_path (newest; 12 bytes each on disk)"
+    )
+    max_saved_tokens: int = Field(
+        2_000_000, ge=1, le=268_435_456, description="tokens kept in responses_path (newest; 4 bytes each)"
+    )
+
+
+    @model_validator(mode="after")
+    def _merge_needs_own_file(self) -> "SuffixOptions":
+        if self.merge_from and self.responses_path is None:
+            raise ValueError("merge_from needs responses_path (this replica's own file)")
+        return self
 
 
 class TokenCalibration:
@@ -131,12 +164,14 @@ class TokenCalibration:
 
 
 class _Live:
-    __slots__ = ("cells", "chain", "fed")
+    __slots__ = ("cells", "chain", "fed", "output")
 
-    def __init__(self, fed: int) -> None:
+    def __init__(self, fed: int, keep_output: bool) -> None:
         self.fed = fed  # tokens of the request given to the cache so far
         self.chain: Optional[np.ndarray] = None  # last offered chain, scored against what the target produced
         self.cells: Optional[tuple[np.ndarray, ...]] = None
+        # the output so far, in pieces, when responses are persisted (4 bytes a token, freed at release)
+        self.output: Optional[list[np.ndarray]] = [] if keep_output else None
 
 
 def matched_prefix(chain: np.ndarray, produced: np.ndarray) -> tuple[int, int]:
@@ -165,12 +200,72 @@ class SuffixTreeProposer(Proposer):
         )
         self.calibration = TokenCalibration()
         self._live: dict[int, _Live] = {}
+        self.store = None  # ResponseStore, when responses are persisted (bind)
+        self._last_save = 0.0
+        self._seeded = 0
 
     # -- lifecycle -------------------------------------------------------
-    def release(self, key: int) -> None:
-        """The request left: its prompt tree goes; its output stays in the global tree (evicted FIFO)."""
-        if self._live.pop(key, None) is not None:
+    def bind(self, info: EngineInfo) -> None:
+        """Load the persisted responses (and the replicas') into the global tree; a bad file stops the start."""
+        o = self.options
+        if o.responses_path is None:
+            return
+        if info.tokenizer_fingerprint is None:
+            raise ValueError("suffix responses_path/merge_from need the tokenizer's identity, which this engine "
+                             "does not give")
+        from freespec.proposers.exit_save import save_at_exit
+        from freespec.proposers.response_store import ResponseStore, ResponseStoreError
+
+        try:
+            self.store = ResponseStore(o.responses_path, fingerprint=info.tokenizer_fingerprint(), vocab_size=info.vocab_size,
+                                       max_responses=o.max_saved_responses, max_tokens=o.max_saved_tokens)
+            loaded = self.store.load()
+            for peer in o.merge_from:
+                loaded += self.store.merge_from(peer)
+        except ResponseStoreError as e:
+            raise ValueError(f"suffix responses_path/merge_from: {e}") from e
+        except ValueError as e:
+            raise ValueError(f"suffix responses_path: {e}") from e
+        self._seed(loaded)
+        self._last_save = time.monotonic()
+        save_at_exit(self.close, "suffix responses")
+
+    def _seed(self, responses: Sequence[np.ndarray]) -> None:
+        """Put responses into the global tree as if requests had just produced them (oldest first)."""
+        for tokens in responses:
+            self._seeded += 1
+            key = ("freespec-seed", self._seeded)
+            self.cache.start_request(key, np.zeros(0, dtype=np.int32))
+            self.cache.add_active_response(key, np.array(tokens, dtype=np.int32))  # a writable copy
             self.cache.stop_request(key)
+
+    def _files_tick(self) -> None:
+        """Every ``save_every_s``: merge what the background thread read from the replicas, ask for a save
+        and for the replicas' changed files (no file I/O in this thread)."""
+        o = self.options
+        self._seed(self.store.take_merged())
+        if o.save_every_s and time.monotonic() - self._last_save >= o.save_every_s:
+            self._last_save = time.monotonic()
+            self.store.save_async()
+            if o.merge_from:
+                self.store.merge_async(o.merge_from)
+
+    def close(self) -> None:
+        """The final save (at exit and on SIGTERM; idempotent, never raises)."""
+        if self.store is not None:
+            self.store.close()
+
+    def release(self, key: int) -> None:
+        """The request left: its prompt tree goes; its output stays in the global tree (evicted FIFO), and in
+        the persisted store when there is one."""
+        st = self._live.pop(key, None)
+        if st is not None:
+            self.cache.stop_request(key)
+            if self.store is not None and st.output:
+                try:
+                    self.store.add(np.concatenate(st.output))
+                except ValueError as e:  # ids outside the vocabulary: not kept
+                    logger.debug("freespec: suffix response not stored: %s", e)
 
     def state_bytes(self) -> int:
         trees = [getattr(self.cache, "_global_tree", None), *getattr(self.cache, "_local_trees", {}).values()]
@@ -187,7 +282,7 @@ class SuffixTreeProposer(Proposer):
         if st is None:
             start = max(0, n - row.num_new)
             self.cache.start_request(row.key, tokens[:start])
-            st = self._live[row.key] = _Live(start)
+            st = self._live[row.key] = _Live(start, self.store is not None)
         if st.chain is not None:
             produced = tokens[st.fed : n]
             matched, compared = matched_prefix(st.chain, produced)
@@ -195,6 +290,8 @@ class SuffixTreeProposer(Proposer):
             st.chain = st.cells = None
         if n > st.fed:
             self.cache.add_active_response(row.key, tokens[st.fed : n])
+            if st.output is not None:
+                st.output.append(tokens[st.fed : n].copy())
             st.fed = n
         return st
 
@@ -221,6 +318,8 @@ class SuffixTreeProposer(Proposer):
         return list(draft.token_ids), self.calibration.estimate(cells)
 
     def candidates(self, rows: Sequence[Row]) -> list[Optional[Candidates]]:
+        if self.store is not None:
+            self._files_tick()
         out: list[Optional[Candidates]] = []
         for row in rows:
             tokens, q = self.chain(row)
@@ -231,6 +330,8 @@ class SuffixTreeProposer(Proposer):
         return out
 
     def propose(self, rows: Sequence[Row]) -> list[list[int]]:
+        if self.store is not None:
+            self._files_tick()
         bar = self.gain_threshold(self.options.min_token_gain)
         drafts = []
         for row in rows:

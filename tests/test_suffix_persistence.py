@@ -1,0 +1,94 @@
+"""The suffix source's learning across restarts and replicas (responses_path, merge_from)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from freespec.proposers.base import EngineInfo, Row
+from freespec.proposers.suffix_tree import SuffixOptions, SuffixTreeProposer, available
+
+pytestmark = pytest.mark.skipif(not available()[0], reason="needs arctic-inference")
+
+INFO = EngineInfo(vocab_size=1000, model="m", tokenizer_fingerprint=lambda: "sha256:tok-a")
+PROMPT = np.arange(10, 20, dtype=np.int32)
+ANSWER = np.arange(500, 512, dtype=np.int32)
+
+
+def serve(proposer: SuffixTreeProposer, key: int, prompt: np.ndarray, output: np.ndarray) -> None:
+    """Feed one request through the source as the engine does (the first step after the prefill brings the
+    prompt and one sampled token, then one token a step), then let it leave."""
+    seq = prompt
+    for token in output:
+        seq = np.append(seq, token).astype(np.int32)
+        proposer.candidates([Row(key=key, tokens=seq, num_new=1)])
+    proposer.release(key)
+
+
+def first_draft(proposer: SuffixTreeProposer, context: np.ndarray) -> list[int]:
+    found = proposer.candidates([Row(key=99, tokens=context, num_new=len(context))])[0]
+    return [] if found is None else [int(t) for t in found.chains[0] if t >= 0]
+
+
+def started(path, info=INFO, **options) -> SuffixTreeProposer:
+    proposer = SuffixTreeProposer(SuffixOptions(responses_path=str(path), **options), 8)
+    proposer.bind(info)
+    return proposer
+
+
+def test_a_restarted_source_drafts_from_the_responses_saved_before(tmp_path):
+    path = tmp_path / "responses.bin"
+    first = started(path)
+    serve(first, 1, PROMPT, ANSWER)
+    first.close()
+    assert path.exists()
+    context = np.array([1, 2, 3, 500, 501, 502], dtype=np.int32)  # a new prompt that quotes the old answer
+    cold = SuffixTreeProposer(SuffixOptions(), 8)
+    cold.bind(INFO)
+    assert first_draft(cold, context) == []
+    warm = started(path)
+    assert first_draft(warm, context)[:3] == [503, 504, 505]
+
+
+def test_a_file_of_another_tokenizer_is_refused_at_start_naming_the_option(tmp_path):
+    path = tmp_path / "responses.bin"
+    first = started(path)
+    serve(first, 1, PROMPT, ANSWER)
+    first.close()
+    other = EngineInfo(vocab_size=1000, model="m", tokenizer_fingerprint=lambda: "sha256:tok-b")
+    with pytest.raises(ValueError, match="responses_path"):
+        started(path, info=other)
+
+
+def test_a_corrupt_file_is_refused_at_start(tmp_path):
+    path = tmp_path / "responses.bin"
+    path.write_bytes(b"not a response store at all" * 10)
+    with pytest.raises(ValueError, match="responses_path"):
+        started(path)
+
+
+def test_merge_from_needs_responses_path():
+    with pytest.raises(ValidationError, match="merge_from needs responses_path"):
+        SuffixOptions(merge_from=("/tmp/peer.bin",))
+
+
+def test_a_replica_merges_the_others_file_at_start(tmp_path):
+    a, b = tmp_path / "a.bin", tmp_path / "b.bin"
+    replica_a = started(a)
+    serve(replica_a, 1, PROMPT, ANSWER)
+    replica_a.close()
+    replica_b = started(b, merge_from=(str(a),))
+    context = np.array([7, 500, 501, 502], dtype=np.int32)
+    assert first_draft(replica_b, context)[:2] == [503, 504]
+
+
+def test_the_saved_store_keeps_only_the_newest_responses_within_its_bounds(tmp_path):
+    path = tmp_path / "responses.bin"
+    source = started(path, max_saved_responses=2)
+    answers = [np.arange(100 * i, 100 * i + 12, dtype=np.int32) for i in range(1, 5)]
+    for key, answer in enumerate(answers, start=1):
+        serve(source, key, PROMPT, answer)
+    source.close()
+    assert [list(r) for r in source.store.responses()] == [list(a) for a in answers[-2:]]
+    reloaded = started(path, max_saved_responses=2)
+    assert len(reloaded.store) == 2
