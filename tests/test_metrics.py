@@ -183,3 +183,15 @@ def test_every_named_patch_is_listed_once_and_installable_by_name():
         assert p.install is None or callable(getattr(patches, p.install))
     with pytest.raises(ValueError, match="no patch named"):
         patches.disabled("no_such_patch")
+
+
+def test_a_plugin_refused_at_engine_start_shows_as_off_with_the_reason(monkeypatch):
+    from freespec.vllm_plugins import probes
+
+    monkeypatch.setattr(probes, "vllm_version", lambda: "0.1.0")
+    monkeypatch.setattr(probes, "blocking_probes", lambda uses_topk, results=None: [])
+    before = sample("freespec:plugin_disabled_total", plugin="copy", reason="unsupported_vllm")
+    spec, _ = patches._frontend_rewrite({"plugin": "copy", "num_speculative_tokens": 4}, None)
+    assert spec is None
+    assert sample("freespec:plugin_enabled", plugin="copy") == 0
+    assert sample("freespec:plugin_disabled_total", plugin="copy", reason="unsupported_vllm") == before + 1

@@ -22,8 +22,9 @@ logger = logging.getLogger("freespec")
 
 # Seconds a plugin takes per step; vLLM's steps run from about a millisecond (GPU) to a second (CPU).
 PROPOSE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
-# Why the circuit breaker switched a plugin off (``adapter.CircuitBreaker``), as a bounded label.
-OFF_REASONS = ("error", "over_budget", "stall", "trial_failed")
+# Why a plugin is off, as a bounded label: the circuit breaker's reasons (``adapter.CircuitBreaker``), and
+# the front-end's at engine start (``patches``: the vLLM release is unsupported, or a seam moved).
+OFF_REASONS = ("error", "over_budget", "stall", "trial_failed", "unsupported_vllm", "seam_moved")
 
 _families: dict | None = None
 
@@ -85,6 +86,14 @@ def exported() -> bool:
     except ImportError:
         return False
     return bool(getattr(values.ValueClass, "_multiprocess", False))
+
+
+def refused(plugin: str, reason: str) -> None:
+    """The front-end dropped speculation at engine start (in the API server): the plugin never runs."""
+    f = families()
+    if f is not None:
+        f["enabled"].labels(plugin).set(0)
+        f["disabled"].labels(plugin, reason).inc()
 
 
 class PluginMetrics:

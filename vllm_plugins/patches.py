@@ -10,7 +10,7 @@ import functools
 import logging
 from dataclasses import dataclass
 
-from freespec.vllm_plugins import probes
+from freespec.vllm_plugins import metrics, probes
 
 from freespec import settings
 
@@ -109,6 +109,7 @@ def _frontend_rewrite(spec: dict, additional_config: dict | None):
             "; and ".join(reasons),
             spec.get("plugin"),
         )
+        metrics.refused(spec["plugin"], "seam_moved" if broken else "unsupported_vllm")
         return None, additional_config
     return new_spec, new_additional
 
