@@ -131,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--level-seconds", type=float, default=30.0, help="seconds at each concurrency level")
     p.add_argument("--max-concurrency", type=int, default=16)
     p.add_argument("--max-tokens", type=int, default=96, help="largest max_tokens of a request")
+    p.add_argument("--sample-seconds", type=float, default=60.0, help="seconds between samples (default: a minute)")
     p.add_argument("--warmup-minutes", type=int, default=5, help="RSS growth is counted from this minute")
     p.add_argument("--no-reference", action="store_true", help="skip the server without speculation")
     p.add_argument("--out", default="results/soak")
@@ -175,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             if now >= next_level:
                 load.level = next(level_iter)
                 next_level += args.level_seconds
-            if now >= started + 60.0 * (minute + 1) or server.proc is None or server.proc.poll() is not None:
+            if now >= started + args.sample_seconds * (minute + 1) or server.proc is None or server.proc.poll() is not None:
                 minute += 1
                 totals = summarize(load.records)
                 sample = {"minute": minute, "level": load.level, **{k: totals[k] for k in
