@@ -108,7 +108,7 @@ def test_probes_pass_on_the_supported_release():
     if not on_supported_release():
         pytest.skip(f"vLLM {installed_version()} is outside the supported range")
     for seam in ("frontend", "spec_config", "custom_class", "cpu_rejection_sampler", "target_topk", "spec_metrics",
-                 "draft_rank"):
+                 "metrics_registry", "draft_rank"):
         assert lines[seam].startswith("True"), out
 
 
