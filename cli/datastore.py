@@ -122,8 +122,9 @@ def load_tokenizer(value: str) -> tuple[Any, str]:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from freespec.proposers.datastore import DatastoreError
-    from freespec.proposers.datastore_build import BuildError, build_datastore, canonical_roles, check_input
+    from freespec.proposers.retrieval.datastore import DatastoreError
+    from freespec.proposers.retrieval.build import build_datastore
+    from freespec.proposers.retrieval.readers import BuildError, canonical_roles, check_input
     from freespec.proposers.vocab import vocab_fingerprint
 
     try:
@@ -167,7 +168,7 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from freespec.proposers.datastore import MANIFEST, DatastoreError, read_manifest
+    from freespec.proposers.retrieval.datastore import MANIFEST, DatastoreError, read_manifest
 
     directory = Path(args.dir)
     if not directory.is_dir():
@@ -219,7 +220,7 @@ def _info(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from freespec.proposers.datastore import Datastore, DatastoreError
+    from freespec.proposers.retrieval.datastore import Datastore, DatastoreError
 
     directory = Path(args.dir)
     if not directory.is_dir():

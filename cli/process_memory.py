@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from freespec.proposers.datastore import mapped_residency
+from freespec.proposers.retrieval.datastore import mapped_residency
 
 
 def process_tree(pid: int) -> list[int]:

@@ -17,7 +17,7 @@ import json
 import os
 import sys
 
-from freespec.proposers.recycle_matrix import MatrixFileError, merge_files, read_matrix
+from freespec.proposers.recycle.matrix import MatrixFileError, merge_files, read_matrix
 
 
 def _error(message: str) -> int:

@@ -183,7 +183,7 @@ def build_datastore_of(tmp_path, model_path: str, texts: list[str], fingerprint:
     """A retrieval datastore holding ``texts`` (one document each), built with the model's tokenizer."""
     from transformers import AutoTokenizer
 
-    from freespec.proposers.datastore_build import build_datastore
+    from freespec.proposers.retrieval.build import build_datastore
     from freespec.proposers.vocab import vocab_fingerprint
 
     tok = AutoTokenizer.from_pretrained(model_path)

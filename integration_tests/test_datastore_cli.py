@@ -48,7 +48,7 @@ def built(tokenizer_dir, corpus, tmp_path_factory) -> tuple[Path, subprocess.Com
 def test_build(built, corpus, tokenizer_dir):
     from transformers import AutoTokenizer
 
-    from freespec.proposers.datastore import SEPARATOR, Datastore
+    from freespec.proposers.retrieval.datastore import SEPARATOR, Datastore
     from freespec.proposers.vocab import vocab_fingerprint
 
     out, proc = built

@@ -81,7 +81,7 @@ class Replica:
         """The matrix this replica's engine last saved, as numpy arrays in Ray's object store."""
         import ray
 
-        from freespec.proposers.recycle_matrix import read_matrix
+        from freespec.proposers.recycle.matrix import read_matrix
 
         m = read_matrix(self.matrix_path)
         return [ray.put({"ids": m.ids, "probs": m.probs, "stamps": m.stamps, "tokenizer": m.tokenizer,
@@ -91,13 +91,13 @@ class Replica:
         """Write the fleet's merged matrix (a Ray object) to this replica's merge_from file."""
         import ray
 
-        from freespec.proposers.recycle_matrix import write_matrix
+        from freespec.proposers.recycle.matrix import write_matrix
 
         write_matrix(self.fleet_path, as_matrix(ray.get(refs[0])))
 
 
 def as_matrix(arrays: dict):
-    from freespec.proposers.recycle_matrix import Matrix
+    from freespec.proposers.recycle.matrix import Matrix
 
     return Matrix(arrays["ids"], arrays["probs"], arrays["stamps"], arrays["tokenizer"], arrays["model"],
                   arrays["updates"])
@@ -165,7 +165,7 @@ def run_replicas(ray, replicas, dirs, baseline) -> None:
         assert_plain_text(baseline, share, result["token_ids"])
 
     # The exchange: arrays out through the object store, merged in the driver, back to every replica.
-    from freespec.proposers.recycle_matrix import Matrix, check_compatible, merge_into
+    from freespec.proposers.recycle.matrix import Matrix, check_compatible, merge_into
 
     own = [as_matrix(ray.get(ray.get(r.export_matrix.remote())[0])) for r in replicas]
     fleet = Matrix.empty(own[0].vocab_size, own[0].candidates, own[0].tokenizer, own[0].model)

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.integration
 def test_two_servers_share_one_datastore(answers_datastore, model_path, tmp_path):
     from openai import OpenAI
 
-    from freespec.proposers.datastore import mapped_residency
+    from freespec.proposers.retrieval.datastore import mapped_residency
 
     # in_memory_mb 0: mapped even though this datastore is small enough to be read into memory.
     spec = {"plugin": "retrieval", "num_speculative_tokens": K, "datastore": answers_datastore, "in_memory_mb": 0}

@@ -12,7 +12,7 @@ chunk counted wrongly breaks this. Counts go to the JSON file named by
 import json
 import os
 
-from freespec.proposers.recycle import RecycleProposer
+from freespec.proposers.recycle.proposer import RecycleProposer
 
 
 class MappingCheckProposer(RecycleProposer):

@@ -100,10 +100,10 @@ def _make_source(name: str, options: HybridOptions, k: int) -> Proposer:
 
         return CopyProposer(CopyOptions(), k)
     if name == "recycle":
-        from freespec.proposers.recycle import RecycleOptions, RecycleProposer
+        from freespec.proposers.recycle.proposer import RecycleOptions, RecycleProposer
 
         return RecycleProposer(RecycleOptions(), k)
-    from freespec.proposers.retrieval import RetrievalOptions, RetrievalProposer
+    from freespec.proposers.retrieval.proposer import RetrievalOptions, RetrievalProposer
 
     return RetrievalProposer(RetrievalOptions(datastore=options.datastore, fuse_copy=False), k)
 

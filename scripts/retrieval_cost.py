@@ -20,8 +20,8 @@ import numpy as np
 from freespec.questions import resolve_questions
 
 from freespec.proposers.base import EngineInfo, Row
-from freespec.proposers.datastore import Datastore
-from freespec.proposers.retrieval import RetrievalOptions, RetrievalProposer
+from freespec.proposers.retrieval.datastore import Datastore
+from freespec.proposers.retrieval.proposer import RetrievalOptions, RetrievalProposer
 
 
 def spec_bench_tokens(questions: str | None, model: str) -> tuple[list[np.ndarray], object]:
@@ -38,7 +38,7 @@ def build(out: Path, size: int, docs: list[np.ndarray], tok, shard_tokens: int) 
     The token documents go through the public builder as a JSONL corpus whose texts are the ids
     written as numbers, with a "tokenizer" that reads them back.
     """
-    from freespec.proposers.datastore_build import build_datastore
+    from freespec.proposers.retrieval.build import build_datastore
     from freespec.proposers.vocab import vocab_fingerprint
 
     rng = np.random.default_rng(size)

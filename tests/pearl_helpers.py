@@ -6,7 +6,7 @@ import time
 import numpy as np
 
 from freespec.proposers.base import EngineInfo, Row
-from freespec.proposers.pearl import PearlOptions, PearlProposer
+from freespec.proposers.pearl.proposer import PearlOptions, PearlProposer
 
 VOCAB = 96  # the vocabulary of the tiny_dir fixture (tests/conftest.py)
 

@@ -11,15 +11,9 @@ import pytest
 from pydivsufsort import divsufsort
 
 from freespec.cli.main import main
-from freespec.proposers.datastore import MANIFEST, SEPARATOR, Datastore, DatastoreError, read_manifest
-from freespec.proposers.datastore_build import (
-    BuildError,
-    InputError,
-    build_datastore,
-    exclusion_filter,
-    iter_documents,
-    suffix_array,
-)
+from freespec.proposers.retrieval.datastore import MANIFEST, SEPARATOR, Datastore, DatastoreError, read_manifest
+from freespec.proposers.retrieval.build import build_datastore, suffix_array
+from freespec.proposers.retrieval.readers import BuildError, InputError, exclusion_filter, iter_documents
 from freespec.proposers.vocab import vocab_fingerprint
 
 VOCAB_SIZE = 200_000
@@ -522,7 +516,7 @@ def test_cli_errors_exit_2(tmp_path, capsys):
 
 
 def test_mapped_residency_sees_the_shared_read_only_mapping(tmp_path):
-    from freespec.proposers.datastore import mapped_residency
+    from freespec.proposers.retrieval.datastore import mapped_residency
 
     if mapped_residency(tmp_path) is None:
         pytest.skip("no /proc (not Linux)")

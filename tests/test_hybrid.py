@@ -79,7 +79,7 @@ def test_a_source_that_cannot_pay_on_its_own_is_not_asked(monkeypatch):
 
 
 def test_retrieval_source_offers_every_continuation_and_fuses_like_the_retrieval_plugin(tmp_path):
-    from freespec.proposers.retrieval import RetrievalOptions, RetrievalProposer
+    from freespec.proposers.retrieval.proposer import RetrievalOptions, RetrievalProposer
 
     from tests.test_retrieval import FP, write_store
 

@@ -10,9 +10,9 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from freespec.proposers.base import EngineInfo, Row  # noqa: E402
-from freespec.proposers.pearl import PearlOptions, PearlProposer  # noqa: E402
-from freespec.proposers.pearl_draft import TorchDraftModel, parse_cores  # noqa: E402
-from freespec.proposers.pearl_state import Feed  # noqa: E402
+from freespec.proposers.pearl.proposer import PearlOptions, PearlProposer  # noqa: E402
+from freespec.proposers.pearl.draft import TorchDraftModel, parse_cores  # noqa: E402
+from freespec.proposers.pearl.state import Feed  # noqa: E402
 from freespec.vllm_plugins.frontend import translate, validate_options  # noqa: E402
 from pearl_helpers import VOCAB, arr, make  # noqa: E402
 
@@ -223,7 +223,7 @@ def test_other_vocabulary_is_refused_at_bind(tiny_dir):
 
 
 def test_other_tokenizer_is_refused_at_bind(tiny_dir, monkeypatch):
-    import freespec.proposers.pearl as pearl
+    import freespec.proposers.pearl.proposer as pearl
 
     monkeypatch.setattr(pearl, "tokenizer_dir_fingerprint", lambda path: "sha256:" + "a" * 64)
     p = PearlProposer(PearlOptions(draft_model=tiny_dir, min_confidence=0.0, placement="thread"), 4)

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from freespec.proposers.base import Row  # noqa: E402
-from freespec.proposers.pearl import PearlOptions, PearlProposer  # noqa: E402
+from freespec.proposers.pearl.proposer import PearlOptions, PearlProposer  # noqa: E402
 from pearl_helpers import VOCAB, arr, make, scripted_steps, wait_for_chain  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux only")
@@ -114,7 +114,7 @@ def test_the_child_exits_when_its_parent_dies(tiny_dir, tmp_path):
     """No orphan: a parent killed without close() leaves a child that exits on the pipe's EOF."""
     script = textwrap.dedent(f"""
         import os, sys
-        from freespec.proposers.pearl import PearlOptions, PearlProposer
+        from freespec.proposers.pearl.proposer import PearlOptions, PearlProposer
         p = PearlProposer(PearlOptions(draft_model={tiny_dir!r}, placement="process"), 2)
         print(p.worker.pid, flush=True)
         sys.stdin.read()

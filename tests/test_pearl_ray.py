@@ -14,7 +14,7 @@ ray = pytest.importorskip("ray")
 from pydantic import ValidationError  # noqa: E402
 
 from freespec.proposers.base import Row  # noqa: E402
-from freespec.proposers.pearl import PearlOptions, PearlProposer  # noqa: E402
+from freespec.proposers.pearl.proposer import PearlOptions, PearlProposer  # noqa: E402
 from pearl_helpers import VOCAB, arr, make, scripted_steps, wait_for_chain  # noqa: E402
 from freespec.vllm_plugins.frontend import FreespecConfigError, translate, validate_options  # noqa: E402
 
@@ -128,7 +128,7 @@ def test_option_errors_name_the_field(tiny_dir, monkeypatch):
         translate({"plugin": "pearl", "num_speculative_tokens": 4, "draft_model": tiny_dir, "placement": "ray",
                    "draft_cores": "0"}, None)
     # Nobody answers at the address: refused at once, naming it (ray.init itself would wait for minutes).
-    from freespec.proposers.pearl_ray import reachable
+    from freespec.proposers.pearl.ray import reachable
 
     t0 = time.monotonic()
     with pytest.raises(ValueError, match="option 'ray_address' .*no Ray cluster answers at 127.0.0.1:1"):
@@ -137,7 +137,7 @@ def test_option_errors_name_the_field(tiny_dir, monkeypatch):
     # Ray not installed: the error names placement and the extra to install.
     monkeypatch.setitem(sys.modules, "ray", None)
     refused(r"option 'placement' is \"ray\", but Ray is not installed.*vllm-freespec\[cluster\]", placement="ray")
-    from freespec.proposers.pearl_ray import import_ray
+    from freespec.proposers.pearl.ray import import_ray
 
     with pytest.raises(ValueError, match=r"'placement' is \"ray\".*vllm-freespec\[cluster\]"):
         import_ray()

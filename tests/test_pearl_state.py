@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from freespec.proposers.base import Row
-from freespec.proposers.pearl_state import Feed, PearlDrafter, RequestDraft
+from freespec.proposers.pearl.state import Feed, PearlDrafter, RequestDraft
 
 V = 50  # vocabulary of the scripted models
 

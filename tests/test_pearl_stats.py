@@ -1,5 +1,12 @@
-"""Summaries of pearl's stats lines in a server log, split into one-request and batched windows."""
-from freespec.proposers.pearl_stats import read_stats, summarise
+"""scripts/pearl_stats.py: pearl's stats lines in a server log, split into one-request and batched windows."""
+import importlib.util
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "pearl_stats.py"
+_spec = importlib.util.spec_from_file_location("pearl_stats", SCRIPT)
+pearl_stats = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(pearl_stats)
+read_stats, summarise = pearl_stats.read_stats, pearl_stats.summarise
 
 
 def line(**counters):

@@ -7,8 +7,8 @@ import pytest
 from pydantic import ValidationError
 
 from freespec.proposers.base import EngineInfo, Row, ScoredPositions
-from freespec.proposers.recycle import RecycleOptions, RecycleProposer
-from freespec.proposers.recycle_matrix import MatrixFileError, load_matrix, save_matrix
+from freespec.proposers.recycle.proposer import RecycleOptions, RecycleProposer
+from freespec.proposers.recycle.matrix import MatrixFileError, load_matrix, save_matrix
 
 VOCAB = 100
 FP = "sha256:test-vocab"

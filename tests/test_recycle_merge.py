@@ -7,8 +7,8 @@ import pytest
 
 from freespec.cli.main import main
 from freespec.proposers.base import EngineInfo, Row, ScoredPositions
-from freespec.proposers.recycle import RecycleOptions, RecycleProposer
-from freespec.proposers.recycle_matrix import (
+from freespec.proposers.recycle.proposer import RecycleOptions, RecycleProposer
+from freespec.proposers.recycle.matrix import (
     Matrix, MatrixFileError, merge_files, merge_into, read_matrix, save_matrix, write_matrix,
 )
 

@@ -14,8 +14,8 @@ import textwrap
 import pytest
 from test_retrieval import FP, write_store
 
-from freespec.proposers.datastore import MANIFEST, Datastore, DatastoreError, read_manifest
-from freespec.proposers.retrieval import RetrievalOptions
+from freespec.proposers.retrieval.datastore import MANIFEST, Datastore, DatastoreError, read_manifest
+from freespec.proposers.retrieval.proposer import RetrievalOptions
 
 DOCS = [[(7 * i + j) % 50 + 1 for j in range(300)] for i in range(40)]
 
@@ -24,7 +24,7 @@ CHILD = textwrap.dedent(
     import os, sys
     import numpy as np
     from freespec.proposers.base import EngineInfo, Row
-    from freespec.proposers.retrieval import RetrievalOptions, RetrievalProposer
+    from freespec.proposers.retrieval.proposer import RetrievalOptions, RetrievalProposer
 
     store, in_memory_mb = sys.argv[1], int(sys.argv[2])
     p = RetrievalProposer(RetrievalOptions(datastore=store, in_memory_mb=in_memory_mb, fuse_copy=False), 4)

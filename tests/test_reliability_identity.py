@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import numpy as np
 from freespec.proposers.copy import CopyProposer
-from freespec.proposers.request_tracker import HEAD_TOKENS, RequestTracker
+from freespec.vllm_plugins.request_tracker import HEAD_TOKENS, RequestTracker
 
 from tests.adapter_helpers import adapter_for
 

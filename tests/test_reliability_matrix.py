@@ -10,7 +10,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from freespec.proposers.recycle_matrix import (
+from freespec.proposers.recycle.matrix import (
     MAX_VOCAB, Matrix, MatrixFileError, load_matrix, read_matrix, write_matrix,
 )
 

@@ -7,9 +7,9 @@ import time
 import numpy as np
 import pytest
 
-from freespec.proposers import pearl_remote
+from freespec.proposers.pearl import remote as pearl_remote
 from freespec.proposers.base import Row
-from freespec.proposers.pearl_remote import DraftError, DraftTimeout, RemoteDraft
+from freespec.proposers.pearl.remote import DraftError, DraftTimeout, RemoteDraft
 
 
 class FakeDraft(RemoteDraft):
@@ -105,7 +105,7 @@ def test_one_step_waits_the_full_timeout_at_most_once(monkeypatch):
 
 
 def test_step_timeout_is_bounded():
-    from freespec.proposers.pearl import PearlOptions
+    from freespec.proposers.pearl.proposer import PearlOptions
 
     fields = PearlOptions.model_fields["step_timeout_s"]
     assert any(getattr(m, "le", None) == 120 for m in fields.metadata)
@@ -136,7 +136,7 @@ class SlowDrafter:
 
 def test_the_thread_placement_times_out_and_skips_until_the_late_step_is_done():
     pytest.importorskip("torch")
-    from freespec.proposers.pearl import TimedDraftWorker
+    from freespec.proposers.pearl.proposer import TimedDraftWorker
 
     drafter = SlowDrafter()
     w = TimedDraftWorker(drafter, step_timeout_s=0.3)

@@ -15,9 +15,9 @@ import pytest
 from pydantic import ValidationError
 from test_recycle import FP, VOCAB, make, row, scored
 
-from freespec.proposers import recycle as recycle_module
-from freespec.proposers.recycle import MAX_TREE_NODES, RecycleOptions, RecycleProposer, tree_nodes
-from freespec.proposers.recycle_matrix import Matrix, load_matrix, write_matrix
+from freespec.proposers.recycle import proposer as recycle_module
+from freespec.proposers.recycle.proposer import MAX_TREE_NODES, RecycleOptions, RecycleProposer, tree_nodes
+from freespec.proposers.recycle.matrix import Matrix, load_matrix, write_matrix
 
 
 def test_tree_bound_refuses_the_huge_tree_naming_the_field_and_count():

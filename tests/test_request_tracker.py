@@ -1,7 +1,7 @@
 """Request identity inferred from token rows (no vLLM)."""
 import numpy as np
 
-from freespec.proposers.request_tracker import RequestTracker
+from freespec.vllm_plugins.request_tracker import RequestTracker
 
 
 def seq(seed, n):

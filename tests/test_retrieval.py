@@ -6,9 +6,9 @@ import pytest
 from pydantic import ValidationError
 
 from freespec.proposers.base import EngineInfo, Row
-from freespec.proposers.datastore import FORMAT, SEPARATOR, VERSION, Datastore, DatastoreError, file_sha256
-from freespec.proposers.retrieval import RetrievalOptions, RetrievalProposer
-from freespec.proposers.suffix_search import continuations, longest_match, sa_range
+from freespec.proposers.retrieval.datastore import FORMAT, SEPARATOR, VERSION, Datastore, DatastoreError, file_sha256
+from freespec.proposers.retrieval.proposer import RetrievalOptions, RetrievalProposer
+from freespec.proposers.retrieval.search import continuations, longest_match, sa_range
 from freespec.scorers.fusion import Candidates, SourceWeights, fuse
 
 FP = "sha256:test"

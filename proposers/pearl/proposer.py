@@ -7,12 +7,12 @@ once per step, so of PEARL's two halves only post-verify fits the
 drafting past it in the background, assuming the target accepts it all,
 and predicts the target's bonus token too; the next step then returns at once
 when that assumption held, and otherwise rolls the draft's KV cache back to
-what the target kept and drafts from there (``pearl_state``). Draft length
+what the target kept and drafts from there (``state``). Draft length
 adapts per request: chains stop before the first low-confidence prediction and
 grow while they are accepted, bounded by k. The draft model, its per-request KV
-caches and the thread are in ``pearl_draft``; ``placement: "process"`` (the
-default) runs them in a child process (``pearl_process``), ``"ray"`` in a Ray
-actor (``pearl_ray``; both share ``pearl_remote``), ``"thread"`` in a thread
+caches and the thread are in ``draft``; ``placement: "process"`` (the
+default) runs them in a child process (``pearl.process``), ``"ray"`` in a Ray
+actor (``ray``; both share ``remote``), ``"thread"`` in a thread
 of vLLM's worker. docs/pearl.md has the options, memory, CPU core split
 and what is measured.
 
@@ -113,7 +113,7 @@ class PearlOptions(ProposerOptions):
     @classmethod
     def _cores(cls, value: Optional[str]) -> Optional[str]:
         if value is not None:
-            from freespec.proposers.pearl_draft import parse_cores
+            from freespec.proposers.pearl.draft import parse_cores
 
             cores = parse_cores(value)
             missing = sorted(c for c in cores if c >= (os.cpu_count() or 1))
@@ -158,7 +158,7 @@ class PearlOptions(ProposerOptions):
             raise ValueError("option 'placement' is \"ray\", but Ray is not installed here; "
                              "pip install 'vllm-freespec[cluster]'")
         if self.ray_actor_options:
-            from freespec.proposers.pearl_ray import check_actor_options
+            from freespec.proposers.pearl.ray import check_actor_options
 
             check_actor_options(self.ray_actor_options)
         index = int(self.device.partition(":")[2] or 0) if self.device.startswith("cuda") else None
@@ -187,7 +187,7 @@ class PearlProposer(Proposer):
         super().__init__(options, num_speculative_tokens)
         import torch
 
-        from freespec.proposers.pearl_draft import parse_cores
+        from freespec.proposers.pearl.draft import parse_cores
 
         # With placement "ray" the GPU is the actor's, on whichever node Ray picks.
         if options.device.startswith("cuda") and options.placement != "ray" and not torch.cuda.is_available():
@@ -211,17 +211,17 @@ class PearlProposer(Proposer):
                 )
         self.draft = self.drafter = None  # placement "thread" only: the others keep them in the draft's process
         if options.placement in ("process", "ray"):
-            from freespec.proposers.pearl_remote import DraftError
+            from freespec.proposers.pearl.remote import DraftError
 
             spec = dict(model=options.draft_model, device=options.device, dtype=options.dtype,
                         k=num_speculative_tokens, threads=options.draft_threads, drafter=drafter_options)
             if options.placement == "process":
-                from freespec.proposers.pearl_process import DraftProcess
+                from freespec.proposers.pearl.process import DraftProcess
 
                 self.worker = DraftProcess({**spec, "cores": sorted(cores) if cores else None},
                                            step_timeout_s=options.step_timeout_s)
             else:
-                from freespec.proposers.pearl_ray import RayDraft
+                from freespec.proposers.pearl.ray import RayDraft
 
                 self.worker = RayDraft(spec, address=options.ray_address, options=options.ray_actor_options,
                                        step_timeout_s=options.step_timeout_s)
@@ -234,8 +234,8 @@ class PearlProposer(Proposer):
                                  f"{self.worker.kind}: {e}") from e
             self._vocab_size = int(self.worker.info["vocab_size"])
         else:
-            from freespec.proposers.pearl_draft import TorchDraftModel
-            from freespec.proposers.pearl_state import PearlDrafter
+            from freespec.proposers.pearl.draft import TorchDraftModel
+            from freespec.proposers.pearl.state import PearlDrafter
 
             try:
                 self.draft = TorchDraftModel.load(options.draft_model, options.device, options.dtype)
@@ -331,9 +331,9 @@ class PearlProposer(Proposer):
 
 @functools.cache
 def _timed_worker_class():
-    """``TimedDraftWorker`` is built on ``pearl_draft.DraftWorker``, which imports torch: defined on first use."""
-    from freespec.proposers.pearl_draft import DraftWorker
-    from freespec.proposers.pearl_remote import HEALTHY_S, RETRY_TIMEOUT_S
+    """``TimedDraftWorker`` is built on ``draft.DraftWorker``, which imports torch: defined on first use."""
+    from freespec.proposers.pearl.draft import DraftWorker
+    from freespec.proposers.pearl.remote import HEALTHY_S, RETRY_TIMEOUT_S
 
     class TimedDraftWorker(DraftWorker):
         """The ``thread`` placement's worker, with a step timeout like the other placements.

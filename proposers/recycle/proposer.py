@@ -20,7 +20,7 @@ plus float16 probabilities (6 bytes per entry) and a uint32 stamp per token:
 2.6 MB for SmolLM2's 49,152 tokens and 7.9 MB for Qwen2.5's 151,936 at the
 default 8 candidates; per live request only the last chain's edges (at most k).
 
-Persistence and fleets (``recycle_matrix``): ``matrix_path`` is this server's
+Persistence and fleets (``matrix``): ``matrix_path`` is this server's
 own file, loaded at start and saved atomically every ``save_every_s``, at exit
 and on SIGTERM; ``merge_from`` files (other replicas' files, or one merged by
 ``freespec recycle merge``) are merged in at start and again whenever one changes
@@ -57,7 +57,7 @@ from pydantic import Field, field_validator, model_validator
 
 from freespec.kernels.tree import expand_tree, tree_template
 from freespec.proposers.base import EngineInfo, Proposer, ProposerOptions, Row, ScoredPositions
-from freespec.proposers.recycle_matrix import STAMP_MAX, Matrix, MatrixFileError, load_matrix, merge_into, write_matrix
+from freespec.proposers.recycle.matrix import STAMP_MAX, Matrix, MatrixFileError, load_matrix, merge_into, write_matrix
 from freespec.scorers.chain import EdgeAcceptance, best_chains
 
 logger = logging.getLogger("freespec")

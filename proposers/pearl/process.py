@@ -6,14 +6,14 @@ token; each drops and re-takes the GIL, and the target's thread queues behind
 them (docs/pearl.md measures what that costs the target's step, against a
 separate process). In its own process the draft has its own interpreter.
 
-``DraftProcess`` has the interface of ``pearl_draft.DraftWorker`` (``step``,
+``DraftProcess`` has the interface of ``draft.DraftWorker`` (``step``,
 ``release``, ``wait_idle``, ``close``) plus ``bind`` and ``stats``. The child
 runs an ordinary ``DraftWorker`` (draft model, drafter, post-verify thread):
 its main thread only reads the pipe, so post-verify goes on in the child while
 vLLM verifies, exactly as in the thread placement.
 
 The child is started with ``subprocess.Popen`` (fork+exec of this Python,
-``python -m freespec.proposers.pearl_process FD``), not ``multiprocessing``:
+``python -m freespec.proposers.pearl.process FD``), not ``multiprocessing``:
 
 - its environment must differ from the worker's. vLLM's CPU worker sets
   ``OMP_PLACES``/``OMP_PROC_BIND`` (or ``KMP_AFFINITY``/``GOMP_CPU_AFFINITY``)
@@ -28,12 +28,12 @@ threads inherit the mask.
 
 This module is only the transport: messages (a JSON header and, for a step,
 raw int32 bytes; nothing is unpickled), the child's message handling and the
-failure rules are ``pearl_remote``'s, shared with the Ray placement:
+failure rules are ``remote``'s, shared with the Ray placement:
 
 - every reply is awaited with a timeout, checking that the child is alive;
   a child that dies or does not answer a step within ``step_timeout_s`` is
   killed and restarted in the background, with a back-off after repeated
-  failures and a short timeout after one (``pearl_remote.RemoteDraft``);
+  failures and a short timeout after one (``remote.RemoteDraft``);
 - an exception inside the child's drafter comes back as an error reply and is
   raised by ``step`` (the adapter logs it once, that step drafts nothing); the
   child resets its draft state and keeps going;
@@ -52,7 +52,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Optional
 
-from freespec.proposers.pearl_remote import DraftError, DraftServer, DraftTimeout, RemoteDraft
+from freespec.proposers.pearl.remote import DraftError, DraftServer, DraftTimeout, RemoteDraft
 
 logger = logging.getLogger("freespec")
 
@@ -96,7 +96,7 @@ class DraftProcess(RemoteDraft):
         parent, child = socket.socketpair()
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "freespec.proposers.pearl_process", str(child.fileno())],
+                [sys.executable, "-m", "freespec.proposers.pearl.process", str(child.fileno())],
                 pass_fds=(child.fileno(),),
                 env=child_env(int(self.spec.get("threads", 1))),
                 stdin=subprocess.DEVNULL,

@@ -12,7 +12,7 @@ the windows of each kind gives, per step:
 - ``hits`` / ``partial`` / ``misses`` / ``deferred`` per step, and the synchronous and
   background forward passes per step.
 
-    python -m freespec.proposers.pearl_stats bench_results/RUN/server_pearl_....log
+    python scripts/pearl_stats.py bench_results/RUN/server_pearl_....log
 """
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """The pearl draft outside vLLM's worker: what a child process and a Ray actor share.
 
 Two placements run the draft model away from vLLM's worker: ``"process"``
-(a child over a socket pair, ``pearl_process``) and ``"ray"`` (a Ray actor,
-``pearl_ray``). They differ only in how a message travels; this module holds
+(a child over a socket pair, ``pearl.process``) and ``"ray"`` (a Ray actor,
+``ray``). They differ only in how a message travels; this module holds
 everything else, once:
 
 - ``DraftServer``, the draft's side: builds the ``DraftWorker`` from a plain
@@ -150,8 +150,8 @@ def build(spec: dict):
     """The ``DraftWorker`` (started) and its model, from a plain spec: model path, drafter options, threads, device."""
     import torch
 
-    from freespec.proposers.pearl_draft import DraftWorker, TorchDraftModel
-    from freespec.proposers.pearl_state import PearlDrafter
+    from freespec.proposers.pearl.draft import DraftWorker, TorchDraftModel
+    from freespec.proposers.pearl.state import PearlDrafter
 
     torch.set_num_threads(int(spec.get("threads", 1)))
     model = TorchDraftModel.load(spec["model"], spec.get("device", "cpu"), spec.get("dtype", "float32"))

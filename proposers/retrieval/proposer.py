@@ -1,7 +1,7 @@
 """The ``retrieval`` proposer: draft from a datastore of earlier text (REST), fused with the request's own context (RASD).
 
 Per step and request: the longest suffix of the context (``max_match`` down to ``min_match``
-tokens) that occurs in the datastore (``suffix_search``: binary search in each shard's suffix
+tokens) that occurs in the datastore (``search``: binary search in each shard's suffix
 array, O(log n)); what followed a bounded, evenly spaced sample of its occurrences
 (``max_continuations``); and, when ``fuse_copy`` is on, the ``copy`` proposer's chain from the
 request's own prompt and output. ``scorers.fusion`` merges the chains by common prefix and
@@ -26,8 +26,8 @@ from pydantic import Field, field_validator, model_validator
 
 from freespec.proposers.base import EngineInfo, Proposer, ProposerOptions, Row
 from freespec.proposers.copy import CopyOptions, CopyProposer
-from freespec.proposers.datastore import SEPARATOR, Datastore, read_manifest
-from freespec.proposers.suffix_search import continuations, longest_match
+from freespec.proposers.retrieval.datastore import SEPARATOR, Datastore, read_manifest
+from freespec.proposers.retrieval.search import continuations, longest_match
 from freespec.scorers.fusion import Candidates, SourceWeights, fuse, paying_prefix
 
 logger = logging.getLogger("freespec")

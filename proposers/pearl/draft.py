@@ -1,6 +1,6 @@
 """The ``pearl`` proposer's draft model: a transformers causal LM with one KV cache per request, in its own thread.
 
-``TorchDraftModel`` is the ``DraftBackend`` of ``pearl_state.PearlDrafter``:
+``TorchDraftModel`` is the ``DraftBackend`` of ``state.PearlDrafter``:
 
 - One ``DynamicCache`` per request; rolling back is cropping it. Each forward
   pass asks only for the last position's logits and returns the greedy next
@@ -38,7 +38,7 @@ from typing import Optional, Sequence
 import torch
 
 from freespec.proposers.base import Row
-from freespec.proposers.pearl_state import Feed, PearlDrafter
+from freespec.proposers.pearl.state import Feed, PearlDrafter
 
 logger = logging.getLogger("freespec")
 

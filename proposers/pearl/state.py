@@ -31,7 +31,7 @@ Draft length adapts per request, bounded by k:
   generation), between 1 and k.
 
 ``PearlDrafter`` runs the state machine over a batch against any
-``DraftBackend`` (the torch one is ``pearl_draft.TorchDraftModel``; the tests
+``DraftBackend`` (the torch one is ``draft.TorchDraftModel``; the tests
 use a scripted one): ``step(rows)`` is the synchronous part of a vLLM step,
 ``extend(should_stop)`` the post-verify work done while vLLM verifies. It also
 keeps the draft's KV memory within bounds (requests and tokens, least recently
@@ -217,7 +217,7 @@ def next_budget(st: RequestDraft, k: int, adaptive: bool) -> int:
 class PearlDrafter:
     """Drives a ``DraftBackend`` for every live request: synchronous steps, post-verify between them.
 
-    Not thread-safe except ``release``: one thread (``pearl_draft.DraftWorker``) calls
+    Not thread-safe except ``release``: one thread (``draft.DraftWorker``) calls
     ``step`` and ``extend``; ``release`` may come from any thread.
     """
 

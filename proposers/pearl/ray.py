@@ -6,10 +6,10 @@ to (``ray_address``, default ``"auto"``) and creates one actor,
 ``DraftActor``, placed by Ray according to ``ray_actor_options`` (the
 arguments of ``.options()``: ``num_cpus``, ``num_gpus``, ``resources`` such
 as ``{"node:10.0.0.5": 0.01}`` to pick a node, ...). The actor runs the same
-``DraftWorker`` as the child process (``pearl_remote.DraftServer``), so
+``DraftWorker`` as the child process (``remote.DraftServer``), so
 post-verify goes on in the actor while vLLM verifies.
 
-Everything but the transport is ``pearl_remote``'s: the messages (a JSON
+Everything but the transport is ``remote``'s: the messages (a JSON
 header and raw int32 bytes; freespec sends Ray a ``str`` and ``bytes`` and
 reads back a ``str``: nothing of freespec's own is pickled; how Ray moves those
 between cluster members is Ray's business), and the failure rules. Every wait
@@ -29,7 +29,7 @@ import logging
 import socket
 from typing import Optional
 
-from freespec.proposers.pearl_remote import DraftError, DraftServer, RemoteDraft
+from freespec.proposers.pearl.remote import DraftError, DraftServer, RemoteDraft
 
 logger = logging.getLogger("freespec")
 

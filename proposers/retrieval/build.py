@@ -1,0 +1,359 @@
+"""Build a retrieval datastore (the format of ``freespec.proposers.retrieval.datastore``) from text files.
+
+Engine-agnostic: the caller passes a batched ``tokenize(list[str]) -> list[list[int]]``.
+
+Inputs are read by ``freespec.proposers.retrieval.readers`` (the formats, ``roles`` and ``exclude``).
+
+Documents are tokenized in batches and appended to the current shard, each followed by
+``SEPARATOR``; a document that does not fit in what is left of the shard starts the next one
+(only a document longer than a whole shard is cut). A full shard is written (``.tokens``),
+its suffix array computed with libdivsufsort (``pydivsufsort``) and written (``.sa``), and
+its memory released: only one shard is in memory at a time. Everything is built in a
+temporary directory next to the output and renamed into place once the manifest, written
+last, is on disk.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+from freespec.proposers.retrieval.datastore import FORMAT, MANIFEST, SEPARATOR, VERSION
+from freespec.proposers.retrieval.readers import (
+    EXCLUDE_NGRAM,
+    BuildError,
+    canonical_roles,
+    exclusion_filter,
+    expand_inputs,
+    read_file,
+)
+
+__all__ = ["build_datastore", "suffix_array"]
+
+_MAX_SHARD_TOKENS = int(SEPARATOR)  # positions in the .sa file are uint32
+_WRITE_CHUNK = 1 << 22  # elements per write / sha256 update
+_BATCH_DOCS = 1024
+_BATCH_CHARS = 1 << 21
+_ANNOUNCE_TOKENS = 1 << 24
+
+
+# --------------------------------------------------------------------------- suffix arrays
+
+
+def _aligned_positions(byte_sa: np.ndarray, chunk: int = 1 << 20) -> Iterator[np.ndarray]:
+    """The token positions (byte offsets divisible by 4) in the byte-level suffix array, in its order."""
+    for start in range(0, len(byte_sa), chunk):
+        part = byte_sa[start : start + chunk]
+        yield (part[(part & 3) == 0] >> 2).astype("<u4")
+
+
+def _byte_suffix_array(tokens: np.ndarray) -> np.ndarray:
+    """libdivsufsort on the big-endian bytes of ``tokens`` (modified in place, restored before returning).
+
+    Comparing two suffixes that start at multiples of 4 byte by byte is comparing their uint32
+    sequences (big-endian: the most significant byte first; a suffix that is a prefix of the other
+    comes first in both). This is what ``pydivsufsort.divsufsort`` does with a uint32 array, without
+    its copies of the input and of the filtered output.
+    """
+    from pydivsufsort import divsufsort
+
+    tokens.byteswap(inplace=True)  # native little-endian -> big-endian bytes
+    try:
+        return divsufsort(tokens.view(np.uint8))
+    finally:
+        tokens.byteswap(inplace=True)
+
+
+def suffix_array(tokens: np.ndarray) -> np.ndarray:
+    """Suffix array (uint32 start positions, suffixes in lexicographic order) of a uint32 token array."""
+    tokens = np.ascontiguousarray(tokens, dtype="<u4").copy()
+    if len(tokens) == 0:
+        return np.zeros(0, "<u4")
+    if len(tokens) > _MAX_SHARD_TOKENS:
+        raise BuildError(f"{len(tokens)} tokens: a suffix array holds at most {_MAX_SHARD_TOKENS} positions")
+    out = np.concatenate(list(_aligned_positions(_byte_suffix_array(tokens))))
+    assert len(out) == len(tokens)
+    return out
+
+
+# --------------------------------------------------------------------------- building
+
+
+def _write_array(path: Path, chunks: Iterable[np.ndarray]) -> tuple[int, str]:
+    """Write little-endian uint32 chunks to ``path`` (fsynced); return (elements, sha256)."""
+    digest = hashlib.sha256()
+    count = 0
+    with open(path, "wb") as f:
+        for chunk in chunks:
+            data = memoryview(np.ascontiguousarray(chunk, dtype="<u4")).cast("B")
+            f.write(data)
+            digest.update(data)
+            count += len(chunk)
+        f.flush()
+        os.fsync(f.fileno())
+    return count, digest.hexdigest()
+
+
+def _chunks(array: np.ndarray, size: int = _WRITE_CHUNK) -> Iterator[np.ndarray]:
+    for start in range(0, len(array), size):
+        yield array[start : start + size]
+
+
+class _ShardWriter:
+    """Fills one shard buffer with documents; writes the shard and its suffix array when it is full."""
+
+    def __init__(self, directory: Path, capacity: int, log: Callable[[str], None]) -> None:
+        self.directory = directory
+        self.capacity = capacity
+        self.log = log
+        self.buffer = np.empty(capacity, dtype="<u4")  # pages are touched only as tokens arrive
+        self.used = 0
+        self.entries: list[dict] = []
+        self.sort_seconds = 0.0
+
+    def add(self, ids: np.ndarray) -> None:
+        """Append one document (uint32 ids) and its separator."""
+        need = len(ids) + 1
+        if self.used and self.used + need > self.capacity:
+            self.flush()  # whole documents stay in one shard when they fit in one
+        start = 0
+        while need - start > self.capacity - self.used:  # longer than a whole shard: cut it
+            take = self.capacity - self.used
+            self.buffer[self.used : self.capacity] = ids[start : start + take]
+            self.used = self.capacity
+            start += take
+            self.flush()
+        rest = ids[start:]
+        self.buffer[self.used : self.used + len(rest)] = rest
+        self.used += len(rest)
+        self.buffer[self.used] = SEPARATOR
+        self.used += 1
+        if self.used == self.capacity:
+            self.flush()
+
+    def flush(self) -> None:
+        n = self.used
+        if n == 0:
+            return
+        name = f"shard-{len(self.entries):05d}"
+        tokens = self.buffer[:n]
+        written, tokens_sha = _write_array(self.directory / f"{name}.tokens", _chunks(tokens))
+        if n >= _ANNOUNCE_TOKENS:  # the sort takes a while: say what is going on
+            self.log(f"{name}: {n:,} tokens written; sorting suffixes")
+        start = time.perf_counter()
+        byte_sa = _byte_suffix_array(tokens)
+        sorted_at = time.perf_counter()
+        sa_count, sa_sha = _write_array(self.directory / f"{name}.sa", _aligned_positions(byte_sa))
+        del byte_sa
+        seconds = time.perf_counter() - start
+        self.sort_seconds += seconds
+        if written != n or sa_count != n:
+            raise BuildError(f"{name}: wrote {written} tokens and {sa_count} suffix-array entries, not {n}")
+        self.log(
+            f"{name}: {n:,} tokens, suffix array in {seconds:.1f}s (divsufsort {sorted_at - start:.1f}s, "
+            f"{n / max(seconds, 1e-9) / 1e6:.2f}M tokens/s)"
+        )
+        self.entries.append({"name": name, "tokens": n, "tokens_sha256": tokens_sha, "sa_sha256": sa_sha})
+        self.used = 0
+
+
+def _datastore_files(directory: Path) -> tuple[list[Path], list[Path]]:
+    """(files a datastore holds, anything else) in ``directory``."""
+    ours, other = [], []
+    for path in sorted(directory.iterdir()):
+        known = path.name == MANIFEST or path.suffix in (".tokens", ".sa")
+        if known and path.is_file() and not path.is_symlink():
+            ours.append(path)
+        else:
+            other.append(path)
+    return ours, other
+
+
+def _check_out_dir(out: Path, force: bool) -> None:
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise BuildError(f"{out} exists and is not a directory")
+    if not out.exists() or not any(out.iterdir()):
+        return
+    if not force:
+        raise BuildError(f"{out} is not empty; pass --force (force=True) to replace the datastore in it")
+    _, other = _datastore_files(out)
+    if other:
+        names = ", ".join(p.name for p in other[:5]) + (", ..." if len(other) > 5 else "")
+        raise BuildError(
+            f"{out} holds files that are not part of a datastore ({names}); "
+            "refusing to replace it, even with --force: choose another --out"
+        )
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)
+
+
+def _ids_array(ids_lists: Sequence[Sequence[int]], vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(all ids as uint32, document end offsets); BuildError on ids outside [0, vocab_size)."""
+    lengths = np.fromiter((len(ids) for ids in ids_lists), dtype=np.int64, count=len(ids_lists))
+    ends = np.cumsum(lengths)
+    total = int(ends[-1]) if len(ends) else 0
+    flat = np.fromiter(itertools.chain.from_iterable(ids_lists), dtype=np.int64, count=total)
+    if total:
+        low, high = int(flat.min()), int(flat.max())
+        if low < 0 or high >= vocab_size:
+            bad = low if low < 0 else high
+            raise BuildError(f"the tokenizer returned token id {bad}, outside [0, vocab_size={vocab_size})")
+    return flat.astype("<u4"), ends
+
+
+def build_datastore(
+    inputs: Sequence[str | os.PathLike],
+    out_dir: str | os.PathLike,
+    tokenize: Callable[[list[str]], Sequence[Sequence[int]]],
+    *,
+    tokenizer_name: str,
+    fingerprint: str,
+    vocab_size: int,
+    shard_tokens: int = 1 << 26,
+    progress: bool = True,
+    force: bool = False,
+    roles: Sequence[str] | None = None,
+    exclude: Sequence[str | os.PathLike] = (),
+) -> dict:
+    """Tokenize ``inputs`` into a datastore at ``out_dir``; return its manifest.
+
+    ``tokenize`` maps a batch of texts to their token ids (no special tokens). ``shard_tokens``
+    bounds a shard (documents plus separators); memory while building is about 4 bytes per
+    shard token for the buffer plus 16 for libdivsufsort's byte-level suffix array (32 above
+    536,870,911 tokens per shard). A non-empty ``out_dir`` is refused unless ``force``, and even
+    then only when it holds nothing but datastore files. ``roles`` and ``exclude``: see the
+    module docstring.
+    """
+    paths = expand_inputs(inputs)
+    if not paths:
+        raise BuildError("no input files")
+    wanted = canonical_roles(roles)
+    if not 2 <= int(shard_tokens) <= _MAX_SHARD_TOKENS:
+        raise BuildError(f"shard_tokens must be between 2 and {_MAX_SHARD_TOKENS}, not {shard_tokens}")
+    if not 0 < int(vocab_size) <= int(SEPARATOR):
+        raise BuildError(f"vocab_size must be between 1 and {int(SEPARATOR)}, not {vocab_size}")
+    out = Path(out_dir).absolute()
+    _check_out_dir(out, force)
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    from tqdm import tqdm
+
+    def log(message: str) -> None:
+        if progress:
+            tqdm.write(f"freespec: {message}", file=sys.stderr)
+
+    def warn(message: str) -> None:
+        tqdm.write(f"freespec: warning: {message}", file=sys.stderr)
+
+    keep = exclusion_filter(exclude, warn=warn) if exclude else None
+    dropped = 0
+
+    started = time.perf_counter()
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
+    try:
+        writer = _ShardWriter(work, int(shard_tokens), log)
+        documents = 0
+        total_bytes = sum(p.stat().st_size for p in paths)
+        with tqdm(total=total_bytes, desc="tokenizing", unit="B", unit_scale=True, unit_divisor=1024,
+                  file=sys.stderr, disable=not progress, dynamic_ncols=True) as bar:
+
+            def run_batch(batch: list[str], nbytes: int) -> None:
+                nonlocal documents
+                if batch:
+                    ids_lists = tokenize(batch)
+                    if len(ids_lists) != len(batch):
+                        raise BuildError(f"tokenize returned {len(ids_lists)} results for {len(batch)} texts")
+                    flat, ends = _ids_array(ids_lists, int(vocab_size))
+                    start = 0
+                    for end in ends.tolist():
+                        writer.add(flat[start:end])
+                        start = end
+                    documents += len(batch)
+                bar.update(nbytes)
+                tokens = sum(e["tokens"] for e in writer.entries) + writer.used
+                bar.set_postfix_str(f"{documents:,} docs, {tokens:,} tokens", refresh=False)
+
+            batch: list[str] = []
+            chars = pending = 0
+            for path in paths:
+                for text, nbytes in read_file(path, wanted, warn):
+                    pending += nbytes
+                    if text and keep is not None and not keep(text):
+                        dropped += 1
+                    elif text:
+                        batch.append(text)
+                        chars += len(text)
+                    if len(batch) >= _BATCH_DOCS or chars >= _BATCH_CHARS:
+                        run_batch(batch, pending)
+                        batch, chars, pending = [], 0, 0
+            run_batch(batch, pending)
+        if documents == 0:
+            raise BuildError(f"no documents in {', '.join(str(p) for p in paths)} (every text is empty)")
+        writer.flush()
+        writer.buffer = None  # release the shard buffer
+
+        manifest = {
+            "format": FORMAT,
+            "version": VERSION,
+            "tokenizer": {"name": tokenizer_name, "fingerprint": fingerprint},
+            "vocab_size": int(vocab_size),
+            "separator": int(SEPARATOR),
+            "shards": writer.entries,
+            "total_tokens": sum(e["tokens"] for e in writer.entries),
+            "documents": documents,
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "sources": [str(Path(p).absolute()) for p in inputs],  # directories as given
+            "roles": sorted(wanted) if wanted else None,
+            "excluded": {"files": [str(Path(p).absolute()) for p in exclude], "ngram_words": EXCLUDE_NGRAM,
+                         "documents_dropped": dropped} if exclude else None,
+        }
+        with open(work / MANIFEST, "w") as f:  # last: a directory without it is not a datastore
+            f.write(json.dumps(manifest, indent=2) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(work)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(work, 0o777 & ~umask)  # mkdtemp makes it 0700; a datastore is shared by workers
+
+        _check_out_dir(out, force)  # again: something may have appeared there meanwhile
+        if out.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            out.rename(old / "previous")
+            work.rename(out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            work.rename(out)
+        _fsync_dir(out.parent)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    seconds = time.perf_counter() - started
+    if exclude:
+        log(f"dropped {dropped:,} documents sharing a run of {EXCLUDE_NGRAM} words with {', '.join(map(str, exclude))}")
+    log(
+        f"built {out}: {documents:,} documents, {manifest['total_tokens']:,} tokens in {len(writer.entries)} "
+        f"shard(s), {seconds:.1f}s ({manifest['total_tokens'] / max(seconds, 1e-9):,.0f} tokens/s; "
+        f"suffix arrays {writer.sort_seconds:.1f}s)"
+    )
+    return manifest
