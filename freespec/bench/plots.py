@@ -36,7 +36,7 @@ def plot_speedup(rows: Sequence[dict], path: Path, baseline: str = BASELINE, tit
     if not configs or not any(index.get((c, n), {}).get("ratio") is not None for c in configs for n in concurrencies):
         return False
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(concurrencies) * len(configs) ** 0.5 + 3), 4.2))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(concurrencies) * len(configs) ** 0.5 + 3) + 3, 4.2))
     width = 0.8 / len(configs)
     for i, config in enumerate(configs):
         values, below, above = [], [], []
@@ -48,14 +48,15 @@ def plot_speedup(rows: Sequence[dict], path: Path, baseline: str = BASELINE, tit
             above.append(high - value if value is not None and high is not None else 0.0)
         xs = [x + (i - (len(configs) - 1) / 2) * width for x in range(len(concurrencies))]
         errors = {"yerr": [below, above], "capsize": 3} if any(below) or any(above) else {}
-        ax.bar(xs, values, width=width, label=config, **errors)
+        bars = ax.bar(xs, values, width=width, label=config, **errors)
+        ax.bar_label(bars, fmt="%.2f", fontsize="x-small", padding=2)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(concurrencies)))
     ax.set_xticklabels([str(c) for c in concurrencies])
     ax.set_xlabel("requests in flight (concurrency)")
     ax.set_ylabel(f"tok/s ÷ {baseline}")
     ax.set_title(title or f"speed-up over {baseline}")
-    ax.legend(fontsize="small")
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -71,7 +72,7 @@ def plot_tpot(rows: Sequence[dict], path: Path, title: str | None = None) -> boo
     if not any(index.get((c, n), {}).get("mean_tpot_ms") is not None for c in configs for n in concurrencies):
         return False
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, ax = plt.subplots(figsize=(10, 4.2))
     for config in configs:
         points = [(n, index[(config, n)]) for n in concurrencies
                   if index.get((config, n), {}).get("mean_tpot_ms") is not None]
@@ -90,7 +91,7 @@ def plot_tpot(rows: Sequence[dict], path: Path, title: str | None = None) -> boo
     ax.set_ylabel("time per output token, ms (band: p50–p90)")
     ax.set_title(title or "TPOT against load")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize="small")
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
