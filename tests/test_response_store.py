@@ -456,3 +456,18 @@ def test_adds_while_saving_from_another_thread_lose_nothing(tmp_path):
         t.join()
     s.close()
     assert len(store(tmp_path, max_responses=100_000, max_tokens=1_000_000).load()) == 1000
+
+
+def test_two_replicas_merging_each_others_files_hold_the_same_responses(tmp_path):
+    a = store(tmp_path, "a.bin", max_responses=3)
+    b = store(tmp_path, "b.bin", max_responses=3)
+    for s, tokens in [(a, [1]), (b, [2]), (a, [3]), (b, [4]), (a, [4])]:
+        s.add(tokens)
+    a.close()
+    b.close()
+    a2, b2 = store(tmp_path, "a.bin", max_responses=3), store(tmp_path, "b.bin", max_responses=3)
+    a2.load()
+    b2.load()
+    a2.merge_from(b.path)
+    b2.merge_from(a.path)
+    assert as_lists(a2.responses()) == as_lists(b2.responses()) == [[2], [3], [4]]
