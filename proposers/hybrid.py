@@ -35,7 +35,7 @@ import numpy as np
 from freespec.proposers.base import EngineInfo, Proposer, ProposerOptions, Row, ScoredPositions
 from freespec.proposers.suffix_tree import available as suffix_available
 from freespec.proposers.suffix_tree import matched_prefix
-from freespec.scorers.fusion import PROBE_EVERY, Candidates, SourcePricing, SourceWeights, fuse, paying_prefix
+from freespec.scorers.fusion import PROBE_EVERY, Candidates, SourcePricing, SourceWeights, fuse, fuse_sources
 from pydantic import Field, field_validator, model_validator
 
 logger = logging.getLogger("freespec")
@@ -206,18 +206,12 @@ class HybridProposer(Proposer):
                 logger.info("freespec: hybrid sources paused %s (%s)", paused, self.pricing.describe())
         drafts = []
         for i, row in enumerate(rows):
-            candidates = []
-            for name in offered:
-                found = offered[name][i]
-                if found is not None:
-                    found.name, found.source_weight = name, self.weights.weight(name)
-                    candidates.append(found)
-            draft, support, _ = fuse(candidates, self.k, self.options.min_support)
-            if self.token_cost is not None:
-                draft = draft[: paying_prefix(support, self.token_cost)]
+            fused = fuse_sources({name: found[i] for name, found in offered.items()}, self.weights, self.k,
+                                 self.options.min_support, self.token_cost)
             if row.num_new > 0:
-                self._offered[row.key] = (len(row.tokens), {c.name: _own_chain(c, self.k) for c in candidates})
-            drafts.append(draft)
+                own = {c.name: _own_chain(c, self.k) for c in fused.sources}
+                self._offered[row.key] = (len(row.tokens), own)
+            drafts.append(fused.tokens)
         return drafts
 
     def release(self, key: int) -> None:

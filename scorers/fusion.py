@@ -17,7 +17,7 @@ supported, so a source that is often wrong for this workload counts for less.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 from freespec.scorers.acceptance import AcceptanceEstimate
@@ -86,6 +86,29 @@ def paying_prefix(support: list[float], token_cost: float) -> int:
             break
         n += 1
     return n
+
+
+class FusedDraft(NamedTuple):
+    tokens: list[int]
+    supported: dict[str, int]  # source -> leading draft tokens it supported
+    sources: list[Candidates]  # the candidates fused, named and weighted
+
+
+def fuse_sources(offered: dict[str, Optional[Candidates]], weights: SourceWeights, max_len: int,
+                 min_support: float, token_cost: Optional[float]) -> FusedDraft:
+    """One request's draft from its sources' candidates (None: the source has none): each named and
+    weighted by its learned acceptance, fused, and cut where, under the goodput policy (``token_cost``),
+    the prefix stops paying for its verification."""
+    sources = []
+    for name, found in offered.items():
+        if found is not None:
+            found.name, found.source_weight = name, weights.weight(name)
+            sources.append(found)
+    draft, support, supported = fuse(sources, max_len, min_support)
+    if token_cost is not None:
+        draft = draft[: paying_prefix(support, token_cost)]
+        supported = {name: min(n, len(draft)) for name, n in supported.items()}
+    return FusedDraft(draft, supported, sources)
 
 
 @dataclass

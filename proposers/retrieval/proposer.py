@@ -28,7 +28,7 @@ from freespec.proposers.base import EngineInfo, Proposer, ProposerOptions, Row
 from freespec.proposers.copy import CopyOptions, CopyProposer
 from freespec.proposers.retrieval.datastore import SEPARATOR, Datastore, read_manifest
 from freespec.proposers.retrieval.search import continuations, longest_match
-from freespec.scorers.fusion import Candidates, SourceWeights, fuse, paying_prefix
+from freespec.scorers.fusion import Candidates, SourceWeights, fuse_sources
 
 logger = logging.getLogger("freespec")
 
@@ -133,22 +133,14 @@ class RetrievalProposer(Proposer):
             if row.num_new == 0 or len(row.tokens) < self.options.min_match:
                 drafts.append([])
                 continue
-            sources = []
-            found = self.lookup(row.tokens) if ask_store else None
-            if found is not None:
-                found.source_weight = self.weights.weight("retrieval")
-                sources.append(found)
-            if copy_draft:
-                sources.append(
-                    Candidates("copy", np.asarray([copy_draft], dtype=np.int64), np.ones(1), self.weights.weight("copy"))
-                )
-            draft, support, supported = fuse(sources, self.k, self.options.min_support)
-            if self.token_cost is not None:
-                draft = draft[: paying_prefix(support, self.token_cost)]
-                supported = {name: min(n, len(draft)) for name, n in supported.items()}
-            if draft:
-                self._supported[row.key] = supported
-            drafts.append(draft)
+            offered = {
+                "retrieval": self.lookup(row.tokens) if ask_store else None,
+                "copy": Candidates("copy", np.asarray([copy_draft], dtype=np.int64), np.ones(1)) if copy_draft else None,
+            }
+            fused = fuse_sources(offered, self.weights, self.k, self.options.min_support, self.token_cost)
+            if fused.tokens:
+                self._supported[row.key] = fused.supported
+            drafts.append(fused.tokens)
         return drafts
 
     def candidates(self, rows: Sequence[Row]) -> list[Optional[Candidates]]:
