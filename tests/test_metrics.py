@@ -195,3 +195,16 @@ def test_a_plugin_refused_at_engine_start_shows_as_off_with_the_reason(monkeypat
     assert spec is None
     assert sample("freespec:plugin_enabled", plugin="copy") == 0
     assert sample("freespec:plugin_disabled_total", plugin="copy", reason="unsupported_vllm") == before + 1
+
+
+def test_the_adapter_exports_the_policys_step_time_fit(monkeypatch):
+    from freespec.vllm_plugins import adapter as adapter_module
+
+    monkeypatch.setattr(adapter_module, "FIT_EVERY_S", 0.0)
+    plugin = "test_metrics:Fit"
+    adapter = adapter_for({"plugin": "copy", "num_speculative_tokens": 4})  # the goodput policy, the default
+    adapter.metrics = metrics.PluginMetrics(plugin)
+    monkeypatch.setattr(adapter.policy.model, "fit", lambda at=None: (0.02, 0.003))
+    accepting_stepper(adapter)()
+    assert sample("freespec:step_time_fit_seconds", plugin=plugin, term="base") == 0.02
+    assert sample("freespec:step_time_fit_seconds", plugin=plugin, term="per_token") == 0.003

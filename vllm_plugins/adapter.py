@@ -42,6 +42,10 @@ from freespec.vllm_plugins.target_topk import TargetTopK
 
 logger = logging.getLogger("freespec")
 
+# Seconds between exports of the policy's step-time fit (a loop over a few dozen buckets; the bar itself is
+# exported whenever it changes).
+FIT_EVERY_S = 1.0
+
 
 class ProposerStats:
     """Counters the adapter keeps per worker; logged periodically and readable in tests."""
@@ -114,7 +118,7 @@ class FreespecProposer:
         self.metrics = PluginMetrics(self.plugin)
         self._enabled = True  # as last exported: the breaker is not open
         self._log_every_s = settings.stats_interval_s()  # vLLM's stats interval; 0: every step
-        self._last_log = time.monotonic()
+        self._last_log = self._last_fit = time.monotonic()
         logger.info("freespec: plugin %r with k=%d and options %s", self.plugin, self.k, options.model_dump())
 
     def load_model(self, target_model) -> None:
@@ -282,16 +286,18 @@ class FreespecProposer:
             self._enabled = enabled
             self.metrics.switched(enabled, self.breaker.last_kind)
         now = time.monotonic()
+        if self.policy is not None and now - self._last_fit >= FIT_EVERY_S:
+            self._last_fit = now
+            self.metrics.step_fit(self.policy.model.fit())
         if now - self._last_log >= self._log_every_s:
             self._last_log = now
             self._log_stats()
 
     def _log_stats(self) -> None:
-        """The periodic log line (vLLM's stats interval), and the policy's step-time fit for the metrics."""
+        """The periodic log line (vLLM's stats interval)."""
         extra = ""
         if self.policy is not None:
             extra = f" token_cost={self.proposer.token_cost}"
-            self.metrics.step_fit(self.policy.model.fit())
         if self.breaker.state != "closed" or self.breaker.opens:
             extra += f" breaker={self.breaker.state_dict()}"
         if self.target_topk is not None:
