@@ -8,9 +8,9 @@ all (probe ``metrics_registry``). ``freespec serve`` sets it (patch ``prometheus
 plain ``vllm serve``, set it to an empty directory. Without prometheus_client, or with
 ``FREESPEC_METRICS=0``, every call here does nothing.
 
-Names follow vLLM's (``vllm:`` there, ``freespec:`` here); label values come from bounded sets
-(plugin names, a plugin's sources, fixed reasons). Per step: a few increments on label children bound
-once, a few microseconds (docs/metrics.md has the list).
+Names follow vLLM's (``vllm:`` there, ``freespec:`` here; docs/metrics.md lists them); label values come
+from bounded sets (the configured plugin, fixed reasons). Per step: a few increments on label children
+bound once, no loop over tokens.
 """
 from __future__ import annotations
 
