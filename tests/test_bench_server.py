@@ -28,11 +28,18 @@ def test_server_command_uses_freespec_vllm_cli():
     assert "--speculative-config" not in baseline_cmd
 
 
-def test_gpu_memory_utilization_goes_to_a_gpu_build_only_when_given():
+def test_memory_share_defaults_fit_the_build():
     config = parse_config_spec("none", 8)
-    given = BenchOptions(dtype="auto", gpu_memory_utilization=0.5)
-    assert "--gpu-memory-utilization" not in server.server_command("/m", 1, config, given, cpu=True)
-    assert "--gpu-memory-utilization" not in server.server_command("/m", 1, config, BenchOptions(), cpu=False)
+
+    def share(options, cpu):
+        cmd = server.server_command("/m", 1, config, options, cpu)
+        return cmd[cmd.index("--gpu-memory-utilization") + 1] if "--gpu-memory-utilization" in cmd else None
+
+    # A CPU build reserves this share of RAM; vLLM's own 0.92 would refuse to start on a busy machine.
+    assert share(BenchOptions(), cpu=True) == str(server.CPU_MEMORY_SHARE)
+    assert share(BenchOptions(), cpu=False) is None  # a GPU: vLLM's own default
+    assert share(BenchOptions(gpu_memory_utilization=0.5), cpu=True) == "0.5"
+    assert share(BenchOptions(gpu_memory_utilization=0.5), cpu=False) == "0.5"
 
 
 def test_log_failure_hint_finds_the_root_cause():

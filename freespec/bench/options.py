@@ -23,7 +23,7 @@ class BenchOptions:
     out: str | None = None  # None: bench_results/<timestamp>
     port: int | None = None
     max_model_len: int = 4096
-    gpu_memory_utilization: float | None = None  # None: vLLM's own default; never passed to a CPU build
+    gpu_memory_utilization: float | None = None  # None: server.memory_share (0.3 of RAM on CPU, vLLM's on GPU)
     server_args: str = ""
     server_timeout: float = 900.0
     request_timeout: float = 900.0

@@ -293,8 +293,6 @@ def _run(options: BenchOptions, argv: list[str]) -> int:
     cpu = is_cpu_vllm()
     if options.dtype is None and not options.base_url:
         options.dtype = default_dtype(cpu=cpu)
-    if options.gpu_memory_utilization is not None and cpu and not options.base_url:
-        _log("--gpu-memory-utilization is ignored by a CPU build of vLLM; not passed")
     try:
         question_set = resolve_questions(options.questions, log=_log)
         questions = question_set.questions

