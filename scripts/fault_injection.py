@@ -228,15 +228,19 @@ def run_scenario(scenario: Scenario, model: str, out: Path, phase_s: float, prom
         t_fault = time.monotonic()
         scenario.inject(run)
         print(f"[{scenario.name}] fault injected", flush=True)
-        time.sleep(phase_s)
-        d1 = drafts(run)
-        probes["during"] = alone(load, run)
-        since = t_fault
-        if scenario.heal is not None:
+        timeout = max(120.0, 4 * phase_s)
+        if scenario.heal is None:  # the fault stays: recovery counts from the injection
+            recovery = wait_recovery(scenario, run, t_fault, timeout)
+            time.sleep(max(0.0, t_fault + phase_s - time.monotonic()))
+            d1 = drafts(run)
+            probes["during"] = alone(load, run)
+        else:
+            time.sleep(phase_s)
+            d1 = drafts(run)
+            probes["during"] = alone(load, run)
             scenario.heal(run)
-            since = time.monotonic()
             print(f"[{scenario.name}] fault removed", flush=True)
-        recovery = wait_recovery(scenario, run, since, timeout=max(120.0, 4 * phase_s))
+            recovery = wait_recovery(scenario, run, time.monotonic(), timeout)
         time.sleep(phase_s / 2)
         probes["after"] = alone(load, run)
         d2 = drafts(run)
