@@ -94,6 +94,12 @@ class Handler(BaseHTTPRequestHandler):
                         f'vllm:spec_decode_num_drafts_total{{engine="0"}} {counters["drafts"]}\n'
                         f'vllm:spec_decode_num_draft_tokens_total{{engine="0"}} {counters["draft_tokens"]}\n'
                         f'vllm:spec_decode_num_accepted_tokens_total{{engine="0"}} {counters["accepted"]}\n'
+                        "# TYPE freespec:draft_tokens counter\n"
+                        f'freespec:draft_tokens_total{{plugin="hybrid",source="copy"}} {6 * counters["drafts"] // 2}\n'
+                        f'freespec:draft_tokens_total{{plugin="hybrid",source="recycle"}} {counters["drafts"]}\n'
+                        "# TYPE freespec:accepted_tokens counter\n"
+                        f'freespec:accepted_tokens_total{{plugin="hybrid",source="copy"}} {3 * counters["drafts"] // 2}\n'
+                        f'freespec:accepted_tokens_total{{plugin="hybrid",source="recycle"}} {counters["drafts"] // 2}\n'
                     )
             return self._send(200, text, "text/plain")
         self._send(404, "{}")

@@ -87,3 +87,30 @@ def test_counter_delta():
     assert prometheus.counter_delta(None, after) == after
     assert prometheus.counter_delta(None, None) is None
 
+
+
+METRICS_SOURCES = """\
+# TYPE freespec:draft_tokens counter
+freespec:draft_tokens_total{plugin="hybrid",source="copy"} 60.0
+freespec:draft_tokens_total{plugin="hybrid",source="recycle"} 20.0
+freespec:draft_tokens_total{plugin="copy",source="copy"} 5.0
+# TYPE freespec:accepted_tokens counter
+freespec:accepted_tokens_total{plugin="hybrid",source="copy"} 30.0
+"""
+
+
+def test_source_counters_sum_plugins_per_source():
+    counts = prometheus.source_counters(prometheus.parse_prometheus_text(METRICS_SOURCES))
+    assert counts == {"copy": {"draft_tokens": 65.0, "accepted_tokens": 30.0},
+                      "recycle": {"draft_tokens": 20.0, "accepted_tokens": 0.0}}
+    # vLLM's counters only (no freespec plugin): no per-source figures.
+    assert prometheus.source_counters(prometheus.parse_prometheus_text(METRICS_SPEC)) is None
+
+
+def test_source_delta_counts_sources_that_appeared_meanwhile():
+    before = {"copy": {"draft_tokens": 10.0, "accepted_tokens": 4.0}}
+    after = {"copy": {"draft_tokens": 16.0, "accepted_tokens": 7.0},
+             "recycle": {"draft_tokens": 2.0, "accepted_tokens": 1.0}}
+    assert prometheus.source_delta(before, after) == {"copy": {"draft_tokens": 6.0, "accepted_tokens": 3.0},
+                                                      "recycle": {"draft_tokens": 2.0, "accepted_tokens": 1.0}}
+    assert prometheus.source_delta(None, None) is None

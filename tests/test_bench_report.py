@@ -84,3 +84,12 @@ def test_results_header_names_the_server_of_a_run_it_did_not_start():
     attached = report.results_header("m", None, 128, 0.0, None, 26, "builtin", 1, 1, server="http://h:8000")
     assert "server http://h:8000" in attached and "dtype" not in attached and "num_speculative" not in attached
     assert "Each block measured 6 times" in report.results_header("m", "auto", 1, 0.0, 8, 1, "q", 3, 2)
+
+
+def test_render_sources_markdown_lists_each_sources_accepted_and_drafted_tokens():
+    requests, blocks = synthetic_run()
+    assert report.render_sources_markdown(aggregate(requests, blocks)) == ""  # no freespec counters
+    blocks[2]["sources"] = {"recycle": {"draft_tokens": 20.0, "accepted_tokens": 5.0},
+                            "copy": {"draft_tokens": 60.0, "accepted_tokens": 15.0}}
+    lines = report.render_sources_markdown(aggregate(requests, blocks)).splitlines()
+    assert lines[2:] == ["| ngram | 1 | copy 15/60 (25%); recycle 5/20 (25%) |"]

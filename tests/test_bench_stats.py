@@ -179,3 +179,16 @@ def test_latency_figures_of_a_row_pool_every_sample():
     none_a = rows[("none", "a")]  # q1 and q2 of both repeats: requests 0, 1, 3, 4
     assert none_a["mean_ttft_ms"] == pytest.approx(1000 * (0.1 + 0.2 + 0.4 + 0.5) / 4)
     assert rows[("ngram", "all")]["mean_tpot_ms"] == pytest.approx(10.0)
+
+
+def test_rows_sum_freespecs_per_source_counters_of_their_blocks():
+    requests, blocks = synthetic_run()
+    blocks[2]["sources"] = {"copy": {"draft_tokens": 60.0, "accepted_tokens": 15.0},
+                            "recycle": {"draft_tokens": 20.0, "accepted_tokens": 5.0}}
+    blocks[3]["sources"] = {"copy": {"draft_tokens": 40.0, "accepted_tokens": 0.0}}
+    rows = {(r["config"], r["category"]): r for r in stats.aggregate(requests, blocks)}
+    assert rows[("ngram", "a")]["sources"]["recycle"] == {"draft_tokens": 20.0, "accepted_tokens": 5.0,
+                                                          "acceptance_rate": 0.25}
+    assert rows[("ngram", "all")]["sources"]["copy"] == {"draft_tokens": 100.0, "accepted_tokens": 15.0,
+                                                         "acceptance_rate": 0.15}
+    assert rows[("none", "all")]["sources"] is None  # no freespec plugin, no per-source figures

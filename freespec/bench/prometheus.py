@@ -16,6 +16,16 @@ SPEC_COUNTERS = {
 }
 
 
+# freespec's own counters (freespec.vllm_plugins.metrics), labelled by plugin and source: which source of a
+# plugin supplied the draft tokens, and how many of them the target accepted.
+SOURCE_COUNTERS = {
+    "draft_tokens": "freespec:draft_tokens_total",
+    "accepted_tokens": "freespec:accepted_tokens_total",
+}
+
+SourceCounts = dict[str, dict[str, float]]
+
+
 def parse_prometheus_text(text: str) -> Samples:
     """``{sample name: [(labels, value), ...]}`` of Prometheus text; ValueError when it is not that format."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -42,7 +52,11 @@ def spec_counters(metrics_text: str) -> dict[str, float] | None:
 
     None when the server exposes none of them (no speculation configured).
     """
-    samples = parse_prometheus_text(metrics_text)
+    return spec_counters_of(parse_prometheus_text(metrics_text))
+
+
+def spec_counters_of(samples: Samples) -> dict[str, float] | None:
+    """``spec_counters`` of parsed samples."""
     values = {key: sum_metric(samples, name) for key, name in SPEC_COUNTERS.items()}
     if all(v is None for v in values.values()):
         return None
@@ -55,3 +69,25 @@ def counter_delta(before: dict[str, float] | None, after: dict[str, float] | Non
         return None
     before = before or {}
     return {key: after[key] - before.get(key, 0.0) for key in after}
+
+
+def source_counters(samples: Samples) -> SourceCounts | None:
+    """``{source: {"draft_tokens": n, "accepted_tokens": n}}`` summed over plugins and processes; None when
+    the server exposes no freespec counters (no freespec plugin, or an older freespec)."""
+    if not any(name in samples for name in SOURCE_COUNTERS.values()):
+        return None
+    out: SourceCounts = {}
+    for key, name in SOURCE_COUNTERS.items():
+        for labels, value in samples.get(name, ()):
+            counts = out.setdefault(labels.get("source", ""), dict.fromkeys(SOURCE_COUNTERS, 0.0))
+            counts[key] += value
+    return out
+
+
+def source_delta(before: SourceCounts | None, after: SourceCounts | None) -> SourceCounts | None:
+    """``after - before`` per source and counter; None without counters after."""
+    if after is None:
+        return None
+    before = before or {}
+    return {source: {key: value - before.get(source, {}).get(key, 0.0) for key, value in counts.items()}
+            for source, counts in after.items()}

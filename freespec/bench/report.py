@@ -117,6 +117,32 @@ def render_latency_markdown(rows: Sequence[dict], baseline: str = BASELINE) -> s
     return "\n".join(lines) + "\n"
 
 
+def render_sources_markdown(rows: Sequence[dict]) -> str:
+    """Markdown table of freespec's per-source counters: a row per config x concurrency over every category,
+    each source's accepted / drafted tokens and rate. Empty when no row has them."""
+    configs, concurrencies, _ = ordered_keys(rows)
+    index = {(r["config"], r["concurrency"]): r for r in rows
+             if r["category"] == ALL_CATEGORIES and r.get("sources")}
+    if not index:
+        return ""
+    lines = ["| config | concurrency | accepted / drafted tokens per source |", "|---|---:|---|"]
+    for config in configs:
+        for c in concurrencies:
+            row = index.get((config, c))
+            if row is None:
+                continue
+            parts = [f"{source or '–'} {counts['accepted_tokens']:.0f}/{counts['draft_tokens']:.0f}"
+                     f" ({_fmt(counts['acceptance_rate'], '.0%')})" for source, counts in sorted(row["sources"].items())]
+            lines.append(f"| {config.replace('|', chr(92) + '|')} | {c} | {'; '.join(parts)} |")
+    return "\n".join(lines) + "\n"
+
+
+SOURCES_HEADER = (
+    "\n## Sources\n\nfreespec's own counters from `/metrics` (`freespec:draft_tokens`, `freespec:accepted_tokens`): "
+    "which source of a plugin supplied the draft tokens, and how many the target accepted.\n\n"
+)
+
+
 def results_header(model: str, dtype: str | None, max_tokens: int, temperature: float, k: int | None, n_prompts: int,
                    questions: str, repeats: int, rounds: int, server: str | None = None) -> str:
     """The first paragraph of results.md: what was measured and how to read the columns. ``server``: the

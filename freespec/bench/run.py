@@ -33,8 +33,15 @@ from freespec.bench.errors import BenchError
 from freespec.bench.memory import tree_memory
 from freespec.bench.options import BenchOptions
 from freespec.bench.plots import plot_speedup, plot_tpot
-from freespec.bench.prometheus import counter_delta
-from freespec.bench.report import LATENCY_HEADER, render_latency_markdown, render_markdown, results_header
+from freespec.bench.prometheus import counter_delta, source_delta
+from freespec.bench.report import (
+    LATENCY_HEADER,
+    SOURCES_HEADER,
+    render_latency_markdown,
+    render_markdown,
+    render_sources_markdown,
+    results_header,
+)
 from freespec.bench.selection import select_questions_per_level, select_warmup_prompts
 from freespec.bench.server import RunningServer, Server, free_port, server_command
 from freespec.bench.stats import MIXED_CATEGORY, aggregate
@@ -128,15 +135,16 @@ def _measure_session(
                 sample = {"round": round_index, "repeat": repeat}
                 for category, questions in blocks:
                     bar.set_postfix_str(category + (f" repeat {repeat + 1}" if options.repeats > 1 else ""))
-                    before = server.spec_counters()
+                    before, sources_before = server.counters()
                     results, wall = run_requests([q.prompt for q in questions], concurrency, send, bar.update)
-                    after = server.spec_counters()
+                    after, sources_after = server.counters()
                     for q, result in zip(questions, results):
                         state.requests.append({"config": label, "concurrency": concurrency, "category": category,
                                                "question_id": q.question_id, **sample, **result})
                     state.blocks.append({"config": label, "concurrency": concurrency, "category": category,
                                          **sample, "wall_s": wall, "spec_before": before, "spec_after": after,
-                                         "spec": counter_delta(before, after)})
+                                         "spec": counter_delta(before, after),
+                                         "sources": source_delta(sources_before, sources_after)})
         errors = [r for r in state.requests if r["config"] == label and r["concurrency"] == concurrency
                   and r["round"] == round_index and r["error"]]
         if errors:
@@ -362,6 +370,7 @@ def _run(options: BenchOptions, argv: list[str]) -> int:
 
     table = render_markdown(state.aggregates)
     latency = render_latency_markdown(state.aggregates)
+    sources = render_sources_markdown(state.aggregates)
     notes = [f"- {c['label']}" + (f" (round {c['round'] + 1})" if "round" in c else "")
              + f": {c['status']}" + (f": {c['note']}" if c.get("note") else "")
              for c in state.configs if c["status"] != "ok"]
@@ -370,7 +379,9 @@ def _run(options: BenchOptions, argv: list[str]) -> int:
         None if options.base_url else options.num_speculative_tokens, len(measured), question_set.describe(),
         options.repeats, options.rounds, server=", ".join(options.base_url) if options.base_url else None)
     footer = "\n" + "\n".join(notes) + "\n" if notes else ""
-    (out / "results.md").write_text(header + table + LATENCY_HEADER + latency + footer, encoding="utf-8")
+    (out / "results.md").write_text(
+        header + table + LATENCY_HEADER + latency + (SOURCES_HEADER + sources if sources else "") + footer,
+        encoding="utf-8")
     title = f"{Path(model).name} ({options.dtype})" if options.dtype else Path(model).name
     charts = ((plot_speedup, "results.png", f"speed-up over {BASELINE}: {title}"),
               (plot_tpot, "results_tpot.png", f"time per output token: {title}"))
@@ -382,8 +393,11 @@ def _run(options: BenchOptions, argv: list[str]) -> int:
             print(f"freespec bench: could not draw {name}: {exc}", file=sys.stderr)
     print()
     print(table, end="")
-    print(LATENCY_HEADER.strip().splitlines()[0])
+    print("\n" + LATENCY_HEADER.strip().splitlines()[0])
     print(latency, end="")
+    if sources:
+        print("\n" + SOURCES_HEADER.strip().splitlines()[0])
+        print(sources, end="")
     for note in notes:
         print(note)
     print(f"\nresults: {out / 'results.json'}, {out / 'results.md'} ({state.duration_s:.0f} s)")

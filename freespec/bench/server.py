@@ -19,7 +19,7 @@ from pathlib import Path
 from freespec.bench.configs import BenchConfig
 from freespec.bench.errors import BenchError
 from freespec.bench.options import BenchOptions
-from freespec.bench.prometheus import spec_counters
+from freespec.bench.prometheus import SourceCounts, parse_prometheus_text, source_counters, spec_counters_of
 
 # Polling intervals (seconds): /health while a server starts; /metrics until two reads agree.
 HEALTH_POLL_S = 0.5
@@ -116,17 +116,28 @@ class _Endpoint:
     def metrics_text(self) -> str:
         return http_get(self.base_url + "/metrics", timeout=30)[1]
 
-    def spec_counters(self, settle_s: float | None = None, tries: int = 8) -> dict[str, float] | None:
-        """Counters once two reads in a row agree (the last step's stats may land just after the response)."""
+    def counters(self, settle_s: float | None = None, tries: int = 8
+                 ) -> tuple[dict[str, float] | None, SourceCounts | None]:
+        """vLLM's speculative-decoding counters and freespec's per-source ones, once two reads in a row agree
+        (the last step's stats may land just after the response)."""
         settle_s = METRICS_SETTLE_S if settle_s is None else settle_s
-        previous = spec_counters(self.metrics_text())
+
+        def read():
+            samples = parse_prometheus_text(self.metrics_text())
+            return spec_counters_of(samples), source_counters(samples)
+
+        previous = read()
         for _ in range(tries):
             time.sleep(settle_s)
-            current = spec_counters(self.metrics_text())
+            current = read()
             if current == previous:
                 return current
             previous = current
         return previous
+
+    def spec_counters(self) -> dict[str, float] | None:
+        """vLLM's speculative-decoding counters (``counters``' first half)."""
+        return self.counters()[0]
 
 
 class RunningServer(_Endpoint):

@@ -97,6 +97,23 @@ def block_metrics(requests: Sequence[dict], wall_s: float, spec: dict[str, float
     return row
 
 
+def source_figures(deltas: Sequence[dict | None]) -> dict[str, dict[str, float | None]] | None:
+    """freespec's per-source counters summed over blocks: draft and accepted tokens per source, and their
+    acceptance rate; None when no block has them (no freespec plugin on the server)."""
+    known = [d for d in deltas if d is not None]
+    if not known:
+        return None
+    totals: dict[str, dict[str, float | None]] = {}
+    for delta in known:
+        for source, counts in delta.items():
+            row = totals.setdefault(source, {"draft_tokens": 0.0, "accepted_tokens": 0.0})
+            for key in ("draft_tokens", "accepted_tokens"):
+                row[key] += counts.get(key, 0.0)
+    for row in totals.values():
+        row["acceptance_rate"] = row["accepted_tokens"] / row["draft_tokens"] if row["draft_tokens"] else None
+    return totals
+
+
 def sample_of(record: dict) -> tuple[int, int]:
     """(round, repeat) of a request or block; records without them (one measurement) are (0, 0)."""
     return int(record.get("round", 0)), int(record.get("repeat", 0))
@@ -170,6 +187,7 @@ def aggregate(
 
     A sample is one (round, repeat): one pass over a block. Each sample gets its own metrics (the
     ``all`` one pools that sample's category blocks); the row combines the samples (combine_samples).
+    ``sources``: freespec's per-source counters of the row's blocks, summed (source_figures).
     Each row adds ``ratio`` (mean tok/s over the baseline's mean at the same concurrency and category),
     ``ratio_low`` / ``ratio_high`` (ratio_interval), each sample's ratio to the baseline's same sample,
     and ``text_match`` / ``text_compared`` against the baseline's outputs (text_match; on the baseline's
@@ -236,4 +254,8 @@ def aggregate(
         row["text_match"] = identical / compared if compared else None
     for row in rows:
         del row["_requests"]
+        row["sources"] = source_figures([
+            b.get("sources") for b in blocks
+            if (b["config"], b["concurrency"]) == (row["config"], row["concurrency"])
+            and row["category"] in (ALL_CATEGORIES, b["category"])])
     return rows
