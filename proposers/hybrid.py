@@ -5,7 +5,10 @@ outputs, through arctic-inference, with each token's acceptance learned; ``propo
 ``copy`` (the request's own context and recent outputs, longest match), ``recycle`` (the target's own
 top-k from earlier steps) and ``retrieval`` (a datastore; needs the ``datastore`` option). Default:
 ``DEFAULT_SOURCES`` (no options needed); without a supported arctic-inference the default runs without
-``suffix`` and says so once, while naming ``suffix`` explicitly without it is refused at start.
+``suffix`` and says so once, while naming ``suffix`` explicitly without it is refused at start. Each source
+is built through the registry (``SOURCE_PLUGINS``) with its own options under its name, e.g.
+``{"plugin": "hybrid", "copy": {"min_match": 3}}``, checked by that plugin's Options (errors name
+``copy.min_match``); the retrieval source's datastore is hybrid's ``datastore``.
 
 Each source offers its candidates (``Proposer.candidates``): ``suffix`` one chain with a learned
 chance per token, ``copy`` and ``recycle`` their one chain, ``retrieval`` every sampled continuation of
@@ -29,29 +32,39 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
-from freespec.proposers.base import EngineInfo, Proposer, ProposerOptions, Row, ScoredPositions
+from freespec.proposers.base import EngineInfo, Proposer, Row, ScoredPositions
+from freespec.proposers.registry import CopySourceOptions, build_proposer, load_options
 from freespec.proposers.suffix_tree import available as suffix_available
 from freespec.proposers.suffix_tree import matched_prefix
 from freespec.scorers.fusion import PROBE_EVERY, Candidates, SourcePricing, SourceWeights, fuse, fuse_sources
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 logger = logging.getLogger("freespec")
 
-SOURCES = ("suffix", "copy", "recycle", "retrieval")
+# Source -> the plugin that drafts it (``suffix`` has no short name: vLLM's own method is called that).
+SOURCE_PLUGINS = {"suffix": "freespec.proposers.suffix_tree:SuffixTreeProposer", "copy": "copy",
+                  "recycle": "recycle", "retrieval": "retrieval"}
+SOURCES = tuple(SOURCE_PLUGINS)
 DEFAULT_SOURCES = ("suffix", "recycle")
 _warned_default = False
 
 
-class HybridOptions(ProposerOptions):
+class HybridOptions(CopySourceOptions):
     sources: Optional[tuple[str, ...]] = Field(
         None, min_length=1, description=f"any of {list(SOURCES)} (default {list(DEFAULT_SOURCES)})"
     )
     datastore: Optional[str] = Field(None, description="datastore directory, for the retrieval source")
     min_support: float = Field(0.2, ge=0.0, le=10.0, description="stop the draft where support falls below this")
     price_sources: bool = Field(True, description="stop running a source whose own tokens do not pay for its time")
+    # Each source's own options, checked by its plugin's Options (`copy` is CopySourceOptions' field).
+    suffix: Optional[dict[str, Any]] = Field(None, description="options of the suffix source (SuffixOptions)")
+    recycle: Optional[dict[str, Any]] = Field(None, description="options of the recycle source (`recycle`)")
+    retrieval: Optional[dict[str, Any]] = Field(
+        None, description="options of the retrieval source (`retrieval`; its datastore: `datastore` above)"
+    )
 
     @field_validator("sources")
     @classmethod
@@ -67,6 +80,21 @@ class HybridOptions(ProposerOptions):
                 raise ValueError(f'sources: "suffix" needs arctic-inference: {why}')
         return sources
 
+    @field_validator("suffix", "recycle", "retrieval")
+    @classmethod
+    def _source_options(cls, raw: Optional[dict[str, Any]], info: ValidationInfo) -> Optional[dict[str, Any]]:
+        """A source's options, checked by its plugin's Options (a bad field fails as ``copy.min_match``)."""
+        name, datastore = info.field_name, info.data.get("datastore")
+        if raw is None:
+            return None
+        if name == "retrieval":
+            if "datastore" in raw:
+                raise ValueError('give the datastore as hybrid\'s "datastore" option')
+            if datastore is None:
+                return raw  # refused below, for the missing datastore
+        load_options(SOURCE_PLUGINS[name], _with_fixed(name, raw, datastore))
+        return raw
+
     @model_validator(mode="after")
     def _datastore_for_retrieval(self) -> "HybridOptions":
         chosen = self.sources or ()
@@ -74,7 +102,14 @@ class HybridOptions(ProposerOptions):
             raise ValueError('the "retrieval" source needs the "datastore" option')
         if self.datastore is not None and "retrieval" not in chosen:
             raise ValueError('"datastore" is given but "retrieval" is not among the sources')
+        for name in SOURCES:
+            if getattr(self, name) is not None and name not in (self.sources or DEFAULT_SOURCES):
+                raise ValueError(f'"{name}" options are given but "{name}" is not among the sources')
         return self
+
+    def source_options(self, name: str) -> dict[str, Any]:
+        """What source ``name`` is built with: its own options, and the datastore for retrieval."""
+        return _with_fixed(name, getattr(self, name) or {}, self.datastore)
 
     def chosen_sources(self) -> tuple[str, ...]:
         """The sources to run: the given ones, else the defaults that can run here."""
@@ -90,22 +125,9 @@ class HybridOptions(ProposerOptions):
         return tuple(s for s in DEFAULT_SOURCES if s != "suffix") or ("copy",)
 
 
-def _make_source(name: str, options: HybridOptions, k: int) -> Proposer:
-    if name == "suffix":
-        from freespec.proposers.suffix_tree import SuffixOptions, SuffixTreeProposer
-
-        return SuffixTreeProposer(SuffixOptions(), k)
-    if name == "copy":
-        from freespec.proposers.copy import CopyOptions, CopyProposer
-
-        return CopyProposer(CopyOptions(), k)
-    if name == "recycle":
-        from freespec.proposers.recycle.proposer import RecycleOptions, RecycleProposer
-
-        return RecycleProposer(RecycleOptions(), k)
-    from freespec.proposers.retrieval.proposer import RetrievalOptions, RetrievalProposer
-
-    return RetrievalProposer(RetrievalOptions(datastore=options.datastore, fuse_copy=False), k)
+def _with_fixed(name: str, raw: dict[str, Any], datastore: Optional[str]) -> dict[str, Any]:
+    """The retrieval source reads hybrid's datastore and, unless told, leaves the context to ``copy``."""
+    return {"datastore": datastore, "fuse_copy": False, **raw} if name == "retrieval" else raw
 
 
 def _own_chain(found: Candidates, k: int) -> np.ndarray:
@@ -124,7 +146,10 @@ class HybridProposer(Proposer):
     def __init__(self, options: HybridOptions, num_speculative_tokens: int) -> None:
         super().__init__(options, num_speculative_tokens)
         names = options.chosen_sources()
-        self.sources = {name: _make_source(name, options, num_speculative_tokens) for name in names}
+        self.sources: dict[str, Proposer] = {
+            name: build_proposer(SOURCE_PLUGINS[name], options.source_options(name), num_speculative_tokens)
+            for name in names
+        }
         self.target_topk = max((s.target_topk for s in self.sources.values()), default=0)
         self.weights = SourceWeights()
         self.pricing = SourcePricing(tuple(self.sources)) if options.price_sources and len(self.sources) > 1 else None

@@ -100,6 +100,39 @@ def test_retrieval_source_offers_every_continuation_and_fuses_like_the_retrieval
         context = context + want[:1]
 
 
+
+def test_each_source_takes_its_own_options_and_a_bad_one_is_refused_naming_it():
+    from freespec.proposers.copy import CopyOptions
+    from freespec.vllm_plugins.frontend import FreespecConfigError, validate_options
+
+    p = make(sources=("copy", "recycle"), copy={"min_match": 3}, recycle={"candidates": 4})
+    assert p.sources["copy"].options.min_match == 3 and p.sources["recycle"].options.candidates == 4
+    assert make(sources=("copy",)).sources["copy"].options == CopyOptions()  # no options: the defaults
+    with pytest.raises(FreespecConfigError, match=r"plugin 'hybrid': option 'copy\.min_match': .*less than"):
+        validate_options("hybrid", {"sources": ["copy"], "copy": {"min_match": 99}})
+    with pytest.raises(FreespecConfigError, match=r"plugin 'hybrid': unknown option 'recycle\.colour'"):
+        validate_options("hybrid", {"recycle": {"colour": 1}})
+    with pytest.raises(ValidationError, match='"copy" options are given but "copy" is not among the sources'):
+        HybridOptions(copy={"min_match": 3})
+
+
+def test_the_retrieval_source_takes_its_options_and_hybrids_datastore(tmp_path):
+    from freespec.vllm_plugins.frontend import FreespecConfigError, validate_options
+
+    from tests.test_retrieval import write_store
+
+    store = write_store(tmp_path / "store", [[10, 11, 12, 13]])
+    source = HybridProposer(HybridOptions(sources=("retrieval",), datastore=store,
+                                          retrieval={"max_continuations": 8}), 4).sources["retrieval"]
+    assert (source.options.max_continuations, source.options.datastore, source.copy) == (8, store, None)
+    nested = {"sources": ["retrieval"], "datastore": store,
+              "retrieval": {"fuse_copy": True, "copy": {"min_match": 0}}}
+    with pytest.raises(FreespecConfigError, match=r"option 'retrieval\.copy\.min_match': .*greater than"):
+        validate_options("hybrid", nested)
+    with pytest.raises(ValidationError, match="hybrid's \"datastore\" option"):
+        HybridOptions(sources=("retrieval",), datastore=store, retrieval={"datastore": store})
+
+
 needs_arctic = pytest.mark.skipif(not suffix_available()[0], reason="arctic-inference not installed")
 
 

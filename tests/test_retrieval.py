@@ -146,6 +146,21 @@ def test_refusals(tmp_path):
         Datastore.open(path, FP)
 
 
+
+def test_the_context_source_takes_its_own_options_and_a_bad_one_is_refused_naming_it(tmp_path):
+    from freespec.proposers.copy import CopyOptions
+    from freespec.vllm_plugins.frontend import FreespecConfigError, validate_options
+
+    store = write_store(tmp_path / "store", [[1, 2, 3]])
+    p = RetrievalProposer(RetrievalOptions(datastore=store, copy={"min_match": 4}), 4)
+    assert p.copy.options.min_match == 4
+    assert RetrievalProposer(RetrievalOptions(datastore=store), 4).copy.options == CopyOptions()
+    with pytest.raises(FreespecConfigError, match=r"plugin 'retrieval': option 'copy\.min_match': .*greater"):
+        validate_options("retrieval", {"datastore": store, "copy": {"min_match": 0}})
+    with pytest.raises(ValidationError, match='"copy" options are given but "fuse_copy" is off'):
+        RetrievalOptions(datastore=store, fuse_copy=False, copy={"min_match": 4})
+
+
 def test_under_a_bar_the_datastore_cannot_clear_it_is_not_searched(tmp_path, monkeypatch):
     p = make(tmp_path, [[10, 11, 12, 13, 14, 15]] * 4, fuse_copy=False)
     for _ in range(30):

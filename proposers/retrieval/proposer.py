@@ -22,18 +22,17 @@ import os
 from typing import Optional, Sequence
 
 import numpy as np
-from pydantic import Field, field_validator, model_validator
-
-from freespec.proposers.base import EngineInfo, Proposer, ProposerOptions, Row
-from freespec.proposers.copy import CopyOptions, CopyProposer
+from freespec.proposers.base import EngineInfo, Proposer, Row
+from freespec.proposers.registry import CopySourceOptions, build_proposer
 from freespec.proposers.retrieval.datastore import SEPARATOR, Datastore, read_manifest
 from freespec.proposers.retrieval.search import continuations, longest_match
 from freespec.scorers.fusion import Candidates, SourceWeights, fuse_sources
+from pydantic import Field, field_validator, model_validator
 
 logger = logging.getLogger("freespec")
 
 
-class RetrievalOptions(ProposerOptions):
+class RetrievalOptions(CopySourceOptions):
     datastore: str = Field(..., description="datastore directory built by `freespec datastore build`")
     max_match: int = Field(16, ge=1, le=256, description="longest context suffix looked up")
     min_match: int = Field(2, ge=1, le=64, description="shortest context suffix that may match")
@@ -59,6 +58,8 @@ class RetrievalOptions(ProposerOptions):
     def _bounds(self) -> "RetrievalOptions":
         if self.max_match < self.min_match:
             raise ValueError(f"max_match ({self.max_match}) must be >= min_match ({self.min_match})")
+        if self.copy is not None and not self.fuse_copy:
+            raise ValueError('"copy" options are given but "fuse_copy" is off')
         return self
 
 
@@ -68,7 +69,8 @@ class RetrievalProposer(Proposer):
     def __init__(self, options: RetrievalOptions, num_speculative_tokens: int) -> None:
         super().__init__(options, num_speculative_tokens)
         self.store: Optional[Datastore] = None
-        self.copy = CopyProposer(CopyOptions(), num_speculative_tokens) if options.fuse_copy else None
+        self.copy = build_proposer("copy", options.copy or {}, num_speculative_tokens) if options.fuse_copy \
+            else None
         self.weights = SourceWeights()
         self._supported: dict[int, dict[str, int]] = {}  # key -> leading draft tokens each source supported
 
@@ -133,10 +135,10 @@ class RetrievalProposer(Proposer):
             if row.num_new == 0 or len(row.tokens) < self.options.min_match:
                 drafts.append([])
                 continue
-            offered = {
-                "retrieval": self.lookup(row.tokens) if ask_store else None,
-                "copy": Candidates("copy", np.asarray([copy_draft], dtype=np.int64), np.ones(1)) if copy_draft else None,
-            }
+            from_copy = None
+            if copy_draft:
+                from_copy = Candidates("copy", np.asarray([copy_draft], dtype=np.int64), np.ones(1))
+            offered = {"retrieval": self.lookup(row.tokens) if ask_store else None, "copy": from_copy}
             fused = fuse_sources(offered, self.weights, self.k, self.options.min_support, self.token_cost)
             if fused.tokens:
                 self._supported[row.key] = fused.supported
