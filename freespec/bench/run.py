@@ -8,6 +8,7 @@ over ``none`` per load) and ``results_tpot.png`` (time per output token against 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as _dt
 import hashlib
 import importlib.metadata
@@ -269,11 +270,10 @@ def _log(message: str) -> None:
     print(f"freespec bench: {message}", flush=True)
 
 
-def _targets(options: BenchOptions) -> tuple[list[Target], list[dict[str, Any]]]:
+def _targets(options: BenchOptions, configs: list[BenchConfig]) -> tuple[list[Target], list[dict[str, Any]]]:
     """The configs to measure and the ones skipped (with why); BenchError for bad input."""
     if options.base_url:
         return running_targets(options.base_url, options.label, options.model), []
-    configs = parse_config_list(options.configs, options.num_speculative_tokens)
     model = options.model
     if not model:
         from freespec.model_store import prepare_model
@@ -300,14 +300,16 @@ def _run(options: BenchOptions, argv: list[str]) -> int:
     t0 = time.monotonic()
     cpu = is_cpu_vllm()
     if options.dtype is None and not options.base_url:
-        options.dtype = default_dtype(cpu=cpu)
+        options = dataclasses.replace(options, dtype=default_dtype(cpu=cpu))
     try:
+        # The configs first: a typo fails before questions are downloaded or a model prepared.
+        configs = [] if options.base_url else parse_config_list(options.configs, options.num_speculative_tokens)
         question_set = resolve_questions(options.questions, log=_log)
         questions = question_set.questions
         categories = split_config_list(options.categories) if options.categories else None
         selected_per_level = select_questions_per_level(
             questions, categories, options.per_category, options.concurrency, options.new_questions_per_level)
-        targets, skipped = _targets(options)
+        targets, skipped = _targets(options, configs)
     except (BenchError, QuestionsError) as exc:
         print(f"freespec bench: {exc}", file=sys.stderr)
         return 2
