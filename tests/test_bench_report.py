@@ -68,7 +68,8 @@ def test_render_latency_markdown_one_row_per_config_and_load():
     assert len(lines) == 2 + 2  # header, rule, none and ngram at concurrency 1 (the "all" rows)
     ngram = [c.strip() for c in lines[3].strip("|").split("|")]
     # ngram's three requests (the 4th to 6th): TPOT 40, 20, 40 ms; ITL gaps 20 and 40 ms in each.
-    assert ngram == ["ngram", "1", "8.0", "0.80", "100/100/100/100", "33/40/40/40", "30/30/40/40"]
+    assert ngram == ["ngram", "1", "8.0", "0.80", "100.0/100.0/100.0/100.0", "33.3/40.0/40.0/40.0",
+                     "30.0/30.0/40.0/40.0"]
 
 
 def test_render_latency_markdown_shows_the_ratio_interval_of_repeats():

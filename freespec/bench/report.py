@@ -109,7 +109,7 @@ def render_latency_markdown(rows: Sequence[dict], baseline: str = BASELINE) -> s
             row = index.get((config, c))
             if row is None:
                 continue
-            figures = ["/".join(_fmt(row.get(f"{k}_{name}_ms"), ".0f")
+            figures = ["/".join(_fmt(row.get(f"{k}_{name}_ms"), ".1f")
                                 for k in ("mean", *(f"p{q}" for q in LATENCY_PERCENTILES)))
                        for name in ("ttft", "tpot", "itl")]
             cells = [config.replace("|", "\\|"), str(c), _fmt(row["tok_per_s"], ".1f"), _ratio_text(row), *figures]
