@@ -261,6 +261,10 @@ class WorkerTimes:
         return {name: round(value, 4) for name, value in vars(self).items()}
 
 
+class StepTimeout(Exception):
+    """The draft thread did not answer a step in time; it goes on with it, and its answer goes unread."""
+
+
 class DraftWorker:
     """One thread that owns the draft model and the drafter; see the module docstring."""
 
@@ -296,16 +300,22 @@ class DraftWorker:
         if self._error is not None:
             raise self._error
 
-    def step(self, rows: Sequence[Row], token_cost: Optional[float] = None) -> list[list[int]]:
-        """The chains for this step (blocks; the draft stops post-verify after its forward in flight)."""
+    def step(self, rows: Sequence[Row], token_cost: Optional[float] = None,
+             timeout: Optional[float] = None) -> list[list[int]]:
+        """The chains for this step (blocks, for at most ``timeout`` seconds when given, then StepTimeout;
+        the draft stops post-verify after its forward in flight)."""
         self.start()
         t0 = time.perf_counter()
+        deadline = None if timeout is None else time.monotonic() + timeout
         self._stop.set()
         with self._cond:
             self._job, self._result = (rows, token_cost), None
             self._cond.notify_all()
             while self._result is None:
-                self._cond.wait(timeout=1.0)
+                left = 1.0 if deadline is None else deadline - time.monotonic()
+                if left <= 0:
+                    raise StepTimeout(f"no answer within {timeout:.1f} s")
+                self._cond.wait(timeout=min(1.0, left))
                 if self._result is None and not self._thread.is_alive():
                     raise RuntimeError("pearl: the draft thread has stopped")  # never hang vLLM's step
             ok, value = self._result

@@ -332,7 +332,7 @@ class PearlProposer(Proposer):
 @functools.cache
 def _timed_worker_class():
     """``TimedDraftWorker`` is built on ``draft.DraftWorker``, which imports torch: defined on first use."""
-    from freespec.proposers.pearl.draft import DraftWorker
+    from freespec.proposers.pearl.draft import DraftWorker, StepTimeout
     from freespec.proposers.pearl.remote import HEALTHY_S, RETRY_TIMEOUT_S
 
     class TimedDraftWorker(DraftWorker):
@@ -361,35 +361,28 @@ def _timed_worker_class():
                         return [[] for _ in rows]
                     self._result, self._late = None, False  # the late chains: for a step long gone
             timeout = min(self.step_timeout_s, RETRY_TIMEOUT_S) if self._short_timeout else self.step_timeout_s
-            t0 = time.perf_counter()
-            deadline = time.monotonic() + timeout
-            self._stop.set()
-            with self._cond:
-                self._job, self._result = (rows, token_cost), None
-                self._cond.notify_all()
-                while self._result is None:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        self._late, self._short_timeout, self._good_since = True, True, None
-                        self.timeouts += 1
-                        logger.error("freespec: pearl draft thread did not answer a step within %.1f s; steps draft "
-                                     "nothing until it has finished", timeout)
-                        return [[] for _ in rows]
-                    self._cond.wait(timeout=min(1.0, left))
-                    if self._result is None and not self._thread.is_alive():
-                        raise RuntimeError("pearl: the draft thread has stopped")  # never hang vLLM's step
-                ok, value = self._result
-                self._result = None
-            self.times.step_wait += time.perf_counter() - t0
-            self.times.in_flight_wait += max(0.0, self._started_job_at - t0)
+            try:
+                chains = super().step(rows, token_cost, timeout=timeout)
+            except StepTimeout:
+                self._late, self._short_timeout, self._good_since = True, True, None
+                self.timeouts += 1
+                logger.error("freespec: pearl draft thread did not answer a step within %.1f s; steps draft "
+                             "nothing until it has finished", timeout)
+                return [[] for _ in rows]
+            except Exception:
+                if self._thread.is_alive():  # the draft answered, with its error
+                    self._answered()
+                raise
+            self._answered()
+            return chains
+
+        def _answered(self) -> None:
+            """The draft answered a step: after ``HEALTHY_S`` of answers, steps wait the full timeout again."""
             now = time.monotonic()
             if self._good_since is None:
                 self._good_since = now
             elif now - self._good_since >= HEALTHY_S:
                 self._short_timeout = False
-            if not ok:
-                raise value
-            return value
 
     return TimedDraftWorker
 

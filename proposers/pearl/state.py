@@ -39,9 +39,8 @@ used first) and counts what happened (``stats``).
 """
 from __future__ import annotations
 
-import math
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Optional, Protocol, Sequence
 
 import numpy as np

@@ -46,19 +46,24 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import signal
 import threading
 import time
-import weakref
 from typing import Callable, Iterator, Optional, Sequence
 
 import numpy as np
-from pydantic import Field, field_validator, model_validator
-
 from freespec.kernels.tree import expand_tree, tree_template
 from freespec.proposers.base import EngineInfo, Proposer, ProposerOptions, Row, ScoredPositions
-from freespec.proposers.recycle.matrix import STAMP_MAX, Matrix, MatrixFileError, load_matrix, merge_into, write_matrix
+from freespec.proposers.exit_save import save_at_exit
+from freespec.proposers.recycle.matrix import (
+    STAMP_MAX,
+    Matrix,
+    MatrixFileError,
+    load_matrix,
+    merge_into,
+    write_matrix,
+)
 from freespec.scorers.chain import EdgeAcceptance, best_chains
+from pydantic import Field, field_validator, model_validator
 
 logger = logging.getLogger("freespec")
 
@@ -197,12 +202,12 @@ class RecycleProposer(Proposer):
             self._merge(peer_path, peer)
         if self.options.save_every_s:
             self._files = _FileWork(self._write, lambda: self._changed_peers(at_start=False))
-        if path is not None or self._files is not None:
-            # A strong reference: vLLM may drop its drafter before the interpreter exits, and the last
-            # save must still happen (a weak one let the engine exit without saving).
-            atexit.register(self.close)
+        # A strong reference: vLLM may drop its drafter before the interpreter exits, and the last
+        # save must still happen (a weak one let the engine exit without saving).
         if path is not None:
-            _chain_sigterm(weakref.ref(self))
+            save_at_exit(self.close, "recycle")  # at exit and on SIGTERM
+        elif self._files is not None:
+            atexit.register(self.close)  # stops the background merges
 
     def _load(self, path: str, what: str) -> Matrix:
         return load_matrix(
@@ -467,34 +472,3 @@ class _FileWork:
                     self._busy = False
                     self._cond.notify_all()
 
-
-def _chain_sigterm(ref) -> None:
-    """Save the matrix on SIGTERM too, then hand the signal to the handler that was there before.
-
-    Only from the main thread (Python allows signal handlers nowhere else); elsewhere the save at exit
-    (``atexit``) covers a clean shutdown.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        return
-    try:
-        previous = signal.getsignal(signal.SIGTERM)
-    except (ValueError, OSError):
-        return
-
-    def on_sigterm(signum, frame):
-        proposer = ref()
-        if proposer is not None:
-            try:
-                proposer.close()
-            except Exception:
-                logger.exception("freespec: recycle save on SIGTERM failed")
-        if callable(previous):
-            previous(signum, frame)
-        elif previous == signal.SIG_DFL:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    try:
-        signal.signal(signal.SIGTERM, on_sigterm)
-    except (ValueError, OSError):
-        pass
