@@ -206,7 +206,7 @@ def wait_recovery(scenario: Scenario, run: Run, since: float, timeout: float) ->
     return None
 
 
-def run_scenario(scenario: Scenario, model: str, out: Path, phase_s: float, prompts: list[str]) -> dict:
+def run_scenario(scenario: Scenario, model: str, out: Path, phase_s: float, prompts: list[str], memory: float) -> dict:
     from integration_tests.serving import start_server
 
     work = out / scenario.name
@@ -215,7 +215,7 @@ def run_scenario(scenario: Scenario, model: str, out: Path, phase_s: float, prom
     run = Run(work, model)
     spec = scenario.spec(run)
     print(f"[{scenario.name}] {json.dumps(spec)}", flush=True)
-    run.server = start_server(model, spec, out / f"{scenario.name}.log")
+    run.server = start_server(model, spec, out / f"{scenario.name}.log", memory)
     load = MixedLoad(run.server.base_url, model, prompts, max_concurrency=4, max_tokens=(16, 64),
                      seed=len(scenario.name))
     result: dict = {"scenario": scenario.name, "what": scenario.what, "spec": spec}
@@ -312,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--phase-seconds", type=float, default=30.0, help="load before the fault, with it, after it")
     p.add_argument("--model", default=None, help="model directory (default: the prepared SmolLM2 test model)")
     p.add_argument("--questions", default=None, help="prompt file (default: as `freespec bench` finds them)")
+    p.add_argument("--memory", type=float, default=0.1, help="--gpu-memory-utilization (on a CPU build: the share of "
+                   "RAM reserved for the KV cache)")
     p.add_argument("--out", default="results/faults")
     p.add_argument("--dry-run", action="store_true", help="print the plan; start nothing")
     args = p.parse_args(argv)
@@ -331,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     # The faulty proposers are imported by the server's processes from this checkout.
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     out.mkdir(parents=True, exist_ok=True)
-    results = [run_scenario(s, model, out, args.phase_seconds, prompts) for s in chosen]
+    results = [run_scenario(s, model, out, args.phase_seconds, prompts, args.memory) for s in chosen]
     command = "python scripts/fault_injection.py " + " ".join(argv if argv is not None else sys.argv[1:])
     (out / "fault_injection.json").write_text(json.dumps({"command": command, "results": results}, indent=1))
     (out / "fault_injection.md").write_text(render_markdown(results, command))

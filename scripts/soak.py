@@ -60,12 +60,12 @@ def questions(path: str | None) -> list[str]:
     return [q.prompt for q in resolve_questions(path).questions]
 
 
-def reference_probe(model: str, log: Path, max_tokens: int) -> str:
+def reference_probe(model: str, log: Path, max_tokens: int, memory: float) -> str:
     """The probe's text from a server without speculation (same arguments, no --speculative-config)."""
     from integration_tests.serving import Server, free_port, serve_args
 
     port = free_port()
-    cmd = serve_args(model, port, {})
+    cmd = serve_args(model, port, {}, memory)
     at = cmd.index("--speculative-config")
     server = Server(cmd[:at] + cmd[at + 2:], port, log)
     server.start()
@@ -133,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=96, help="largest max_tokens of a request")
     p.add_argument("--sample-seconds", type=float, default=60.0, help="seconds between samples (default: a minute)")
     p.add_argument("--warmup-minutes", type=int, default=5, help="RSS growth is counted from this minute")
+    p.add_argument("--memory", type=float, default=0.1, help="--gpu-memory-utilization: on a CPU build, the share "
+                   "of RAM vLLM reserves for its KV cache (0.1: room for 16 requests of SmolLM2 on a 16 GiB machine)")
     p.add_argument("--no-reference", action="store_true", help="skip the server without speculation")
     p.add_argument("--out", default="results/soak")
     p.add_argument("--dry-run", action="store_true", help="print the plan; start nothing")
@@ -157,8 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     reference = None
     if not args.no_reference:
         print("reference: a server without speculation", flush=True)
-        reference = reference_probe(model, out / "reference.log", args.max_tokens)
-    server = start_server(model, spec, out / "server.log")
+        reference = reference_probe(model, out / "reference.log", args.max_tokens, args.memory)
+    server = start_server(model, spec, out / "server.log", args.memory)
     samples: list[dict] = []
     load = None
     try:
@@ -202,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python scripts/soak.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "plugin": args.plugin, "spec": spec, "minutes": args.minutes, "levels": levels,
         "level_seconds": args.level_seconds, "max_tokens": args.max_tokens,
-        "model_name": Path(model).name, "dtype": "float32", "cpu": cpu_model(), "vllm": vllm_version(),
+        "model_name": Path(model).name, "memory": args.memory, "dtype": "float32", "cpu": cpu_model(), "vllm": vllm_version(),
         "totals": totals, "samples": samples, "final_rss": final_rss, "alive_at_end": alive,
         "warmup_minutes": args.warmup_minutes, "rss_growth_after_warmup_mib": rss_growth(samples, args.warmup_minutes),
         "probe_reference": reference, "probe_start": start_probe, "probe_end": end_probe,
