@@ -30,9 +30,9 @@ that fit the bounds. It is commutative, associative and idempotent, so a replica
 already holds its own responses, and files may be merged in any order or grouping.
 
 Threads: ``add``, ``save_async``, ``merge_async`` and ``take_merged`` do no file I/O and hold a lock only
-for in-memory work; writing and reading peers' files happen in one background thread with one slot for
-the next save (a newer request replaces an older one) and one for a peer store read and checked (the thread
-waits until it is taken). ``load``, ``merge_from`` (at start) and ``close`` (at exit) do their I/O in the
+for in-memory work; writing, reading peers' files and merging them happen in one background thread with one
+slot for the next save (a newer request replaces an older one) and one for a peer store read, checked and
+merged (the thread waits until it is taken); ``take_merged`` applies it. ``load``, ``merge_from`` (at start) and ``close`` (at exit) do their I/O in the
 caller's thread. A failed save is logged once per distinct error and never raised.
 """
 from __future__ import annotations
@@ -282,6 +282,17 @@ def merge(a: Stored, b: Stored, max_responses: int, max_tokens: int) -> Stored:
     return Stored(kept, horizon)
 
 
+@dataclass
+class _Merged:
+    """A merge prepared against a snapshot of the store (``ResponseStore._prepare``), to be applied."""
+
+    entries: OrderedDict  # digest -> _Entry, oldest first
+    tokens: int
+    horizon: tuple[int, bytes]
+    base_last: tuple[int, bytes]  # the snapshot's newest key: entries newer than it were added since
+    added: list[_Entry]  # entries the snapshot did not hold
+
+
 class ResponseStore:
     """Past responses (token id arrays), bounded by ``max_responses`` and ``max_tokens``, saved to ``path``.
 
@@ -376,19 +387,49 @@ class ResponseStore:
         with self._lock:
             return Stored(list(self._entries.values()), self._horizon)
 
-    def _merge(self, other: Stored) -> list[np.ndarray]:
-        """Merge a store read from a file into this one; returns the responses it did not hold, oldest first."""
+    def _prepare(self, other: Stored) -> _Merged:
+        """The merge of this store as it is now with ``other``: the O(responses) work, no lock held for it
+        (the background thread does it for ``merge_async``, so ``take_merged`` only applies it)."""
         with self._lock:
-            merged = merge(Stored(list(self._entries.values()), self._horizon), other,
-                           self.max_responses, self.max_tokens)
-            added = [e.tokens for e in merged.entries if e.digest not in self._entries]
-            self._entries = OrderedDict((e.digest, e) for e in merged.entries)
-            self._tokens = sum(len(e.tokens) for e in merged.entries)
-            self._horizon = merged.horizon
+            base = Stored(list(self._entries.values()), self._horizon)
+        merged = merge(base, other, self.max_responses, self.max_tokens)
+        held = {e.digest for e in base.entries}
+        return _Merged(
+            OrderedDict((e.digest, e) for e in merged.entries), sum(len(e.tokens) for e in merged.entries),
+            merged.horizon, base.entries[-1].key if base.entries else base.horizon,
+            [e for e in merged.entries if e.digest not in held],
+        )
+
+    def _apply(self, m: _Merged) -> list[np.ndarray]:
+        """Make a prepared merge the store's content, keeping what was added since it was prepared (as the
+        newest) and dropping what was evicted since; returns the responses the store did not hold, oldest
+        first. Work: O(responses added or evicted since, plus those the merge adds)."""
+        with self._lock:
+            recent = []  # added since the snapshot: every add is newer than all it held
+            for e in reversed(self._entries.values()):
+                if e.key <= m.base_last:
+                    break
+                recent.append(e)
+            entries, tokens = m.entries, m.tokens
+            horizon = max(m.horizon, self._horizon)
+            while entries and next(iter(entries.values())).key <= horizon:  # evicted here since the snapshot
+                _, gone = entries.popitem(last=False)
+                tokens -= len(gone.tokens)
             # Stamps of later adds stay newer than everything merged, a peer's clock ahead of ours included.
-            newest = merged.entries[-1].stamp if merged.entries else 0
-            self._last_stamp = max(self._last_stamp, newest, merged.horizon[0])
-            return added
+            last = max(self._last_stamp, next(reversed(entries.values())).stamp if entries else 0, horizon[0])
+            for e in reversed(recent):  # oldest first; restamped if the merge brought newer ones
+                old = entries.pop(e.digest, None)
+                if old is not None:
+                    tokens -= len(old.tokens)
+                last = e.stamp if e.stamp > last else last + 1
+                entries[e.digest] = _Entry(last, e.digest, e.tokens)
+                tokens += len(e.tokens)
+            while len(entries) > self.max_responses or tokens > self.max_tokens:
+                _, gone = entries.popitem(last=False)
+                tokens -= len(gone.tokens)
+                horizon = gone.key
+            self._entries, self._tokens, self._horizon, self._last_stamp = entries, tokens, horizon, last
+            return [e.tokens for e in m.added if entries.get(e.digest) is e]
 
     # ---------------------------------------------------------------- at start (I/O in the caller's thread)
     def load(self) -> list[np.ndarray]:
@@ -401,7 +442,7 @@ class ResponseStore:
         if not os.path.exists(self.path):
             logger.info("freespec: response store %s does not exist yet; starting empty, will save there", self.path)
             return []
-        loaded = self._merge(self._read(self.path))
+        loaded = self._apply(self._prepare(self._read(self.path)))
         logger.info("freespec: response store loaded %d responses from %s", len(loaded), self.path)
         return loaded
 
@@ -430,7 +471,7 @@ class ResponseStore:
         if not os.path.exists(path):
             logger.info("freespec: response store merge_from %s does not exist yet", path)
             return []
-        added = self._merge(self._read(path))
+        added = self._apply(self._prepare(self._read(path)))
         logger.info("freespec: response store merged %d new responses from %s", len(added), path)
         return added
 
@@ -459,15 +500,14 @@ class ResponseStore:
             self._work().request(peers=paths)
 
     def take_merged(self) -> list[np.ndarray]:
-        """Merge the peer store the background thread has read, if any; returns the responses it added.
-
-        No file I/O: a merge in memory, O(responses) (milliseconds for 10,000).
-        """
+        """Merge the peer store the background thread has read and merged, if any; returns the responses it
+        added, oldest first. No file I/O; the O(responses) merge was done in the background, so the work
+        here is O(responses added)."""
         ready = None if self._files is None else self._files.take()
         if ready is None:
             return []
-        path, stored = ready
-        added = self._merge(stored)
+        path, prepared = ready
+        added = self._apply(prepared)
         logger.info("freespec: response store merged %d new responses from %s", len(added), path)
         return added
 
@@ -514,8 +554,9 @@ class ResponseStore:
         finally:
             self._write_lock.release()
 
-    def _read_peer(self, path: str, seen: dict, errors: dict) -> Stored | None:
-        """A peer's store if its file changed since last read and is good; else None (logged, never raised)."""
+    def _read_peer(self, path: str, seen: dict, errors: dict) -> _Merged | None:
+        """A peer's store merged with this one, if its file changed since last read and is good; else None
+        (logged, never raised). In the background thread."""
         try:
             st = os.stat(path)
             stat = (st.st_mtime_ns, st.st_size)
@@ -534,7 +575,7 @@ class ResponseStore:
             return None
         seen[path] = stat
         errors.pop(path, None)
-        return stored
+        return self._prepare(stored)
 
 
 def _process_alive(pid: int) -> bool:
@@ -560,7 +601,7 @@ class _FileWork:
         self._cond = threading.Condition()
         self._snapshot: Stored | None = None
         self._peers: tuple[str, ...] = ()
-        self._ready: tuple[str, Stored] | None = None
+        self._ready: tuple[str, _Merged] | None = None
         self._busy = self._stopping = False
         self._seen: dict = {}  # peer path -> (mtime_ns, size) last merged
         self._errors: dict = {}  # peer path -> the last error logged for it
@@ -575,7 +616,7 @@ class _FileWork:
                 self._peers = tuple(dict.fromkeys(self._peers + peers))
             self._cond.notify_all()
 
-    def take(self) -> tuple[str, Stored] | None:
+    def take(self) -> tuple[str, _Merged] | None:
         if self._ready is None:  # the common case, without the lock
             return None
         with self._cond:

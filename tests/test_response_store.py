@@ -7,6 +7,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 import tracemalloc
 from pathlib import Path
 
@@ -471,3 +472,40 @@ def test_two_replicas_merging_each_others_files_hold_the_same_responses(tmp_path
     a2.merge_from(b.path)
     b2.merge_from(a.path)
     assert as_lists(a2.responses()) == as_lists(b2.responses()) == [[2], [3], [4]]
+
+
+def test_adds_and_evictions_between_a_background_merge_and_its_take_are_kept(tmp_path):
+    peer = saved(tmp_path, [[8]], name="peer.bin")  # older than everything added below
+    s = store(tmp_path, max_responses=3)
+    s.add([1])
+    s.merge_async([peer])
+    assert not s.wait_files(10)  # merged in the background against [1] alone
+    s.add([5])
+    assert as_lists(s.take_merged()) == [[8]]
+    assert as_lists(s.responses()) == [[8], [1], [5]]
+
+    s2 = store(tmp_path, "s2.bin", max_responses=3)
+    s2.add([1])
+    s2.add([2])
+    s2.merge_async([peer])
+    assert not s2.wait_files(10)
+    s2.add([3])
+    s2.add([4])  # evicts [1] here: it and the older [8] must not come back with the merge
+    assert s2.take_merged() == []
+    assert as_lists(s2.responses()) == [[2], [3], [4]]
+
+
+def test_a_peer_clock_ahead_does_not_make_later_adds_older(tmp_path):
+    ahead = entry(time.time_ns() + 10**12, [7])  # a replica whose clock is 1,000 s ahead
+    peer = str(tmp_path / "peer.bin")
+    rs.write_store(peer, Stored([ahead]), fingerprint=FP, vocab_size=VOCAB)
+    s = store(tmp_path)
+    s.add([1])
+    s.merge_async([peer])
+    assert not s.wait_files(10)
+    s.add([5])  # added before the merge is taken: it stays newer than the peer's response
+    assert as_lists(s.take_merged()) == [[7]]
+    s.add([6])
+    assert as_lists(s.responses()) == [[1], [7], [5], [6]]
+    s.close()  # and the file stays in order: the next start reads it back as it was
+    assert as_lists(store(tmp_path).load()) == [[1], [7], [5], [6]]
