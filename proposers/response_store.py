@@ -298,9 +298,9 @@ class ResponseStore:
 
     ``fingerprint`` names the tokenizer (``freespec.proposers.vocab.vocab_fingerprint``) and ``vocab_size``
     the vocabulary; a file written for others is refused. Memory: at most ``max_bytes()`` bytes (4 per
-    token, ``ENTRY_OVERHEAD_BYTES`` per response), twice that while a save runs; disk: ``max_file_bytes()``.
-    At the defaults (10,000 responses, 2,000,000 tokens): 15 MB in memory, 30 MB while saving, 8.1 MB on
-    disk. The caller registers ``close`` to run at exit (and on SIGTERM), as ``recycle`` does.
+    token, ``ENTRY_OVERHEAD_BYTES`` per response), as much again while a save runs and while a peer's file
+    is read and merged; disk: ``max_file_bytes()``. At the defaults (10,000 responses, 2,000,000 tokens):
+    15 MB in memory (45 MB at most with a save and a merge under way), 8.1 MB on disk. The caller registers ``close`` to run at exit (and on SIGTERM), as ``recycle`` does.
     """
 
     def __init__(
@@ -489,9 +489,10 @@ class ResponseStore:
             self._work().request(snapshot=self._snapshot())
 
     def merge_async(self, paths: Sequence[str]) -> None:
-        """Ask the background thread to read those of ``paths`` that changed since it last read them.
+        """Ask the background thread to read those of ``paths`` that changed since it last read them, check
+        them and merge them with this store (``merge``); returns at once.
 
-        A good file waits in one slot for ``take_merged``; a missing one is skipped, a bad or unreachable one
+        A good file's merge waits in one slot for ``take_merged``; a missing one is skipped, a bad or unreachable one
         logged (once per distinct error) and tried again when asked next.
         """
         own = os.path.abspath(self.path)
