@@ -259,3 +259,13 @@ def test_defaults_fit_the_machine(tmp_path, questions_file, monkeypatch, capsys,
     (dtype, cpu, cmd), = seen
     assert (dtype, cpu) == ("float32", True)  # the dtype freespec.machine chooses for this CPU build
     assert cmd[cmd.index("--gpu-memory-utilization") + 1] == str(server.CPU_MEMORY_SHARE)
+
+
+def test_the_bench_command_module_loads_no_numba():
+    # `freespec serve` runs through the command line, which imports this module; vLLM forks its workers from
+    # that process, and its Triton kernel dispatcher scans every loaded module and fails on numba's objects.
+    import subprocess
+
+    code = "import sys, freespec.cli.bench; print(sorted(m for m in ('numba', 'llvmlite') if m in sys.modules))"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True).stdout.strip() == "[]"

@@ -3,7 +3,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from freespec.proposers.retrieval.datastore import mapped_residency
+
+def _mapped_residency():
+    # Imported when a datastore is measured: the retrieval package loads numba, and `freespec serve` (whose
+    # command line imports the benchmark) must not carry numba's objects into vLLM's forked workers, whose
+    # Triton kernel dispatcher scans every loaded module (it failed on an llvmlite wrapper).
+    from freespec.proposers.retrieval.datastore import mapped_residency
+
+    return mapped_residency
 
 
 def process_tree(pid: int) -> list[int]:
@@ -49,7 +56,7 @@ def tree_memory(pid: int, datastore: str | None = None) -> list[dict] | None:
         except OSError:
             name = "?"
         row = {"pid": p, "name": name, "rss_mib": round(rss / 1024, 1), "peak_rss_mib": round((hwm or 0) / 1024, 1)}
-        held = mapped_residency(datastore, p) if datastore else None
+        held = _mapped_residency()(datastore, p) if datastore else None
         if held and held["mappings"]:
             row["datastore_mib"] = {k: round(v / 2**20, 1) for k, v in held.items()
                                     if k not in ("mappings", "shared_mappings")}
