@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from importlib import metadata
 from typing import Optional, Sequence
 
@@ -49,6 +50,7 @@ MATCH_EDGES = np.array([2, 3, 4, 6, 9, 13, 19])  # match-length buckets
 DEPTH_EDGES = np.array([1, 2, 4])  # position in the draft: 0, 1, 2-3, 4+
 PRIOR_STRENGTH = 2.0  # pseudo-observations behind each cell's starting guess
 WINDOW = 2000.0  # evidence kept per cell before it is halved
+SEED_PER_STEP = 32  # responses merged from replicas put into the global tree per engine step
 
 
 def _version_tuple(text: str) -> tuple[int, ...]:
@@ -201,6 +203,7 @@ class SuffixTreeProposer(Proposer):
         self.calibration = TokenCalibration()
         self._live: dict[int, _Live] = {}
         self.store = None  # ResponseStore, when responses are persisted (bind)
+        self._to_seed: deque = deque()  # responses merged from replicas, put into the tree a few per step
         self._last_save = 0.0
         self._seeded = 0
 
@@ -243,7 +246,9 @@ class SuffixTreeProposer(Proposer):
         """Every ``save_every_s``: merge what the background thread read from the replicas, ask for a save
         and for the replicas' changed files (no file I/O in this thread)."""
         o = self.options
-        self._seed(self.store.take_merged())
+        self._to_seed.extend(self.store.take_merged())
+        if self._to_seed:  # a replica's file may bring thousands: a bounded number per step, not one stall
+            self._seed([self._to_seed.popleft() for _ in range(min(SEED_PER_STEP, len(self._to_seed)))])
         if o.save_every_s and time.monotonic() - self._last_save >= o.save_every_s:
             self._last_save = time.monotonic()
             self.store.save_async()
