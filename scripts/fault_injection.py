@@ -215,7 +215,12 @@ def run_scenario(scenario: Scenario, model: str, out: Path, phase_s: float, prom
     run = Run(work, model)
     spec = scenario.spec(run)
     print(f"[{scenario.name}] {json.dumps(spec)}", flush=True)
-    run.server = start_server(model, spec, out / f"{scenario.name}.log", memory)
+    try:
+        run.server = start_server(model, spec, out / f"{scenario.name}.log", memory)
+    except Exception as e:  # noqa: BLE001 - reported; the other scenarios still run
+        print(f"[{scenario.name}] the server did not start: {e}"[:2000], flush=True)
+        return {"scenario": scenario.name, "what": scenario.what, "spec": spec, "alive": False,
+                "error": f"the server did not start: {str(e).splitlines()[0]}"}
     load = MixedLoad(run.server.base_url, model, prompts, max_concurrency=4, max_tokens=(16, 64),
                      seed=len(scenario.name))
     result: dict = {"scenario": scenario.name, "what": scenario.what, "spec": spec}
@@ -330,9 +335,15 @@ def main(argv: list[str] | None = None) -> int:
     from freespec.model_store import prepare_model
 
     model = args.model or str(prepare_model())
-    # The faulty proposers are imported by the server's processes from this checkout.
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     out.mkdir(parents=True, exist_ok=True)
+    # The server's processes import the faulty proposers from this checkout: only integration_tests goes on
+    # their path (the checkout's root would put its top-level `kernels` folder over the `kernels` package
+    # transformers imports, and vLLM's workers then fail at start).
+    path_dir = out / "pythonpath"
+    path_dir.mkdir(exist_ok=True)
+    if not (path_dir / "integration_tests").exists():
+        (path_dir / "integration_tests").symlink_to(REPO / "integration_tests")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(path_dir), os.environ.get("PYTHONPATH")]))
     results = [run_scenario(s, model, out, args.phase_seconds, prompts, args.memory) for s in chosen]
     command = "python scripts/fault_injection.py " + " ".join(argv if argv is not None else sys.argv[1:])
     (out / "fault_injection.json").write_text(json.dumps({"command": command, "results": results}, indent=1))
