@@ -319,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--questions", default=None, help="prompt file (default: as `freespec bench` finds them)")
     p.add_argument("--memory", type=float, default=0.1, help="--gpu-memory-utilization (on a CPU build: the share of "
                    "RAM reserved for the KV cache)")
+    p.add_argument("--kv-cache-gib", type=int, default=1, help="the servers' KV cache (vLLM's VLLM_CPU_KVCACHE_SPACE on a "
+                   "CPU build: a fixed size instead of a share of RAM that must be free at start)")
     p.add_argument("--out", default="results/faults")
     p.add_argument("--dry-run", action="store_true", help="print the plan; start nothing")
     args = p.parse_args(argv)
@@ -335,6 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     from freespec.model_store import prepare_model
 
     model = args.model or str(prepare_model())
+    os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(args.kv_cache_gib)
     out.mkdir(parents=True, exist_ok=True)
     # The server's processes import the faulty proposers from this checkout: only integration_tests goes on
     # their path (the checkout's root would put its top-level `kernels` folder over the `kernels` package

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -135,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup-minutes", type=int, default=5, help="RSS growth is counted from this minute")
     p.add_argument("--memory", type=float, default=0.1, help="--gpu-memory-utilization: on a CPU build, the share "
                    "of RAM vLLM reserves for its KV cache (0.1: room for 16 requests of SmolLM2 on a 16 GiB machine)")
+    p.add_argument("--kv-cache-gib", type=int, default=1, help="the servers' KV cache (vLLM's VLLM_CPU_KVCACHE_SPACE on a "
+                   "CPU build: a fixed size instead of a share of RAM that must be free at start)")
     p.add_argument("--no-reference", action="store_true", help="skip the server without speculation")
     p.add_argument("--out", default="results/soak")
     p.add_argument("--dry-run", action="store_true", help="print the plan; start nothing")
@@ -155,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     from integration_tests.serving import start_server
 
     model = args.model or str(prepare_model())
+    os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(args.kv_cache_gib)
     out.mkdir(parents=True, exist_ok=True)
     reference = None
     if not args.no_reference:
@@ -204,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python scripts/soak.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "plugin": args.plugin, "spec": spec, "minutes": args.minutes, "levels": levels,
         "level_seconds": args.level_seconds, "max_tokens": args.max_tokens,
-        "model_name": Path(model).name, "memory": args.memory, "dtype": "float32", "cpu": cpu_model(), "vllm": vllm_version(),
+        "model_name": Path(model).name, "memory": args.memory, "kv_cache_gib": args.kv_cache_gib, "dtype": "float32", "cpu": cpu_model(), "vllm": vllm_version(),
         "totals": totals, "samples": samples, "final_rss": final_rss, "alive_at_end": alive,
         "warmup_minutes": args.warmup_minutes, "rss_growth_after_warmup_mib": rss_growth(samples, args.warmup_minutes),
         "probe_reference": reference, "probe_start": start_probe, "probe_end": end_probe,
