@@ -180,9 +180,10 @@ SCENARIOS = [
 
 # ---------------------------------------------------------------- running a scenario
 def drafts(run: Run) -> float:
+    from freespec.bench.prometheus import SPEC_COUNTERS
     from integration_tests.serving import metric
 
-    return metric(run.server, "vllm:spec_decode_num_drafts")
+    return metric(run.server, SPEC_COUNTERS["num_drafts"])
 
 
 def alone(load: MixedLoad, run: Run) -> str:
