@@ -22,12 +22,17 @@ def serve(model_path, tmp_path, monkeypatch):
     """Start a server with a speculative config; stopped at the end of the test."""
     monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)  # freespec serve makes a fresh one
     monkeypatch.delenv("FREESPEC_METRICS", raising=False)
-    monkeypatch.setenv("PYTHONPATH", str(REPO))  # integration_tests.faulty, for the engine's worker
+    # integration_tests.faulty for the engine's worker; only that folder: the repository root on the path would
+    # let its top-level kernels/ shadow Hugging Face's kernels package in vLLM's worker (it failed to start).
+    shim = tmp_path / "pythonpath"
+    shim.mkdir()
+    (shim / "integration_tests").symlink_to(REPO / "integration_tests")
+    monkeypatch.setenv("PYTHONPATH", str(shim))
     servers = []
 
     def start(spec: dict):
         try:
-            servers.append(start_server(model_path, spec, tmp_path / "server.log"))
+            servers.append(start_server(model_path, spec, tmp_path / "server.log", memory=0.1))
         except BenchError as e:
             pytest.fail(str(e))
         return servers[-1]
