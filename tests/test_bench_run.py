@@ -253,6 +253,7 @@ def test_defaults_fit_the_machine(tmp_path, questions_file, monkeypatch, capsys,
     monkeypatch.setattr(run, "server_command", fake_command)
     monkeypatch.setattr(run, "is_cpu_vllm", lambda: True)
     monkeypatch.setattr(run, "default_dtype", lambda cpu: "float32" if cpu else "auto")
+    monkeypatch.setattr(server, "available_ram_fraction", lambda: 0.9)  # a quiet machine
     args = parse_bench_args("--questions", str(questions_file), "--model", "m", "--configs", "none",
                             "--per-category", "1", "--max-tokens", "2", "--warmup", "0", "--out", str(tmp_path / "out"))
     assert bench.run(args) == 0

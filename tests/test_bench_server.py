@@ -10,6 +10,7 @@ from bench_helpers import FAKE_SERVER, start_fake_server
 from freespec.bench import server
 from freespec.bench.configs import parse_config_spec
 from freespec.bench.errors import BenchError
+from freespec.bench.memory import available_ram_fraction
 from freespec.bench.options import BenchOptions
 from freespec.bench.run import slug
 
@@ -28,8 +29,9 @@ def test_server_command_uses_freespec_vllm_cli():
     assert "--speculative-config" not in baseline_cmd
 
 
-def test_memory_share_defaults_fit_the_build():
+def test_memory_share_defaults_fit_the_build(monkeypatch):
     config = parse_config_spec("none", 8)
+    monkeypatch.setattr(server, "available_ram_fraction", lambda: 0.9)
 
     def share(options, cpu):
         cmd = server.server_command("/m", 1, config, options, cpu)
@@ -40,6 +42,23 @@ def test_memory_share_defaults_fit_the_build():
     assert share(BenchOptions(), cpu=False) is None  # a GPU: vLLM's own default
     assert share(BenchOptions(gpu_memory_utilization=0.5), cpu=True) == "0.5"
     assert share(BenchOptions(gpu_memory_utilization=0.5), cpu=False) == "0.5"
+    monkeypatch.setattr(server, "available_ram_fraction", lambda: 0.2)  # a busy machine: 20% of RAM free
+    assert share(BenchOptions(), cpu=True) == "0.16"
+
+
+def test_memory_share_on_a_cpu_stays_below_the_free_ram():
+    assert server.memory_share(None, cpu=True, free=None) == server.CPU_MEMORY_SHARE  # unknown: the default
+    assert server.memory_share(None, cpu=True, free=0.9) == server.CPU_MEMORY_SHARE
+    assert server.memory_share(None, cpu=True, free=0.227) == 0.18  # 0.8 of the free share, rounded down
+    assert server.memory_share(None, cpu=True, free=0.0) == 0.01
+    assert server.memory_share(0.7, cpu=True, free=0.1) == 0.7  # the user's value is passed as given
+
+
+def test_available_ram_fraction_reads_meminfo(tmp_path):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24000000 kB\nMemFree:  100 kB\nMemAvailable:    6000000 kB\n")
+    assert available_ram_fraction(meminfo) == 0.25
+    assert available_ram_fraction(tmp_path / "absent") is None
 
 
 def test_log_failure_hint_finds_the_root_cause():

@@ -4,6 +4,15 @@ from __future__ import annotations
 from pathlib import Path
 
 
+def available_ram_fraction(meminfo: Path = Path("/proc/meminfo")) -> float | None:
+    """MemAvailable / MemTotal of this machine, None where /proc/meminfo is not there."""
+    try:
+        fields = dict(line.split(":", 1) for line in meminfo.read_text().splitlines() if ":" in line)
+        return int(fields["MemAvailable"].split()[0]) / int(fields["MemTotal"].split()[0])
+    except (OSError, KeyError, ValueError, ZeroDivisionError):
+        return None
+
+
 def _mapped_residency():
     # Imported when a datastore is measured: the retrieval package loads numba, and `freespec serve` (whose
     # command line imports the benchmark) must not carry numba's objects into vLLM's forked workers, whose

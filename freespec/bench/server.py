@@ -4,6 +4,7 @@ speculative-decoding counters from ``/metrics``."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shlex
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from freespec.bench.configs import BenchConfig
 from freespec.bench.errors import BenchError
+from freespec.bench.memory import available_ram_fraction
 from freespec.bench.options import BenchOptions
 from freespec.bench.prometheus import SourceCounts, parse_prometheus_text, source_counters, spec_counters_of
 
@@ -34,17 +36,24 @@ def free_port() -> int:
 
 # vLLM's CPU worker reads --gpu-memory-utilization as the share of the machine's RAM it reserves (model and
 # KV cache; vllm/v1/worker/cpu_worker.py) and refuses to start when that much is not free, so vLLM's own
-# default (0.92) fails on any machine running something else. 0.3 was this benchmark's fixed default for
-# every build before. On a GPU, vLLM's own default applies (one server at a time has the GPU to itself).
+# default (0.92) fails on any machine running something else. A CPU build gets CPU_MEMORY_SHARE (this
+# benchmark's fixed default before), or less where less is free: CPU_FREE_SHARE of the free share, so the
+# server starts beside what else runs (a fixed 0.3 failed here with 5.3 of 23.5 GiB free). On a GPU,
+# vLLM's own default applies (one server at a time has the GPU to itself).
 CPU_MEMORY_SHARE = 0.3
+CPU_FREE_SHARE = 0.8
 
 
-def memory_share(value: float | None, cpu: bool) -> float | None:
-    """The --gpu-memory-utilization to pass: the user's, else CPU_MEMORY_SHARE on a CPU build, else None
-    (vLLM's default)."""
+def memory_share(value: float | None, cpu: bool, free: float | None = None) -> float | None:
+    """The --gpu-memory-utilization to pass: the user's; else on a CPU build CPU_MEMORY_SHARE, capped at
+    CPU_FREE_SHARE of ``free`` (the free share of RAM, when known); else None (vLLM's default)."""
     if value is not None:
         return value
-    return CPU_MEMORY_SHARE if cpu else None
+    if not cpu:
+        return None
+    if free is None:
+        return CPU_MEMORY_SHARE
+    return max(0.01, min(CPU_MEMORY_SHARE, math.floor(100 * CPU_FREE_SHARE * free) / 100))
 
 
 def server_command(model: str, port: int, config: BenchConfig, options: BenchOptions, cpu: bool) -> list[str]:
@@ -57,7 +66,7 @@ def server_command(model: str, port: int, config: BenchConfig, options: BenchOpt
         "--max-model-len", str(options.max_model_len),
         "--seed", str(options.seed),
     ]
-    share = memory_share(options.gpu_memory_utilization, cpu)
+    share = memory_share(options.gpu_memory_utilization, cpu, available_ram_fraction() if cpu else None)
     if share is not None:
         cmd += ["--gpu-memory-utilization", str(share)]
     if config.speculative_config is not None:
