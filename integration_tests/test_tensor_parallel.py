@@ -4,7 +4,7 @@ Each worker gets its own core (``VLLM_CPU_OMP_THREADS_BIND="0|1"``; without it v
 refuses to start two CPU workers on this machine). Checked against the same TP=2
 engine without speculation: the lossless criterion, drafts accepted, and that
 only the rank whose drafts vLLM takes built the plugin (every rank logs which it
-is: ``seams.draft_rank``). Two engine starts in all, one per configuration.
+is: ``ranks.draft_rank``). Two engine starts in all, one per configuration.
 """
 from __future__ import annotations
 

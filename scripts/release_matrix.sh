@@ -151,7 +151,7 @@ for release in $RELEASES; do
   "$python" - "$WORK/$release.probes.json" >"$WORK/$release.probes.log" 2>&1 <<'EOF' || true
 import json
 import sys
-from freespec.vllm_plugins.seams import run_probes, vllm_version
+from freespec.vllm_plugins.probes import run_probes, vllm_version
 from freespec.vllm_plugins.version_gate import is_supported
 open(sys.argv[1], "w").write(json.dumps({
     "install": "ok",

@@ -35,12 +35,10 @@ from typing import Any, Literal, Optional, Sequence
 
 from pydantic import Field, field_validator, model_validator
 
+from freespec import settings
 from freespec.proposers.base import EngineInfo, Proposer, ProposerOptions, Row
 
 logger = logging.getLogger("freespec")
-
-STATS_LOG_EVERY_S = float(os.environ.get("FREESPEC_STATS_INTERVAL_S", "60"))
-
 
 def resolve_draft_model(value: str) -> Path:
     """The draft's checkpoint directory: a path, a Hugging Face model id (from the HF cache, as vLLM
@@ -250,6 +248,7 @@ class PearlProposer(Proposer):
         self._bound = False
         self._closed = False
         self._last_log = time.monotonic()
+        self._log_every_s = settings.stats_interval_s()  # vLLM's stats interval unless FREESPEC_STATS_INTERVAL_S
         # vLLM never closes a proposer: at exit, log the final stats and end the child.
         atexit.register(_close_ref, weakref.ref(self))
 
@@ -284,7 +283,7 @@ class PearlProposer(Proposer):
             raise RuntimeError("pearl proposer used before bind()")
         chains = self.worker.step(rows, self.token_cost)
         now = time.monotonic()
-        if now - self._last_log >= STATS_LOG_EVERY_S:
+        if now - self._last_log >= self._log_every_s:
             self._last_log = now
             logger.info("freespec: pearl %s", self.stats())
         return chains

@@ -40,11 +40,12 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from freespec import settings
 from freespec.proposers.base import Row
 
 logger = logging.getLogger("freespec")
 
-START_TIMEOUT_S = float(os.environ.get("FREESPEC_PEARL_START_TIMEOUT_S", "600"))  # import torch + load weights
+START_TIMEOUT_S = settings.pearl_start_timeout_s()  # import torch + load weights (read at import)
 GAUGES = ("weight_bytes", "kv_bytes", "cached_requests", "cached_tokens")  # in stats: now, not summed
 
 
