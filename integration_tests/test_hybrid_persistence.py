@@ -44,7 +44,7 @@ def cold_run(engines, responses_file):
 
 
 def test_responses_are_saved_at_exit_and_a_restart_drafts_from_them(cold_run, engines, responses_file):
-    assert os.path.exists(responses_file), "the engine did not save its responses at exit"
+    assert os.path.exists(responses_file), f"the engine did not save its responses at exit:\n{cold_run[1][-3000:]}"
     warm, log = engines.run("hybrid_persist_warm", spec(responses_file),
                             [{"name": "pass", "prompts": PROMPTS, "max_tokens": TOKENS}])
     assert "response store loaded" in log, log[-3000:]

@@ -256,9 +256,22 @@ class SuffixTreeProposer(Proposer):
                 self.store.merge_async(o.merge_from)
 
     def close(self) -> None:
-        """The final save (at exit and on SIGTERM; idempotent, never raises)."""
-        if self.store is not None:
-            self.store.close()
+        """The final save (at exit and on SIGTERM; idempotent, never raises). Requests still live are kept
+        too: the engine tells the adapter a request left only at the next step, which never comes for the
+        last ones before a shutdown."""
+        if self.store is None:
+            return
+        for st in list(self._live.values()):
+            self._keep(st)
+        self.store.close()
+
+    def _keep(self, st: _Live) -> None:
+        if st.output:
+            try:
+                self.store.add(np.concatenate(st.output))
+            except ValueError as e:  # ids outside the vocabulary: not kept
+                logger.debug("freespec: suffix response not stored: %s", e)
+            st.output = []
 
     def release(self, key: int) -> None:
         """The request left: its prompt tree goes; its output stays in the global tree (evicted FIFO), and in
@@ -266,11 +279,8 @@ class SuffixTreeProposer(Proposer):
         st = self._live.pop(key, None)
         if st is not None:
             self.cache.stop_request(key)
-            if self.store is not None and st.output:
-                try:
-                    self.store.add(np.concatenate(st.output))
-                except ValueError as e:  # ids outside the vocabulary: not kept
-                    logger.debug("freespec: suffix response not stored: %s", e)
+            if self.store is not None:
+                self._keep(st)
 
     def state_bytes(self) -> int:
         trees = [getattr(self.cache, "_global_tree", None), *getattr(self.cache, "_local_trees", {}).values()]

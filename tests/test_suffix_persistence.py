@@ -92,3 +92,16 @@ def test_the_saved_store_keeps_only_the_newest_responses_within_its_bounds(tmp_p
     assert [list(r) for r in source.store.responses()] == [list(a) for a in answers[-2:]]
     reloaded = started(path, max_saved_responses=2)
     assert len(reloaded.store) == 2
+
+
+def test_requests_still_live_at_shutdown_are_saved_too(tmp_path):
+    """The engine reports a request's departure only at the next step; the last ones are kept at close."""
+    path = tmp_path / "responses.bin"
+    source = started(path)
+    seq = PROMPT
+    for token in ANSWER:
+        seq = np.append(seq, token).astype(np.int32)
+        source.candidates([Row(key=5, tokens=seq, num_new=1)])
+    source.close()  # no release(5): the engine stopped first
+    warm = started(path)
+    assert [list(r) for r in warm.store.responses()] == [list(ANSWER)]
