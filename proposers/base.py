@@ -118,3 +118,12 @@ class Proposer(ABC):
     def state_bytes(self) -> int:
         """Approximate bytes of state held now (for docs and the bounds tests)."""
         return 0
+
+    def draft_sources(self) -> Optional[list[Optional[str]]]:
+        """For the last ``propose``: the source each row's draft came from (metrics label it by source);
+        None when the plugin is its own one source."""
+        return None
+
+    def file_events(self) -> dict[str, int]:
+        """Counts so far of persisted-state work (``save``, ``save_error``, ``merge``), for metrics."""
+        return {}

@@ -158,6 +158,7 @@ class HybridProposer(Proposer):
         self._last_call: Optional[float] = None
         self._paused: list[str] = []
         self._steps = 0
+        self._sources: Optional[list[Optional[str]]] = None
 
     def bind(self, info: EngineInfo) -> None:
         for source in self.sources.values():
@@ -229,15 +230,29 @@ class HybridProposer(Proposer):
             if paused != self._paused:
                 self._paused = paused
                 logger.info("freespec: hybrid sources paused %s (%s)", paused, self.pricing.describe())
-        drafts = []
+        drafts, sources = [], []
         for i, row in enumerate(rows):
             fused = fuse_sources({name: found[i] for name, found in offered.items()}, self.weights, self.k,
                                  self.options.min_support, self.token_cost)
+            # metrics: the source that supported most of the draft (the first named, on a tie)
+            sources.append(max(fused.supported, key=fused.supported.get) if fused.tokens and fused.supported
+                           else None)
             if row.num_new > 0:
                 own = {c.name: _own_chain(c, self.k) for c in fused.sources}
                 self._offered[row.key] = (len(row.tokens), own)
             drafts.append(fused.tokens)
+        self._sources = sources
         return drafts
+
+    def draft_sources(self) -> Optional[list[Optional[str]]]:
+        return self._sources
+
+    def file_events(self) -> dict[str, int]:
+        total: dict[str, int] = {}
+        for source in self.sources.values():
+            for event, n in source.file_events().items():
+                total[event] = total.get(event, 0) + n
+        return total
 
     def release(self, key: int) -> None:
         self._offered.pop(key, None)

@@ -206,6 +206,7 @@ class SuffixTreeProposer(Proposer):
         self._to_seed: deque = deque()  # responses merged from replicas, put into the tree a few per step
         self._last_save = 0.0
         self._seeded = 0
+        self._merges = 0
 
     # -- lifecycle -------------------------------------------------------
     def bind(self, info: EngineInfo) -> None:
@@ -225,6 +226,7 @@ class SuffixTreeProposer(Proposer):
             loaded = self.store.load()
             for peer in o.merge_from:
                 loaded += self.store.merge_from(peer)
+                self._merges += 1
         except ResponseStoreError as e:
             raise ValueError(f"suffix responses_path/merge_from: {e}") from e
         except ValueError as e:
@@ -246,7 +248,10 @@ class SuffixTreeProposer(Proposer):
         """Every ``save_every_s``: merge what the background thread read from the replicas, ask for a save
         and for the replicas' changed files (no file I/O in this thread)."""
         o = self.options
-        self._to_seed.extend(self.store.take_merged())
+        merged = self.store.take_merged()
+        if merged:
+            self._merges += 1
+            self._to_seed.extend(merged)
         if self._to_seed:  # a replica's file may bring thousands: a bounded number per step, not one stall
             self._seed([self._to_seed.popleft() for _ in range(min(SEED_PER_STEP, len(self._to_seed)))])
         if o.save_every_s and time.monotonic() - self._last_save >= o.save_every_s:
@@ -254,6 +259,9 @@ class SuffixTreeProposer(Proposer):
             self.store.save_async()
             if o.merge_from:
                 self.store.merge_async(o.merge_from)
+
+    def file_events(self) -> dict[str, int]:
+        return {} if self.store is None else {"save": self.store.saves, "merge": self._merges}
 
     def close(self) -> None:
         """The final save (at exit and on SIGTERM; idempotent, never raises). Requests still live are kept

@@ -208,3 +208,43 @@ def test_the_adapter_exports_the_policys_step_time_fit(monkeypatch):
     accepting_stepper(adapter)()
     assert sample("freespec:step_time_fit_seconds", plugin=plugin, term="base") == 0.02
     assert sample("freespec:step_time_fit_seconds", plugin=plugin, term="per_token") == 0.003
+
+
+class TwoSources(CopyProposer):
+    """Copy's drafts, credited alternately to two named sources (as hybrid names its sources)."""
+
+    calls = 0
+
+    def propose(self, rows):
+        TwoSources.calls += 1
+        return super().propose(rows)
+
+    def draft_sources(self):
+        return ["even" if TwoSources.calls % 2 == 0 else "odd"]
+
+    def file_events(self):
+        return {"save": TwoSources.calls, "merge": 1}
+
+
+def test_drafted_and_accepted_tokens_are_split_by_the_source_the_plugin_names():
+    plugin = "test_metrics:TwoSources"
+    adapter = adapter_for({"plugin": plugin, "num_speculative_tokens": 4, "policy": "fixed"})
+    adapter.metrics = metrics.PluginMetrics(plugin)
+    step = accepting_stepper(adapter)
+    lengths = [len(step()[0]) for _ in range(6)]  # calls 1..6: odd, even, odd, ...
+    odd, even = sum(lengths[0::2]), sum(lengths[1::2])
+    assert odd > 0 and even > 0
+    assert sample("freespec:draft_tokens_total", plugin=plugin, source="odd") == odd
+    assert sample("freespec:draft_tokens_total", plugin=plugin, source="even") == even
+    assert sample("freespec:draft_tokens_total", plugin=plugin, source=plugin) == 0
+    # each draft's acceptance is credited to the source that drafted it; the last is not judged yet
+    assert sample("freespec:accepted_tokens_total", plugin=plugin, source="odd") == sum(lengths[0:5:2])
+    assert sample("freespec:accepted_tokens_total", plugin=plugin, source="even") == sum(lengths[1:5:2])
+
+
+def test_persisted_state_events_are_exported_as_increments():
+    m = metrics.PluginMetrics("test_metrics:files")
+    m.file_events({"save": 2, "merge": 1})
+    m.file_events({"save": 5, "merge": 1, "unknown": 9})
+    assert sample("freespec:state_file_events_total", plugin="test_metrics:files", event="save") == 5
+    assert sample("freespec:state_file_events_total", plugin="test_metrics:files", event="merge") == 1

@@ -109,6 +109,7 @@ class FreespecProposer:
         # Proposers that learn from the target's own predictions get them through this adapter.
         self.target_topk = TargetTopK(self.proposer.target_topk) if self.proposer.target_topk else None
         self._last_drafts: dict[int, list[int]] = {}  # request key -> what we proposed last step
+        self._last_sources: dict[int, str | None] = {}  # request key -> the source of that draft (metrics)
         self._prefilling: set[int] = set()  # keys whose last step was a partial prefill chunk
         self.tracker = RequestTracker()
         self._batch = None  # vLLM's input batch, once found (request ids)
@@ -133,10 +134,12 @@ class FreespecProposer:
         lengths = np.asarray(num_tokens_no_spec[:n_rows])
         views = [(token_ids_cpu[i, : lengths[i]], len(sampled_token_ids[i])) for i in range(n_rows)]
         keys, departed = self.tracker.update(views, self._request_ids(sys._getframe(1), token_ids_cpu, n_rows))
-        accepted = accepted_tokens(views, [None if key in self._prefilling else self._last_drafts.get(key)
-                                           for key in keys])
+        prev = [None if key in self._prefilling else self._last_drafts.get(key) for key in keys]
+        accepted = accepted_tokens(views, prev)
+        accepted_by = (accepted_by_source(views, prev, [self._last_sources.get(key) for key in keys], self.plugin)
+                       if self._last_sources else None)
         if not self.breaker.allow():
-            return self._skip(keys, departed, n_rows, accepted)
+            return self._skip(keys, departed, n_rows, accepted, accepted_by)
         start = time.perf_counter()
         failure = None
         try:
@@ -161,6 +164,8 @@ class FreespecProposer:
                 logger.exception("freespec: plugin %r failed; this step drafts nothing (logged once)", self.plugin)
             drafts = [[] for _ in range(n_rows)]
         self._last_drafts = dict(zip(keys, drafts))
+        sources = self._draft_sources(n_rows) if failure is None else None
+        self._last_sources = dict(zip(keys, sources)) if sources is not None else {}
         if self.target_topk is not None:
             self.target_topk.active = self._wants_target_topk()
         self._prefilling = {key for key, (_, num_new) in zip(keys, views) if num_new == 0}
@@ -169,8 +174,18 @@ class FreespecProposer:
             self.stats.overruns += 1
         if self.breaker.record(failure, seconds):
             self._opened(keys)
-        self._count(drafts, seconds, accepted)
+        self._count(drafts, seconds, accepted, accepted_by, sources)
         return drafts
+
+    def _draft_sources(self, n_rows: int) -> list | None:
+        """The plugin's source of each row's draft (metrics); None when it names none or answers badly."""
+        try:
+            sources = self.proposer.draft_sources()
+        except Exception:
+            return None
+        if sources is None or len(sources) != n_rows:
+            return None
+        return [s if isinstance(s, str) else None for s in sources]
 
     def _request_ids(self, caller, token_ids_cpu, n_rows: int) -> list[str] | None:
         """The engine's request id of each row, read from vLLM's input batch; None where it cannot be read.
@@ -213,16 +228,18 @@ class FreespecProposer:
             return {"state": "not drafting"}
         return self.breaker.state_dict()
 
-    def _skip(self, keys: list[int], departed: list[int], n_rows: int, accepted: int) -> list[list[int]]:
+    def _skip(self, keys: list[int], departed: list[int], n_rows: int, accepted: int,
+              accepted_by: dict[str, int] | None = None) -> list[list[int]]:
         """A step while the breaker is open: no drafts, nothing asked of the plugin but freeing departed requests."""
         self.stats.skipped_steps += 1
         self._release(departed)
         self._last_drafts = {}
+        self._last_sources = {}
         self._prefilling = set()
         self._last_step_at = None  # the policy's step-time fit skips the gap
         if self.target_topk is not None:
             self.target_topk.active = False  # no top-k copied for a plugin that is off
-        self._count([[] for _ in range(n_rows)], None, accepted)
+        self._count([[] for _ in range(n_rows)], None, accepted, accepted_by)
         return [[] for _ in range(n_rows)]
 
     def _opened(self, keys: list[int]) -> None:
@@ -232,6 +249,7 @@ class FreespecProposer:
         """
         self._release(keys)
         self._last_drafts = {}
+        self._last_sources = {}
 
     def _release(self, keys: list[int]) -> None:
         """Tell the plugin these requests are gone; a plugin that raises is counted, never propagated."""
@@ -269,8 +287,10 @@ class FreespecProposer:
                 raise ValueError(f"draft token {t} outside the vocabulary [0, {self.vocab_size})")
         return draft
 
-    def _count(self, drafts: list[list[int]], seconds: float | None, accepted: int) -> None:
-        """Account one step (``seconds``: the plugin's time, None when the breaker kept it out)."""
+    def _count(self, drafts: list[list[int]], seconds: float | None, accepted: int,
+               accepted_by: dict[str, int] | None = None, sources: list | None = None) -> None:
+        """Account one step (``seconds``: the plugin's time, None when the breaker kept it out; ``accepted_by``
+        and ``sources``: the accepted tokens and this step's drafts by source, for plugins that name them)."""
         s = self.stats
         drafted = sum(1 for d in drafts if d)
         tokens = sum(len(d) for d in drafts)
@@ -280,15 +300,27 @@ class FreespecProposer:
         s.draft_tokens += tokens
         s.accepted_tokens += accepted
         s.propose_seconds += seconds or 0.0
-        self.metrics.step(tokens, accepted, drafted > 0, seconds)
+        draft_by = None
+        if sources is not None:
+            draft_by = {}
+            for draft, source in zip(drafts, sources):
+                if draft:
+                    name = source or self.plugin
+                    draft_by[name] = draft_by.get(name, 0) + len(draft)
+        self.metrics.step(tokens, accepted, drafted > 0, seconds, draft_by, accepted_by)
         enabled = self.breaker.state != "open"
         if enabled != self._enabled:
             self._enabled = enabled
             self.metrics.switched(enabled, self.breaker.last_kind)
         now = time.monotonic()
-        if self.policy is not None and now - self._last_fit >= FIT_EVERY_S:
+        if now - self._last_fit >= FIT_EVERY_S:
             self._last_fit = now
-            self.metrics.step_fit(self.policy.model.fit())
+            if self.policy is not None:
+                self.metrics.step_fit(self.policy.model.fit())
+            try:
+                self.metrics.file_events(self.proposer.file_events())
+            except Exception:
+                pass  # a plugin's counts are for metrics only
         if now - self._last_log >= self._log_every_s:
             self._last_log = now
             self._log_stats()
@@ -405,6 +437,16 @@ class CircuitBreaker:
             "next_backoff_s": self.backoff_s,
             "last_reason": self.last_reason,
         }
+
+
+def accepted_by_source(views, prev_drafts, prev_sources, default: str) -> dict[str, int]:
+    """``accepted_tokens`` split by the source each row's draft came from (``default`` where none was named)."""
+    by: dict[str, int] = {}
+    for (_, num_new), draft, source in zip(views, prev_drafts, prev_sources):
+        if draft and num_new > 0:
+            name = source or default
+            by[name] = by.get(name, 0) + min(len(draft), num_new - 1)
+    return by
 
 
 def accepted_tokens(views, prev_drafts) -> int:

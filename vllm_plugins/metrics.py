@@ -24,6 +24,8 @@ logger = logging.getLogger("freespec")
 PROPOSE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 # Why a plugin is off, as a bounded label: the circuit breaker's reasons (``adapter.CircuitBreaker``), and
 # the front-end's at engine start (``patches``: the vLLM release is unsupported, or a seam moved).
+MAX_SOURCES = 16  # distinct source labels per plugin; more are counted as "other"
+FILE_EVENTS = ("save", "save_error", "merge")
 OFF_REASONS = ("error", "over_budget", "stall", "trial_failed", "unsupported_vllm", "seam_moved")
 
 _families: dict | None = None
@@ -58,6 +60,10 @@ def _make_families() -> dict:
         "token_cost": Gauge(
             "freespec:token_cost", "The policy's bar: accepted tokens a draft token must bring to be drafted.",
             ["plugin"], multiprocess_mode="mostrecent",
+        ),
+        "file_events": Counter(
+            "freespec:state_file_events", "Persisted-state work: saves, failed saves and merges of replicas' files.",
+            ["plugin", "event"],
         ),
         "step_fit": Gauge(
             "freespec:step_time_fit_seconds", "The policy's step-time fit: base seconds and seconds per token.",
@@ -104,9 +110,14 @@ class PluginMetrics:
         self.on = f is not None
         if not self.on:
             return
-        # source: where the drafted tokens came from; the adapter sees one fused draft per row, so the plugin.
+        # source: where the drafted tokens came from (Proposer.draft_sources); the plugin for one-source plugins.
+        self._plugin = plugin
+        self._f = f
         self._draft = f["draft_tokens"].labels(plugin, plugin)
         self._accepted = f["accepted_tokens"].labels(plugin, plugin)
+        self._by_source: dict[str, tuple] = {}
+        self._file_events = {e: f["file_events"].labels(plugin, e) for e in FILE_EVENTS}
+        self._file_seen = {e: 0 for e in FILE_EVENTS}
         self._with = f["steps"].labels(plugin, "yes")
         self._without = f["steps"].labels(plugin, "no")
         self._seconds = f["propose_seconds"].labels(plugin)
@@ -121,17 +132,49 @@ class PluginMetrics:
             logger.info("freespec: metrics for plugin %r are kept in this process only; set PROMETHEUS_MULTIPROC_DIR "
                         "(freespec serve does) to see them on vLLM's /metrics (docs/metrics.md)", plugin)
 
-    def step(self, draft_tokens: int, accepted_tokens: int, drafted: bool, seconds: float | None) -> None:
-        """One engine step: tokens drafted now, tokens of the last drafts accepted, the plugin's time (None: skipped)."""
+    def step(self, draft_tokens: int, accepted_tokens: int, drafted: bool, seconds: float | None,
+             draft_by: dict[str, int] | None = None, accepted_by: dict[str, int] | None = None) -> None:
+        """One engine step: tokens drafted now, tokens of the last drafts accepted, the plugin's time (None: skipped).
+
+        ``draft_by``/``accepted_by``: the same tokens split by source, for plugins that name their sources.
+        """
         if not self.on:
             return
-        if draft_tokens:
-            self._draft.inc(draft_tokens)
-        if accepted_tokens:
-            self._accepted.inc(accepted_tokens)
+        if draft_by is None:
+            if draft_tokens:
+                self._draft.inc(draft_tokens)
+        else:
+            for source, n in draft_by.items():
+                self._source(source)[0].inc(n)
+        if accepted_by is None:
+            if accepted_tokens:
+                self._accepted.inc(accepted_tokens)
+        else:
+            for source, n in accepted_by.items():
+                self._source(source)[1].inc(n)
         (self._with if drafted else self._without).inc()
         if seconds is not None:
             self._seconds.observe(seconds)
+
+    def _source(self, source: str) -> tuple:
+        """The (drafted, accepted) children of a source label; at most MAX_SOURCES, then "other"."""
+        children = self._by_source.get(source)
+        if children is None:
+            label = source if len(self._by_source) < MAX_SOURCES else "other"
+            children = (self._f["draft_tokens"].labels(self._plugin, label),
+                        self._f["accepted_tokens"].labels(self._plugin, label))
+            self._by_source[source] = children
+        return children
+
+    def file_events(self, counts: dict[str, int]) -> None:
+        """The plugin's persisted-state counts so far (``Proposer.file_events``): exported as increments."""
+        if not self.on:
+            return
+        for event, total in counts.items():
+            seen = self._file_seen.get(event)
+            if seen is not None and total > seen:
+                self._file_events[event].inc(total - seen)
+                self._file_seen[event] = total
 
     def error(self) -> None:
         if self.on:

@@ -143,6 +143,7 @@ class RecycleProposer(Proposer):
     def __init__(self, options: RecycleOptions, num_speculative_tokens: int) -> None:
         super().__init__(options, num_speculative_tokens)
         self.target_topk = options.candidates
+        self._events = {"save": 0, "save_error": 0, "merge": 0}  # file_events()
         nodes = tree_nodes(options.tree_widths, num_speculative_tokens)
         if nodes > MAX_TREE_NODES:
             raise ValueError(
@@ -257,6 +258,7 @@ class RecycleProposer(Proposer):
 
     def _merge(self, path: str, peer: Matrix) -> None:
         taken = merge_into(self.matrix, peer)
+        self._events["merge"] += 1
         logger.info("freespec: recycle matrix merged %d rows from %s", taken, path)
 
     def _apply_merges(self) -> None:
@@ -309,7 +311,9 @@ class RecycleProposer(Proposer):
             return
         try:
             write_matrix(self.options.matrix_path, m)
+            self._events["save"] += 1
         except OSError:
+            self._events["save_error"] += 1
             logger.exception("freespec: could not save the recycle matrix to %s", self.options.matrix_path)
 
     # ---------------------------------------------------------------- learning
@@ -378,6 +382,9 @@ class RecycleProposer(Proposer):
     def release(self, key: int) -> None:
         self._chains.pop(key, None)
         self._empty_steps.pop(key, None)
+
+    def file_events(self) -> dict[str, int]:
+        return dict(self._events)
 
     def state_bytes(self) -> int:
         matrix = 0 if self.matrix is None else self.matrix.nbytes()
