@@ -49,6 +49,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from freespec.proposers.file_worker import FileWorker
 
 logger = logging.getLogger("freespec")
 
@@ -327,7 +328,9 @@ class ResponseStore:
         self._last_stamp = 0
         self._write_lock = threading.Lock()  # one writer of ``path`` at a time (thread or close)
         self._save_error: str | None = None
-        self._files: _FileWork | None = None
+        self._files: FileWorker | None = None
+        self._peer_seen: dict = {}  # peer path -> (mtime_ns, size) last merged
+        self._peer_errors: dict = {}  # peer path -> the last error logged for it
         self._closed = False
         self.saves = 0  # successful saves (tests, statistics)
 
@@ -526,10 +529,17 @@ class ResponseStore:
             self._files.stop(timeout)
         self._save(self._snapshot(), timeout=timeout)
 
-    def _work(self) -> _FileWork:
+    def _work(self) -> FileWorker:
         if self._files is None:
-            self._files = _FileWork(self._save, self._read_peer)
+            self._files = FileWorker(self._save, self._read_peers, "response-store")
         return self._files
+
+    def _read_peers(self, paths: tuple[str, ...]):
+        """(path, merged) for each of ``paths`` that changed and is good (in the background thread)."""
+        for path in paths:
+            merged = self._read_peer(path, self._peer_seen, self._peer_errors)
+            if merged is not None:
+                yield path, merged
 
     def _save(self, stored: Stored, timeout: float = -1) -> None:
         """Write ``stored``; a failure is logged once per distinct error, never raised."""
@@ -589,89 +599,3 @@ def _process_alive(pid: int) -> bool:
     return True
 
 
-class _FileWork:
-    """The store's file work in one background thread, so the caller never waits for a disk.
-
-    Two slots: the next snapshot to save (coalesced: a newer one replaces one not yet written) and the peer
-    paths to check; a peer store read and checked waits in a third until ``take()``, and the thread waits
-    for that, so at most one peer store is held. Same shape as recycle's ``_FileWork`` (to fold into one).
-    """
-
-    def __init__(self, save, read_peer) -> None:
-        self._save, self._read_peer = save, read_peer
-        self._cond = threading.Condition()
-        self._snapshot: Stored | None = None
-        self._peers: tuple[str, ...] = ()
-        self._ready: tuple[str, _Merged] | None = None
-        self._busy = self._stopping = False
-        self._seen: dict = {}  # peer path -> (mtime_ns, size) last merged
-        self._errors: dict = {}  # peer path -> the last error logged for it
-        self._thread = threading.Thread(target=self._run, name="freespec-response-store", daemon=True)
-        self._thread.start()
-
-    def request(self, snapshot: Stored | None = None, peers: tuple[str, ...] = ()) -> None:
-        with self._cond:
-            if snapshot is not None:
-                self._snapshot = snapshot
-            if peers:
-                self._peers = tuple(dict.fromkeys(self._peers + peers))
-            self._cond.notify_all()
-
-    def take(self) -> tuple[str, _Merged] | None:
-        if self._ready is None:  # the common case, without the lock
-            return None
-        with self._cond:
-            ready, self._ready = self._ready, None
-            self._cond.notify_all()
-            return ready
-
-    def wait(self, timeout: float) -> bool:
-        """Until nothing is requested or running (True), or a peer store waits to be taken, or ``timeout``."""
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while self._snapshot is not None or self._peers or self._busy:
-                if self._ready is not None:
-                    return False
-                left = deadline - time.monotonic()
-                if left <= 0 or not self._thread.is_alive():
-                    return False
-                self._cond.wait(left)
-            return self._ready is None
-
-    def stop(self, timeout: float) -> None:
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
-        self._thread.join(timeout)
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._stopping and self._snapshot is None and not self._peers:
-                    self._cond.wait()
-                if self._stopping:
-                    return
-                snapshot, self._snapshot = self._snapshot, None
-                peers, self._peers = self._peers, ()
-                self._busy = True
-            try:
-                if snapshot is not None:
-                    self._save(snapshot)  # logs its own failures
-                del snapshot
-                for path in peers:
-                    stored = self._read_peer(path, self._seen, self._errors)
-                    if stored is None:
-                        continue
-                    with self._cond:
-                        while self._ready is not None and not self._stopping:
-                            self._cond.wait()
-                        if self._stopping:
-                            return
-                        self._ready = (path, stored)
-                        self._cond.notify_all()
-            except Exception:  # never let the thread die: the next request tries again
-                logger.exception("freespec: response store background file work failed; will try again")
-            finally:
-                with self._cond:
-                    self._busy = False
-                    self._cond.notify_all()

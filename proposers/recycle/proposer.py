@@ -31,7 +31,7 @@ retried (the server keeps what it has).
 
 File work never runs inside ``propose`` after start: saving (write and fsync,
 possibly to a network filesystem) and reading peers' files happen in one
-background thread (``_FileWork``). ``propose`` only hands it a copy of the matrix
+background thread (``proposers/file_worker.py``). ``propose`` only hands it a copy of the matrix
 (one slot: a newer copy replaces one not yet written, only the latest matters)
 and merges a peer matrix the thread has read and checked (one slot: the thread
 waits until it is taken). Memory: at most two extra matrices (one copy being
@@ -46,14 +46,14 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import threading
 import time
-from typing import Callable, Iterator, Optional, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 from freespec.kernels.tree import expand_tree, tree_template
 from freespec.proposers.base import EngineInfo, Proposer, ProposerOptions, Row, ScoredPositions
 from freespec.proposers.exit_save import save_at_exit
+from freespec.proposers.file_worker import FileWorker
 from freespec.proposers.recycle.matrix import (
     STAMP_MAX,
     Matrix,
@@ -73,7 +73,7 @@ PROBE_EVERY = 16  # a request whose best chain is empty still drafts its top-1 t
 MAX_TREE_NODES = 4096
 
 
-def tree_nodes(widths: Sequence[int], depth: Optional[int] = None) -> int:
+def tree_nodes(widths: Sequence[int], depth: int | None = None) -> int:
     """Nodes of the draft tree with ``widths`` (cut or padded with 1 to ``depth`` levels when given)."""
     widths = list(widths)
     if depth is not None:
@@ -101,7 +101,7 @@ class RecycleOptions(ProposerOptions):
         le=1.0,
         description='draft one more token while its expected acceptance is at least this (with "policy": "fixed")',
     )
-    matrix_path: Optional[str] = Field(None, description="warm-start file: loaded at start, saved periodically and at exit")
+    matrix_path: str | None = Field(None, description="warm-start file: loaded at start, saved periodically and at exit")
     merge_from: tuple[str, ...] = Field(
         (),
         max_length=256,
@@ -119,7 +119,7 @@ class RecycleOptions(ProposerOptions):
         return widths
 
     @model_validator(mode="after")
-    def _widths_fit(self) -> "RecycleOptions":
+    def _widths_fit(self) -> RecycleOptions:
         if max(self.tree_widths) > self.candidates:
             raise ValueError(f"tree_widths {list(self.tree_widths)} exceed candidates ({self.candidates})")
         nodes = tree_nodes(self.tree_widths)
@@ -161,25 +161,25 @@ class RecycleProposer(Proposer):
             top1.append(node)
         self._top1_nodes = np.asarray(top1, dtype=np.int64)
         self.acceptance = EdgeAcceptance(options.candidates)
-        self.matrix: Optional[Matrix] = None
+        self.matrix: Matrix | None = None
         self.updates = 0
         self._chains: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # key -> (ranks, buckets) drafted
         self._empty_steps: dict[int, int] = {}
-        self._info: Optional[EngineInfo] = None
+        self._info: EngineInfo | None = None
         self._fingerprint = ""
         self._last_save = time.monotonic()
         self._merged_stat: dict[str, tuple[int, int]] = {}  # merge_from path -> (mtime_ns, size) last read
         self._stat_errors: dict[str, str] = {}  # merge_from path -> the last error logged for it
-        self._files: Optional[_FileWork] = None
+        self._files: FileWorker | None = None
         self._closed = False
 
     # The matrix's arrays, by their old names (the tree expansion and tests read them).
     @property
-    def ids(self) -> Optional[np.ndarray]:
+    def ids(self) -> np.ndarray | None:
         return None if self.matrix is None else self.matrix.ids
 
     @property
-    def probs(self) -> Optional[np.ndarray]:
+    def probs(self) -> np.ndarray | None:
         return None if self.matrix is None else self.matrix.probs
 
     # ---------------------------------------------------------------- set-up and persistence
@@ -202,7 +202,7 @@ class RecycleProposer(Proposer):
         for peer_path, peer in self._changed_peers(at_start=True):
             self._merge(peer_path, peer)
         if self.options.save_every_s:
-            self._files = _FileWork(self._write, lambda: self._changed_peers(at_start=False))
+            self._files = FileWorker(self._write, lambda peers: self._changed_peers(at_start=False), "recycle-files")
         # A strong reference: vLLM may drop its drafter before the interpreter exits, and the last
         # save must still happen (a weak one let the engine exit without saving).
         if path is not None:
@@ -363,7 +363,7 @@ class RecycleProposer(Proposer):
             self._apply_merges()
             if time.monotonic() - self._last_save >= self.options.save_every_s:
                 # A copy of the matrix (milliseconds); the write, its fsync and the peers' reads are the thread's.
-                self._files.request(self.snapshot() if self.options.matrix_path else None)
+                self._files.request(self.snapshot() if self.options.matrix_path else None, self.options.merge_from)
                 self._last_save = time.monotonic()
         return drafts
 
@@ -390,92 +390,4 @@ class RecycleProposer(Proposer):
         matrix = 0 if self.matrix is None else self.matrix.nbytes()
         return matrix + sum(r.nbytes + b.nbytes for r, b in self._chains.values())
 
-
-class _FileWork:
-    """recycle's file work in one background thread, so ``propose`` never waits for a disk or a network filesystem.
-
-    ``request(snapshot)``: write this copy of the matrix (one slot: a newer copy replaces one not yet written)
-    and look for changed peers' files. A peer matrix read and checked waits in one slot until ``take()``;
-    the thread waits for that, so at most one peer matrix is held.
-    """
-
-    def __init__(self, write: Callable[[Matrix], None], peers: Callable[[], Iterator[tuple[str, Matrix]]]) -> None:
-        self._write, self._peers = write, peers
-        self._cond = threading.Condition()
-        self._snapshot: Optional[Matrix] = None
-        self._check = False
-        self._ready: Optional[tuple[str, Matrix]] = None
-        self._busy = False
-        self._stopping = False
-        self.errors = 0
-        self._thread = threading.Thread(target=self._run, name="freespec-recycle-files", daemon=True)
-        self._thread.start()
-
-    def request(self, snapshot: Optional[Matrix]) -> None:
-        with self._cond:
-            if snapshot is not None:
-                self._snapshot = snapshot  # coalesced: only the latest copy is written
-            self._check = True
-            self._cond.notify_all()
-
-    def take(self) -> Optional[tuple[str, Matrix]]:
-        if self._ready is None:  # the common case, without the lock
-            return None
-        with self._cond:
-            ready, self._ready = self._ready, None
-            self._cond.notify_all()
-            return ready
-
-    def has_ready(self) -> bool:
-        return self._ready is not None
-
-    def wait(self, timeout: float) -> bool:
-        """Until nothing is requested or running (True), a peer is ready to take, or ``timeout`` (False)."""
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while self._snapshot is not None or self._check or self._busy:
-                if self._ready is not None:
-                    return False
-                left = deadline - time.monotonic()
-                if left <= 0 or not self._thread.is_alive():
-                    return False
-                self._cond.wait(left)
-            return True
-
-    def stop(self, timeout: float = 10.0) -> None:
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
-        self._thread.join(timeout)
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._stopping and self._snapshot is None and not self._check:
-                    self._cond.wait()
-                if self._stopping:
-                    return
-                snapshot, self._snapshot = self._snapshot, None
-                check, self._check = self._check, False
-                self._busy = True
-            try:
-                if snapshot is not None:
-                    self._write(snapshot)
-                del snapshot
-                if check:
-                    for ready in self._peers():
-                        with self._cond:
-                            while self._ready is not None and not self._stopping:
-                                self._cond.wait()
-                            if self._stopping:
-                                return
-                            self._ready = ready
-                            self._cond.notify_all()
-            except Exception:  # never let the thread die: the next request tries again
-                self.errors += 1
-                logger.exception("freespec: recycle background file work failed; will try again")
-            finally:
-                with self._cond:
-                    self._busy = False
-                    self._cond.notify_all()
 
