@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from freespec.cli.process_memory import process_tree
+from freespec.bench.memory import process_tree
 from integration_tests.conftest import K, spec_bench_prompts
 from integration_tests.serving import metric, start_server
 
