@@ -293,6 +293,17 @@ def test_long_context_is_caught_up_in_the_background_in_chunks():
     assert d.stats.hits == 1
 
 
+def test_a_step_can_lower_the_catch_up_limit():
+    ctx = list(range(40))
+    d = fixed(ScriptedDraft(), k=2, sync_feed_tokens=4096)
+    assert d.step([Row(0, arr(ctx), 1)]) == [greedy(ctx, 2)[0]]  # the option: the context is read in the step
+    backend = ScriptedDraft()
+    d = fixed(backend, k=2, sync_feed_tokens=4096)
+    assert d.step([Row(0, arr(ctx), 1)], sync_feed_tokens=16) == [[]]  # a draft restarted after a timeout
+    assert d.stats.deferred == 1 and not backend.forwards
+    assert d.extend() and backend.tokens() == len(ctx) + 2  # caught up, then extended, in the background
+
+
 def test_stop_request_interrupts_catch_up_between_chunks():
     backend = ScriptedDraft()
     d = fixed(backend, k=2, sync_feed_tokens=4, prefill_chunk=4)

@@ -44,6 +44,24 @@ class Slow(CopyProposer):
         return super().propose(rows)
 
 
+class Forgets(CopyProposer):
+    """Records the keys it is told to release; overruns a 20 ms budget if ``slow``, raises if ``fail``."""
+
+    released: list = []
+    slow = fail = False
+
+    def propose(self, rows):
+        if type(self).fail:
+            raise RuntimeError("injected fault")
+        if type(self).slow:
+            time.sleep(0.05)
+        return super().propose(rows)
+
+    def release(self, key):
+        type(self).released.append(key)
+        super().release(key)
+
+
 def make_adapter(plugin: str, **keys) -> FreespecProposer:
     return adapter_for({"plugin": plugin, "num_speculative_tokens": 4, "policy": "fixed", **keys})
 
@@ -141,3 +159,17 @@ def test_step_budget_is_an_adapter_key_with_bounds_named_in_the_error():
     cfg = fake_vllm_config({"freespec": {"plugin": "copy", "options": {}, "step_budget_ms": 0}})
     with pytest.raises(FreespecConfigError, match="step_budget_ms"):
         FreespecProposer(cfg)
+
+
+@pytest.mark.parametrize("fault", ["slow", "fail"])
+def test_a_slow_plugin_keeps_its_requests_when_the_breaker_opens_and_a_failing_one_forgets_them(fault):
+    Forgets.released, Forgets.slow, Forgets.fail = [], fault == "slow", fault == "fail"
+    adapter = make_adapter("test_reliability_breaker:Forgets", step_budget_ms=20)
+    adapter.breaker._clock = Clock()
+    step = stepper(adapter)
+    for _ in range(CircuitBreaker.GRACE_STEPS + CircuitBreaker.TRIP_AFTER):
+        step()
+    assert adapter.breaker_state()["state"] == "open"
+    # Slow: the live request's state stays, so the trial step catches up on the steps it missed. Forgetting it
+    # made pearl's trial step re-prefill every live context, overrun the budget and open the breaker again.
+    assert Forgets.released == ([] if fault == "slow" else [0])

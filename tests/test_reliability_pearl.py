@@ -23,6 +23,7 @@ class FakeDraft(RemoteDraft):
         self.running = False
         self.mode = "ok"  # "ok", "die", "hang"
         self.timeouts: list[float] = []
+        self.messages: list[dict] = []
 
     def _launch(self):
         self.launches += 1
@@ -36,6 +37,7 @@ class FakeDraft(RemoteDraft):
 
     def _call(self, msg, payload, timeout, what):
         self.timeouts.append(timeout)
+        self.messages.append(msg)
         if self.mode == "die":
             raise DraftError("pearl: the fake draft died")
         if self.mode == "hang":
@@ -104,6 +106,27 @@ def test_one_step_waits_the_full_timeout_at_most_once(monkeypatch):
     assert d.timeouts[-1] == 30.0  # healthy again: the configured timeout
 
 
+def test_after_a_timeout_the_restarted_draft_catches_up_in_the_background(monkeypatch):
+    clock = Clock(monkeypatch)
+    d = FakeDraft(step_timeout_s=30.0, max_restarts=3)
+    d.start()
+    d.step(rows())
+    assert d.messages[-1]["sync_feed_tokens"] is None  # the option's limit
+    d.mode = "hang"
+    d.step(rows())  # timed out: killed and restarted; the new draft holds no request
+    d.mode = "ok"
+    assert d.step(rows()) == [[1]]
+    # Re-reading every live context within RETRY_TIMEOUT_S cannot succeed (was: the step timed out, the
+    # draft was restarted, and so on while those requests lived): rows far behind are caught up in the
+    # background.
+    assert d.timeouts[-1] == pearl_remote.RETRY_TIMEOUT_S
+    assert d.messages[-1]["sync_feed_tokens"] == pearl_remote.RETRY_SYNC_FEED_TOKENS
+    clock.t += pearl_remote.HEALTHY_S
+    d.step(rows())
+    d.step(rows())
+    assert d.timeouts[-1] == 30.0 and d.messages[-1]["sync_feed_tokens"] is None  # healthy again
+
+
 def test_step_timeout_is_bounded():
     from freespec.proposers.pearl.proposer import PearlOptions
 
@@ -119,7 +142,7 @@ class SlowDrafter:
         self.delay = 0.0
         self.calls = 0
 
-    def step(self, rows, token_cost=None):
+    def step(self, rows, token_cost=None, sync_feed_tokens=None):
         self.calls += 1
         time.sleep(self.delay)
         return [[self.calls] for _ in rows]

@@ -173,7 +173,7 @@ class FreespecProposer:
         if seconds > self.breaker.budget_s:
             self.stats.overruns += 1
         if self.breaker.record(failure, seconds):
-            self._opened(keys)
+            self._opened(keys, forget=failure is not None)
         self._count(drafts, seconds, accepted, accepted_by, sources)
         return drafts
 
@@ -242,12 +242,17 @@ class FreespecProposer:
         self._count([[] for _ in range(n_rows)], None, accepted, accepted_by)
         return [[] for _ in range(n_rows)]
 
-    def _opened(self, keys: list[int]) -> None:
-        """The breaker has just opened: the plugin will miss steps, so it forgets the live requests' state.
+    def _opened(self, keys: list[int], forget: bool) -> None:
+        """The breaker has just opened. A plugin that raised (``forget``) forgets the live requests' state
+        (it may be what fails) and sees them as new requests when tried again (their keys are unchanged).
 
-        It sees them again as new requests when it is tried again (their keys are unchanged).
+        A plugin that was only slow keeps it: every row carries its whole sequence, so at the trial step it
+        catches up on the steps it missed. Forgetting would make that trial re-read every live request (pearl
+        re-prefills each context in the step), so the trial overran, the breaker opened again with twice the
+        back-off, and the plugin drafted nothing while those requests lived.
         """
-        self._release(keys)
+        if forget:
+            self._release(keys)
         self._last_drafts = {}
         self._last_sources = {}
 

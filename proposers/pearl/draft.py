@@ -301,15 +301,16 @@ class DraftWorker:
             raise self._error
 
     def step(self, rows: Sequence[Row], token_cost: Optional[float] = None,
-             timeout: Optional[float] = None) -> list[list[int]]:
+             timeout: Optional[float] = None, sync_feed_tokens: Optional[int] = None) -> list[list[int]]:
         """The chains for this step (blocks, for at most ``timeout`` seconds when given, then StepTimeout;
-        the draft stops post-verify after its forward in flight)."""
+        the draft stops post-verify after its forward in flight). ``sync_feed_tokens``: a lower limit for
+        this step than the drafter's option (``PearlDrafter.step``)."""
         self.start()
         t0 = time.perf_counter()
         deadline = None if timeout is None else time.monotonic() + timeout
         self._stop.set()
         with self._cond:
-            self._job, self._result = (rows, token_cost), None
+            self._job, self._result = (rows, token_cost, sync_feed_tokens), None
             self._cond.notify_all()
             while self._result is None:
                 left = 1.0 if deadline is None else deadline - time.monotonic()

@@ -53,6 +53,10 @@ GAUGES = ("weight_bytes", "kv_bytes", "cached_requests", "cached_tokens")  # in 
 RESTART_BACKOFF_S = (5.0, 300.0)
 HEALTHY_S = 60.0  # a draft answering steps this long clears the failure count, the back-off and the short timeout
 RETRY_TIMEOUT_S = 2.0  # a step's timeout after a step timed out, until the draft is healthy again
+# Meanwhile a row further behind than this is caught up in the background, not in the step: a draft restarted
+# after a timeout holds no request, and re-reading every live context inside RETRY_TIMEOUT_S cannot succeed
+# (the step timed out, the draft was restarted again, and so on while those requests lived).
+RETRY_SYNC_FEED_TOKENS = 16
 
 
 class DraftError(RuntimeError):
@@ -66,7 +70,8 @@ class DraftTimeout(DraftError):
 # --------------------------------------------------------------------------- messages
 
 
-def encode_step(rows: Sequence[Row], token_cost: Optional[float] = None) -> tuple[dict, bytes]:
+def encode_step(rows: Sequence[Row], token_cost: Optional[float] = None,
+                sync_feed_tokens: Optional[int] = None) -> tuple[dict, bytes]:
     tokens = [np.ascontiguousarray(row.tokens, dtype=np.int32) for row in rows]
     header = {
         "op": "step",
@@ -74,6 +79,7 @@ def encode_step(rows: Sequence[Row], token_cost: Optional[float] = None) -> tupl
         "num_new": [int(row.num_new) for row in rows],
         "lengths": [len(t) for t in tokens],
         "token_cost": token_cost,
+        "sync_feed_tokens": sync_feed_tokens,
     }
     return header, b"".join(t.tobytes() for t in tokens)
 
@@ -126,7 +132,8 @@ class DraftServer:
         op = msg["op"]
         if op == "step":
             try:
-                chains = self.worker.step(decode_step(msg, payload), msg.get("token_cost"))
+                chains = self.worker.step(decode_step(msg, payload), msg.get("token_cost"),
+                                          sync_feed_tokens=msg.get("sync_feed_tokens"))
                 reply = {"ok": True, "chains": [[int(t) for t in c] for c in chains]}
             except Exception as e:  # DraftWorker has reset the drafter; report and go on
                 reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
@@ -348,7 +355,8 @@ class RemoteDraft:
                 self.skipped_steps += 1
                 return [[] for _ in rows]
             t0 = time.perf_counter()
-            header, payload = encode_step(rows, token_cost)
+            catch_up = RETRY_SYNC_FEED_TOKENS if self._short_timeout else None
+            header, payload = encode_step(rows, token_cost, catch_up)
             try:
                 reply = self._call(header, payload, self._step_timeout(), "a step")
             except DraftError as e:

@@ -308,13 +308,18 @@ class PearlDrafter:
         return admitted
 
     # -- the synchronous step --------------------------------------------------
-    def step(self, rows: Sequence[Row], token_cost: Optional[float] = None) -> list[list[int]]:
+    def step(self, rows: Sequence[Row], token_cost: Optional[float] = None,
+             sync_feed_tokens: Optional[int] = None) -> list[list[int]]:
         """One chain (0..k tokens) per row, drafting now only what post-verify has not.
 
         ``token_cost``: the load-aware bar (scorers/policy.py). A chain is cut where the product
         of the draft's confidences (its estimate that the prefix is accepted) falls below it;
-        None leaves chains to ``min_confidence`` and the budget alone.
+        None leaves chains to ``min_confidence`` and the budget alone. ``sync_feed_tokens``: this
+        step's limit when lower than the option's (rows further behind are caught up in the background).
         """
+        sync_limit = self.sync_feed_tokens
+        if sync_feed_tokens is not None:
+            sync_limit = min(sync_limit, max(1, int(sync_feed_tokens)))
         self._drain_released()
         s = self.stats
         s.steps += 1
@@ -347,7 +352,7 @@ class PearlDrafter:
             if decided:
                 chains[i] = chain
                 s.hits += 1
-            elif len(st.pending_feed()) > self.sync_feed_tokens:
+            elif len(st.pending_feed()) > sync_limit:
                 s.deferred += 1  # caught up by extend(); no chain this step
             else:
                 if kept:
