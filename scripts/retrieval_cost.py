@@ -2,7 +2,7 @@
 
 Builds (or reuses) datastores of the given sizes from Spec-Bench text tokenized with the
 model's tokenizer, tiled to the size with 5% of tokens replaced at random (so the corpus is
-not one text repeated verbatim), with ``freespec.proposers.datastore_build``; then times
+not one text repeated verbatim), with ``freespec.proposers.retrieval.build``; then times
 ``RetrievalProposer.propose`` on batches of requests whose contexts are Spec-Bench questions
 (their tails are the lookup patterns), and reports microseconds per request per step.
 
