@@ -195,14 +195,25 @@ def alone(load: MixedLoad, run: Run) -> str:
         load.resume()
 
 
+SUSTAINED_POLLS = 3  # recovered only when it holds this many polls in a row (a late step is not a recovery)
+
+
 def wait_recovery(scenario: Scenario, run: Run, since: float, timeout: float) -> float | None:
-    """Seconds from ``since`` until ``scenario.recovered``, polled every 0.5 s (None: not within ``timeout``)."""
+    """Seconds from ``since`` until ``scenario.recovered`` first held for ``SUSTAINED_POLLS`` polls in a row,
+    polled every 0.5 s (None: not within ``timeout``). A single count after a fault can be a step that was
+    already under way (pearl: a chain computed before the kill; a new draft process exists before it has loaded)."""
     before = drafts(run)
+    streak, first = 0, None
     while time.monotonic() - since < timeout:
         time.sleep(0.5)
         now = drafts(run)
         if scenario.recovered(run, before, now):
-            return time.monotonic() - since
+            streak += 1
+            first = first if first is not None else time.monotonic() - since
+            if streak >= SUSTAINED_POLLS:
+                return first
+        else:
+            streak, first = 0, None
         before = now
     return None
 
