@@ -116,7 +116,8 @@ class PearlOptions(ProposerOptions):
             cores = parse_cores(value)
             missing = sorted(c for c in cores if c >= (os.cpu_count() or 1))
             if missing:
-                raise ValueError(f"CPU ids {missing} do not exist here ({os.cpu_count()} CPUs)")
+                shown = ", ".join(map(str, missing[:8])) + (f", ... ({len(missing)} in all)" if len(missing) > 8 else "")
+                raise ValueError(f"CPU ids {shown} do not exist here ({os.cpu_count()} CPUs)")
         return value
 
     @field_validator("ray_actor_options")

@@ -144,6 +144,7 @@ class RecycleProposer(Proposer):
         super().__init__(options, num_speculative_tokens)
         self.target_topk = options.candidates
         self._events = {"save": 0, "save_error": 0, "merge": 0}  # file_events()
+        self._save_error: Optional[str] = None  # the last save failure logged
         nodes = tree_nodes(options.tree_widths, num_speculative_tokens)
         if nodes > MAX_TREE_NODES:
             raise ValueError(
@@ -312,9 +313,15 @@ class RecycleProposer(Proposer):
         try:
             write_matrix(self.options.matrix_path, m)
             self._events["save"] += 1
-        except OSError:
+        except OSError as e:
             self._events["save_error"] += 1
-            logger.exception("freespec: could not save the recycle matrix to %s", self.options.matrix_path)
+            why = f"{type(e).__name__}: {e}"
+            if self._save_error != why:  # once per distinct error, not every save_every_s
+                self._save_error = why
+                logger.error("freespec: could not save the recycle matrix to %s (%s); trying again every "
+                             "save_every_s (logged once per distinct error)", self.options.matrix_path, why)
+            return
+        self._save_error = None
 
     # ---------------------------------------------------------------- learning
     def observe(self, scored: ScoredPositions) -> None:

@@ -50,7 +50,8 @@ class RetrievalOptions(CopySourceOptions):
     @classmethod
     def _exists(cls, path: str) -> str:
         if not os.path.isdir(path):
-            raise ValueError(f"datastore directory {path!r} does not exist")
+            what = "is a file, not a datastore directory" if os.path.exists(path) else "does not exist"
+            raise ValueError(f"datastore directory {path!r} {what}")
         read_manifest(path)  # a clear error now (format, version), before any worker starts
         return path
 
