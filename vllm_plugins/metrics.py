@@ -140,21 +140,20 @@ class PluginMetrics:
         """
         if not self.on:
             return
-        if draft_by is None:
-            if draft_tokens:
-                self._draft.inc(draft_tokens)
-        else:
-            for source, n in draft_by.items():
-                self._source(source)[0].inc(n)
-        if accepted_by is None:
-            if accepted_tokens:
-                self._accepted.inc(accepted_tokens)
-        else:
-            for source, n in accepted_by.items():
-                self._source(source)[1].inc(n)
+        self._add(0, draft_tokens, draft_by)
+        self._add(1, accepted_tokens, accepted_by)
         (self._with if drafted else self._without).inc()
         if seconds is not None:
             self._seconds.observe(seconds)
+
+    def _add(self, which: int, total: int, by_source: dict[str, int] | None) -> None:
+        """Count drafted (``which`` 0) or accepted (1) tokens, under the plugin or split by source."""
+        if by_source is None:
+            if total:
+                (self._draft, self._accepted)[which].inc(total)
+            return
+        for source, n in by_source.items():
+            self._source(source)[which].inc(n)
 
     def _source(self, source: str) -> tuple:
         """The (drafted, accepted) children of a source label; at most MAX_SOURCES, then "other"."""
