@@ -102,6 +102,8 @@ class HybridOptions(CopySourceOptions):
             raise ValueError('the "retrieval" source needs the "datastore" option')
         if self.datastore is not None and "retrieval" not in chosen:
             raise ValueError('"datastore" is given but "retrieval" is not among the sources')
+        if self.datastore is not None:
+            _check_datastore(self.datastore)
         for name in SOURCES:
             if getattr(self, name) is not None and name not in (self.sources or DEFAULT_SOURCES):
                 raise ValueError(f'"{name}" options are given but "{name}" is not among the sources')
@@ -128,6 +130,19 @@ class HybridOptions(CopySourceOptions):
 def _with_fixed(name: str, raw: dict[str, Any], datastore: Optional[str]) -> dict[str, Any]:
     """The retrieval source reads hybrid's datastore and, unless told, leaves the context to ``copy``."""
     return {"datastore": datastore, "fuse_copy": False, **raw} if name == "retrieval" else raw
+
+
+def _check_datastore(path: str) -> None:
+    """Refuse a datastore that is not one when the config is read, as ``retrieval`` does (numpy only: the
+    search, with numba, is not imported here)."""
+    import os
+
+    from freespec.proposers.retrieval.datastore import read_manifest
+
+    if not os.path.isdir(path):
+        what = "is a file, not a datastore directory" if os.path.exists(path) else "does not exist"
+        raise ValueError(f"datastore directory {path!r} {what}")
+    read_manifest(path)
 
 
 def _own_chain(found: Candidates, k: int) -> np.ndarray:
