@@ -138,3 +138,19 @@ def test_adaptive_length_drops_to_rare_probes_when_drafts_are_rejected():
 def test_bad_options_are_refused(bad, field):
     with pytest.raises(ValidationError, match=field):
         CopyOptions(**bad)
+
+
+def test_live_requests_index_at_most_max_live_indexed_tokens_and_resume_when_one_leaves():
+    import numpy as np
+    from freespec.proposers.base import Row
+    from freespec.proposers.copy import CopyOptions, CopyProposer
+
+    p = CopyProposer(CopyOptions(max_live_indexed_tokens=1024), 8)
+    rng = np.random.default_rng(1)
+    a, b = (rng.integers(0, 1000, 900).astype(np.int32) for _ in range(2))
+    p.propose([Row(1, a, 1), Row(2, b, 1)])
+    assert p._seqs[1].indexed + p._seqs[2].indexed == 1024 == p._live_indexed
+    p.release(1)
+    p.propose([Row(2, np.append(b, 7).astype(np.int32), 1)])
+    assert p._seqs[2].indexed == 900  # the rest of b indexed once a left (all but the query gram)
+    assert p._live_indexed == 900
