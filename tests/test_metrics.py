@@ -127,7 +127,11 @@ def test_without_prometheus_client_metrics_do_nothing(monkeypatch):
 
 
 def test_serve_sets_a_fresh_multiprocess_directory_only_when_it_can(monkeypatch):
-    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    # setenv first, so monkeypatch records that the variable was absent and removes it at the end: a delenv
+    # of an absent variable records nothing, and the later delenv would then restore the removed directory
+    # into this process's environment, where every engine the integration tests start inherits it.
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "unset-below")
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR")
     monkeypatch.delenv("FREESPEC_METRICS", raising=False)
     monkeypatch.delenv("FREESPEC_DISABLE_PATCHES", raising=False)
     assert vllm_cli.multiproc_metrics_dir() is None  # prometheus_client already imported here: too late
@@ -138,7 +142,7 @@ def test_serve_sets_a_fresh_multiprocess_directory_only_when_it_can(monkeypatch)
         assert vllm_cli.multiproc_metrics_dir() is None  # already set: vLLM uses it as it is
     finally:
         directory.cleanup()
-    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR")
+    del os.environ["PROMETHEUS_MULTIPROC_DIR"]
     monkeypatch.setenv("FREESPEC_DISABLE_PATCHES", "prometheus_multiproc")
     assert vllm_cli.multiproc_metrics_dir() is None
     monkeypatch.setenv("FREESPEC_DISABLE_PATCHES", "")
@@ -248,3 +252,9 @@ def test_persisted_state_events_are_exported_as_increments():
     m.file_events({"save": 5, "merge": 1, "unknown": 9})
     assert sample("freespec:state_file_events_total", plugin="test_metrics:files", event="save") == 5
     assert sample("freespec:state_file_events_total", plugin="test_metrics:files", event="merge") == 1
+
+
+
+def test_no_test_leaves_a_multiprocess_directory_in_the_environment():
+    """Runs after the test above (file order): engines started later in this process must not inherit it."""
+    assert "PROMETHEUS_MULTIPROC_DIR" not in os.environ
