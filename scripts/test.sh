@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run freespec's tests: unit tests, then integration tests on the real vLLM CPU engine and
-# SmolLM2-135M-Instruct (51 minutes in the last fresh-clone run on 2 cores, a fresh venv included; the
-# install and quickstart tests are 11 of them). Sets the machine up first if needed.
+# SmolLM2-135M-Instruct (54 minutes in the last complete fresh-clone run on 2 cores, a fresh venv and the
+# install test included; the install test, about 5 of them, now runs in the matrix job). Sets the machine up
+# first if needed.
 # The `cluster` tests (tensor parallelism over two worker processes, vLLM replicas as Ray actors) run in
 # CI's matrix job, once per vLLM release (.ci/matrix), and so does the `release` test (the wheel installed
 # into a fresh venv); run them here with: bash scripts/test.sh -m cluster (or -m release)
