@@ -124,6 +124,11 @@ class Proposer(ABC):
         None when the plugin is its own one source."""
         return None
 
+    def source_seconds(self) -> Optional[dict[str, float]]:
+        """For the last ``propose``: the seconds each of the plugin's sources took (metrics, the benchmark's
+        per-source time); None when the plugin is its own one source."""
+        return None
+
     def file_events(self) -> dict[str, int]:
         """Counts so far of persisted-state work (``save``, ``save_error``, ``merge``), for metrics."""
         return {}

@@ -174,6 +174,7 @@ class HybridProposer(Proposer):
         self._paused: list[str] = []
         self._steps = 0
         self._sources: Optional[list[Optional[str]]] = None
+        self._seconds: Optional[dict[str, float]] = None
 
     def bind(self, info: EngineInfo) -> None:
         for source in self.sources.values():
@@ -230,15 +231,17 @@ class HybridProposer(Proposer):
         self._last_call = now
         self._steps += 1
         self._learn(rows)
-        offered = {}
+        offered, seconds = {}, {}
         for name, source in self.sources.items():
             if not self._runs(name):
                 continue
             source.token_cost = self.token_cost
             t0 = time.perf_counter()
             offered[name] = source.candidates(rows)
+            seconds[name] = time.perf_counter() - t0
             if self.pricing is not None:
-                self.pricing.observe_cost(name, time.perf_counter() - t0)
+                self.pricing.observe_cost(name, seconds[name])
+        self._seconds = seconds
         if self.pricing is not None:
             self.pricing.step_done(tuple(offered))
             paused = self.pricing.paused()
@@ -261,6 +264,9 @@ class HybridProposer(Proposer):
 
     def draft_sources(self) -> Optional[list[Optional[str]]]:
         return self._sources
+
+    def source_seconds(self) -> Optional[dict[str, float]]:
+        return self._seconds
 
     def file_events(self) -> dict[str, int]:
         total: dict[str, int] = {}

@@ -96,13 +96,17 @@ freespec:draft_tokens_total{plugin="hybrid",source="recycle"} 20.0
 freespec:draft_tokens_total{plugin="copy",source="copy"} 5.0
 # TYPE freespec:accepted_tokens counter
 freespec:accepted_tokens_total{plugin="hybrid",source="copy"} 30.0
+# TYPE freespec:source_seconds counter
+freespec:source_seconds_total{plugin="hybrid",source="copy"} 1.5
+freespec:source_seconds_total{plugin="hybrid",source="hybrid"} 0.25
 """
 
 
 def test_source_counters_sum_plugins_per_source():
     counts = prometheus.source_counters(prometheus.parse_prometheus_text(METRICS_SOURCES))
-    assert counts == {"copy": {"draft_tokens": 65.0, "accepted_tokens": 30.0},
-                      "recycle": {"draft_tokens": 20.0, "accepted_tokens": 0.0}}
+    assert counts == {"copy": {"draft_tokens": 65.0, "accepted_tokens": 30.0, "seconds": 1.5},
+                      "recycle": {"draft_tokens": 20.0, "accepted_tokens": 0.0, "seconds": 0.0},
+                      "hybrid": {"draft_tokens": 0.0, "accepted_tokens": 0.0, "seconds": 0.25}}
     # vLLM's counters only (no freespec plugin): no per-source figures.
     assert prometheus.source_counters(prometheus.parse_prometheus_text(METRICS_SPEC)) is None
 

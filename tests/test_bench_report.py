@@ -90,7 +90,13 @@ def test_results_header_names_the_server_of_a_run_it_did_not_start():
 def test_render_sources_markdown_lists_each_sources_accepted_and_drafted_tokens():
     requests, blocks = synthetic_run()
     assert report.render_sources_markdown(aggregate(requests, blocks)) == ""  # no freespec counters
-    blocks[2]["sources"] = {"recycle": {"draft_tokens": 20.0, "accepted_tokens": 5.0},
-                            "copy": {"draft_tokens": 60.0, "accepted_tokens": 15.0}}
+    blocks[2]["sources"] = {"recycle": {"draft_tokens": 20.0, "accepted_tokens": 5.0, "seconds": 0.0},
+                            "copy": {"draft_tokens": 60.0, "accepted_tokens": 15.0, "seconds": 0.0},
+                            "hybrid": {"draft_tokens": 0.0, "accepted_tokens": 0.0, "seconds": 0.0}}
+    blocks[2]["wall_s"] = 10.0
+    blocks[2]["sources"]["copy"]["seconds"] = 0.2
+    blocks[2]["sources"]["hybrid"]["seconds"] = 0.05
     lines = report.render_sources_markdown(aggregate(requests, blocks)).splitlines()
-    assert lines[2:] == ["| ngram | 1 | copy 15/60 (25%); recycle 5/20 (25%) |"]
+    # the plugin's own time (no tokens of its own) is listed under time only
+    assert lines[2:] == ["| ngram | 1 | copy 15/60 (25%); recycle 5/20 (25%) "
+                         "| 2.50% (copy 2.00%; hybrid 0.50%; recycle 0.00%) |"]

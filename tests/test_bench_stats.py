@@ -183,12 +183,15 @@ def test_latency_figures_of_a_row_pool_every_sample():
 
 def test_rows_sum_freespecs_per_source_counters_of_their_blocks():
     requests, blocks = synthetic_run()
-    blocks[2]["sources"] = {"copy": {"draft_tokens": 60.0, "accepted_tokens": 15.0},
-                            "recycle": {"draft_tokens": 20.0, "accepted_tokens": 5.0}}
-    blocks[3]["sources"] = {"copy": {"draft_tokens": 40.0, "accepted_tokens": 0.0}}
+    blocks[2]["sources"] = {"copy": {"draft_tokens": 60.0, "accepted_tokens": 15.0, "seconds": 0.5},
+                            "recycle": {"draft_tokens": 20.0, "accepted_tokens": 5.0, "seconds": 0.25}}
+    blocks[3]["sources"] = {"copy": {"draft_tokens": 40.0, "accepted_tokens": 0.0, "seconds": 0.5}}
+    wall_a, wall_b = blocks[2]["wall_s"], blocks[3]["wall_s"]
     rows = {(r["config"], r["category"]): r for r in stats.aggregate(requests, blocks)}
-    assert rows[("ngram", "a")]["sources"]["recycle"] == {"draft_tokens": 20.0, "accepted_tokens": 5.0,
-                                                          "acceptance_rate": 0.25}
-    assert rows[("ngram", "all")]["sources"]["copy"] == {"draft_tokens": 100.0, "accepted_tokens": 15.0,
-                                                         "acceptance_rate": 0.15}
+    assert rows[("ngram", "a")]["sources"]["recycle"] == {
+        "draft_tokens": 20.0, "accepted_tokens": 5.0, "seconds": 0.25, "acceptance_rate": 0.25,
+        "time_share": pytest.approx(0.25 / wall_a)}
+    assert rows[("ngram", "all")]["sources"]["copy"] == {
+        "draft_tokens": 100.0, "accepted_tokens": 15.0, "seconds": 1.0, "acceptance_rate": 0.15,
+        "time_share": pytest.approx(1.0 / (wall_a + wall_b))}
     assert rows[("none", "all")]["sources"] is None  # no freespec plugin, no per-source figures

@@ -52,6 +52,14 @@ def test_each_request_gets_the_source_that_knows_something():
     assert p._offered == {}
 
 
+def test_each_source_that_ran_reports_its_own_time():
+    p = make(sources=("copy", "recycle"), price_sources=False)
+    assert p.source_seconds() is None  # before the first step
+    p.propose([row(0, [5, 6, 7, 8, 9, 10, 11, 5, 6, 7])])
+    seconds = p.source_seconds()
+    assert set(seconds) == {"copy", "recycle"} and all(s > 0 for s in seconds.values())
+
+
 def test_a_high_bar_cuts_drafts():
     p = make(sources=("copy",))
     copying = [5, 6, 7, 8, 9, 10, 11, 5, 6, 7]

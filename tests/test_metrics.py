@@ -246,6 +246,33 @@ def test_drafted_and_accepted_tokens_are_split_by_the_source_the_plugin_names():
     assert sample("freespec:accepted_tokens_total", plugin=plugin, source="even") == sum(lengths[1:5:2])
 
 
+class TimedSources(CopyProposer):
+    """Copy's drafts, with a fixed share of each step's time named as two sources' (as hybrid times its sources)."""
+
+    def source_seconds(self):
+        return {"fast": 1e-6, "slow": 2e-6}
+
+
+def test_the_plugins_time_is_split_by_source_and_the_rest_is_its_own():
+    plugin = "test_metrics:TimedSources"
+    adapter = adapter_for({"plugin": plugin, "num_speculative_tokens": 4, "policy": "fixed"})
+    adapter.metrics = metrics.PluginMetrics(plugin)
+    step = accepting_stepper(adapter)
+    for _ in range(5):
+        step()
+    total = sample("freespec:propose_seconds_sum", plugin=plugin)
+    fast = sample("freespec:source_seconds_total", plugin=plugin, source="fast")
+    slow = sample("freespec:source_seconds_total", plugin=plugin, source="slow")
+    own = sample("freespec:source_seconds_total", plugin=plugin, source=plugin)
+    assert fast == pytest.approx(5e-6) and slow == pytest.approx(1e-5)
+    assert own > 0 and fast + slow + own == pytest.approx(total)
+    # a one-source plugin's whole time is its own
+    one = "test_metrics:OneSource"
+    m = metrics.PluginMetrics(one)
+    m.step(3, 1, True, 0.004)
+    assert sample("freespec:source_seconds_total", plugin=one, source=one) == pytest.approx(0.004)
+
+
 def test_persisted_state_events_are_exported_as_increments():
     m = metrics.PluginMetrics("test_metrics:files")
     m.file_events({"save": 2, "merge": 1})

@@ -165,6 +165,7 @@ class FreespecProposer:
             drafts = [[] for _ in range(n_rows)]
         self._last_drafts = dict(zip(keys, drafts))
         sources = self._draft_sources(n_rows) if failure is None else None
+        seconds_by = self._source_seconds() if failure is None else None
         self._last_sources = dict(zip(keys, sources)) if sources is not None else {}
         if self.target_topk is not None:
             self.target_topk.active = self._wants_target_topk()
@@ -174,7 +175,7 @@ class FreespecProposer:
             self.stats.overruns += 1
         if self.breaker.record(failure, seconds):
             self._opened(keys, forget=failure is not None)
-        self._count(drafts, seconds, accepted, accepted_by, sources)
+        self._count(drafts, seconds, accepted, accepted_by, sources, seconds_by)
         return drafts
 
     def _draft_sources(self, n_rows: int) -> list | None:
@@ -186,6 +187,16 @@ class FreespecProposer:
         if sources is None or len(sources) != n_rows:
             return None
         return [s if isinstance(s, str) else None for s in sources]
+
+    def _source_seconds(self) -> dict[str, float] | None:
+        """The plugin's seconds by source for this step (metrics); None when it names none or answers badly."""
+        try:
+            by = self.proposer.source_seconds()
+        except Exception:
+            return None
+        if not isinstance(by, dict):
+            return None
+        return {str(k): float(v) for k, v in by.items() if isinstance(v, (int, float)) and v >= 0}
 
     def _request_ids(self, caller, token_ids_cpu, n_rows: int) -> list[str] | None:
         """The engine's request id of each row, read from vLLM's input batch; None where it cannot be read.
@@ -293,9 +304,11 @@ class FreespecProposer:
         return draft
 
     def _count(self, drafts: list[list[int]], seconds: float | None, accepted: int,
-               accepted_by: dict[str, int] | None = None, sources: list | None = None) -> None:
-        """Account one step (``seconds``: the plugin's time, None when the breaker kept it out; ``accepted_by``
-        and ``sources``: the accepted tokens and this step's drafts by source, for plugins that name them)."""
+               accepted_by: dict[str, int] | None = None, sources: list | None = None,
+               seconds_by: dict[str, float] | None = None) -> None:
+        """Account one step (``seconds``: the plugin's time, None when the breaker kept it out; ``accepted_by``,
+        ``sources`` and ``seconds_by``: the accepted tokens, this step's drafts and its seconds by source, for
+        plugins that name them)."""
         s = self.stats
         drafted = sum(1 for d in drafts if d)
         tokens = sum(len(d) for d in drafts)
@@ -312,7 +325,7 @@ class FreespecProposer:
                 if draft:
                     name = source or self.plugin
                     draft_by[name] = draft_by.get(name, 0) + len(draft)
-        self.metrics.step(tokens, accepted, drafted > 0, seconds, draft_by, accepted_by)
+        self.metrics.step(tokens, accepted, drafted > 0, seconds, draft_by, accepted_by, seconds_by)
         enabled = self.breaker.state != "open"
         if enabled != self._enabled:
             self._enabled = enabled

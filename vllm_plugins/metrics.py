@@ -40,6 +40,10 @@ def _make_families() -> dict:
         "accepted_tokens": Counter(
             "freespec:accepted_tokens", "Draft tokens the target model accepted.", ["plugin", "source"]
         ),
+        "source_seconds": Counter(
+            "freespec:source_seconds", "Seconds the plugin took to propose, by source (under the plugin's own name: "
+            "its time outside its sources, all of it for a one-source plugin).", ["plugin", "source"],
+        ),
         "steps": Counter(
             "freespec:steps", "Engine steps the plugin was asked for drafts, with and without a draft.",
             ["plugin", "drafted"],
@@ -121,6 +125,7 @@ class PluginMetrics:
         self._with = f["steps"].labels(plugin, "yes")
         self._without = f["steps"].labels(plugin, "no")
         self._seconds = f["propose_seconds"].labels(plugin)
+        self._own_seconds = f["source_seconds"].labels(plugin, plugin)
         self._errors = f["errors"].labels(plugin)
         self._enabled = f["enabled"].labels(plugin)
         self._disabled = {r: f["disabled"].labels(plugin, r) for r in OFF_REASONS}
@@ -133,18 +138,28 @@ class PluginMetrics:
                         "(freespec serve does) to see them on vLLM's /metrics (docs/metrics.md)", plugin)
 
     def step(self, draft_tokens: int, accepted_tokens: int, drafted: bool, seconds: float | None,
-             draft_by: dict[str, int] | None = None, accepted_by: dict[str, int] | None = None) -> None:
+             draft_by: dict[str, int] | None = None, accepted_by: dict[str, int] | None = None,
+             seconds_by: dict[str, float] | None = None) -> None:
         """One engine step: tokens drafted now, tokens of the last drafts accepted, the plugin's time (None: skipped).
 
-        ``draft_by``/``accepted_by``: the same tokens split by source, for plugins that name their sources.
+        ``draft_by``/``accepted_by``/``seconds_by``: the same tokens and seconds split by source, for plugins
+        that name their sources; the seconds not spent in a source go to the plugin's own name.
         """
         if not self.on:
             return
         self._add(0, draft_tokens, draft_by)
         self._add(1, accepted_tokens, accepted_by)
         (self._with if drafted else self._without).inc()
-        if seconds is not None:
-            self._seconds.observe(seconds)
+        if seconds is None:
+            return
+        self._seconds.observe(seconds)
+        own = seconds
+        for source, s in (seconds_by or {}).items():
+            if source != self._plugin:
+                self._source(source)[2].inc(s)
+                own -= s
+        if own > 0:
+            self._own_seconds.inc(own)
 
     def _add(self, which: int, total: int, by_source: dict[str, int] | None) -> None:
         """Count drafted (``which`` 0) or accepted (1) tokens, under the plugin or split by source."""
@@ -156,12 +171,13 @@ class PluginMetrics:
             self._source(source)[which].inc(n)
 
     def _source(self, source: str) -> tuple:
-        """The (drafted, accepted) children of a source label; at most MAX_SOURCES, then "other"."""
+        """The (drafted, accepted, seconds) children of a source label; at most MAX_SOURCES, then "other"."""
         children = self._by_source.get(source)
         if children is None:
             label = source if len(self._by_source) < MAX_SOURCES else "other"
             children = (self._f["draft_tokens"].labels(self._plugin, label),
-                        self._f["accepted_tokens"].labels(self._plugin, label))
+                        self._f["accepted_tokens"].labels(self._plugin, label),
+                        self._f["source_seconds"].labels(self._plugin, label))
             self._by_source[source] = children
         return children
 

@@ -17,10 +17,11 @@ SPEC_COUNTERS = {
 
 
 # freespec's own counters (freespec.vllm_plugins.metrics), labelled by plugin and source: which source of a
-# plugin supplied the draft tokens, and how many of them the target accepted.
+# plugin supplied the draft tokens, how many of them the target accepted, and the seconds each source took.
 SOURCE_COUNTERS = {
     "draft_tokens": "freespec:draft_tokens_total",
     "accepted_tokens": "freespec:accepted_tokens_total",
+    "seconds": "freespec:source_seconds_total",
 }
 
 SourceCounts = dict[str, dict[str, float]]

@@ -119,27 +119,36 @@ def render_latency_markdown(rows: Sequence[dict], baseline: str = BASELINE) -> s
 
 def render_sources_markdown(rows: Sequence[dict]) -> str:
     """Markdown table of freespec's per-source counters: a row per config x concurrency over every category,
-    each source's accepted / drafted tokens and rate. Empty when no row has them."""
+    each source's accepted / drafted tokens and rate, and its share of the wall time. Empty when no row has them."""
     configs, concurrencies, _ = ordered_keys(rows)
     index = {(r["config"], r["concurrency"]): r for r in rows
              if r["category"] == ALL_CATEGORIES and r.get("sources")}
     if not index:
         return ""
-    lines = ["| config | concurrency | accepted / drafted tokens per source |", "|---|---:|---|"]
+    lines = ["| config | concurrency | accepted / drafted tokens per source | proposer time, share of wall time |",
+             "|---|---:|---|---|"]
     for config in configs:
         for c in concurrencies:
             row = index.get((config, c))
             if row is None:
                 continue
+            sources = sorted(row["sources"].items())
             parts = [f"{source or '–'} {counts['accepted_tokens']:.0f}/{counts['draft_tokens']:.0f}"
-                     f" ({_fmt(counts['acceptance_rate'], '.0%')})" for source, counts in sorted(row["sources"].items())]
-            lines.append(f"| {config.replace('|', chr(92) + '|')} | {c} | {'; '.join(parts)} |")
+                     f" ({_fmt(counts['acceptance_rate'], '.0%')})" for source, counts in sources
+                     if counts["draft_tokens"] or not counts.get("seconds")]
+            shares = [counts.get("time_share") for _, counts in sources]
+            total = sum(s for s in shares if s is not None) if any(s is not None for s in shares) else None
+            times = [f"{source or '–'} {_fmt(counts.get('time_share'), '.2%')}" for source, counts in sources]
+            time_cell = f"{_fmt(total, '.2%')} ({'; '.join(times)})"
+            lines.append(f"| {config.replace('|', chr(92) + '|')} | {c} | {'; '.join(parts)} | {time_cell} |")
     return "\n".join(lines) + "\n"
 
 
 SOURCES_HEADER = (
-    "\n## Sources\n\nfreespec's own counters from `/metrics` (`freespec:draft_tokens`, `freespec:accepted_tokens`): "
-    "which source of a plugin supplied the draft tokens, and how many the target accepted.\n\n"
+    "\n## Sources\n\nfreespec's own counters from `/metrics` (`freespec:draft_tokens`, `freespec:accepted_tokens`, "
+    "`freespec:source_seconds`): which source of a plugin supplied the draft tokens, how many the target accepted, "
+    "and the time each source took as a share of the blocks' wall time (at concurrency 1, of the target's step "
+    "time; under the plugin's own name, its time outside its sources).\n\n"
 )
 
 

@@ -97,20 +97,24 @@ def block_metrics(requests: Sequence[dict], wall_s: float, spec: dict[str, float
     return row
 
 
-def source_figures(deltas: Sequence[dict | None]) -> dict[str, dict[str, float | None]] | None:
-    """freespec's per-source counters summed over blocks: draft and accepted tokens per source, and their
-    acceptance rate; None when no block has them (no freespec plugin on the server)."""
-    known = [d for d in deltas if d is not None]
+def source_figures(blocks: Sequence[tuple[dict | None, float]]) -> dict[str, dict[str, float | None]] | None:
+    """freespec's per-source counters summed over blocks, given as (counter deltas, wall seconds): draft and
+    accepted tokens per source, their acceptance rate, the source's seconds and their share of the blocks'
+    wall time (at concurrency 1, the share of the target's step time the source costs); None when no block
+    has them (no freespec plugin on the server)."""
+    known = [(d, wall) for d, wall in blocks if d is not None]
     if not known:
         return None
+    wall = sum(w for _, w in known)
     totals: dict[str, dict[str, float | None]] = {}
-    for delta in known:
+    for delta, _ in known:
         for source, counts in delta.items():
-            row = totals.setdefault(source, {"draft_tokens": 0.0, "accepted_tokens": 0.0})
-            for key in ("draft_tokens", "accepted_tokens"):
+            row = totals.setdefault(source, {"draft_tokens": 0.0, "accepted_tokens": 0.0, "seconds": 0.0})
+            for key in ("draft_tokens", "accepted_tokens", "seconds"):
                 row[key] += counts.get(key, 0.0)
     for row in totals.values():
         row["acceptance_rate"] = row["accepted_tokens"] / row["draft_tokens"] if row["draft_tokens"] else None
+        row["time_share"] = row["seconds"] / wall if wall > 0 else None
     return totals
 
 
@@ -187,7 +191,8 @@ def aggregate(
 
     A sample is one (round, repeat): one pass over a block. Each sample gets its own metrics (the
     ``all`` one pools that sample's category blocks); the row combines the samples (combine_samples).
-    ``sources``: freespec's per-source counters of the row's blocks, summed (source_figures).
+    ``sources``: freespec's per-source counters of the row's blocks, summed, and each source's share of their
+    wall time (source_figures).
     Each row adds ``ratio`` (mean tok/s over the baseline's mean at the same concurrency and category),
     ``ratio_low`` / ``ratio_high`` (ratio_interval), each sample's ratio to the baseline's same sample,
     and ``text_match`` / ``text_compared`` against the baseline's outputs (text_match; on the baseline's
@@ -255,7 +260,7 @@ def aggregate(
     for row in rows:
         del row["_requests"]
         row["sources"] = source_figures([
-            b.get("sources") for b in blocks
+            (b.get("sources"), b["wall_s"]) for b in blocks
             if (b["config"], b["concurrency"]) == (row["config"], row["concurrency"])
             and row["category"] in (ALL_CATEGORIES, b["category"])])
     return rows
