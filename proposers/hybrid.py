@@ -56,7 +56,9 @@ class HybridOptions(CopySourceOptions):
     sources: Optional[tuple[str, ...]] = Field(
         None, min_length=1, description=f"any of {list(SOURCES)} (default {list(DEFAULT_SOURCES)})"
     )
-    datastore: Optional[str] = Field(None, description="datastore directory, for the retrieval source")
+    datastore: Optional[str] = Field(
+        None, description="datastore directory: adds the retrieval source to the default sources"
+    )
     min_support: float = Field(0.2, ge=0.0, le=10.0, description="stop the draft where support falls below this")
     price_sources: bool = Field(True, description="stop running a source whose own tokens do not pay for its time")
     # Each source's own options, checked by its plugin's Options (`copy` is CopySourceOptions' field).
@@ -100,12 +102,12 @@ class HybridOptions(CopySourceOptions):
         chosen = self.sources or ()
         if "retrieval" in chosen and self.datastore is None:
             raise ValueError('the "retrieval" source needs the "datastore" option')
-        if self.datastore is not None and "retrieval" not in chosen:
+        if self.datastore is not None and self.sources is not None and "retrieval" not in chosen:
             raise ValueError('"datastore" is given but "retrieval" is not among the sources')
         if self.datastore is not None:
             _check_datastore(self.datastore)
         for name in SOURCES:
-            if getattr(self, name) is not None and name not in (self.sources or DEFAULT_SOURCES):
+            if getattr(self, name) is not None and name not in (self.sources or self._defaults()):
                 raise ValueError(f'"{name}" options are given but "{name}" is not among the sources')
         return self
 
@@ -113,18 +115,24 @@ class HybridOptions(CopySourceOptions):
         """What source ``name`` is built with: its own options, and the datastore for retrieval."""
         return _with_fixed(name, getattr(self, name) or {}, self.datastore)
 
+    def _defaults(self) -> tuple[str, ...]:
+        """The default sources, and ``retrieval`` when a datastore is given."""
+        return DEFAULT_SOURCES + (("retrieval",) if self.datastore is not None else ())
+
     def chosen_sources(self) -> tuple[str, ...]:
-        """The sources to run: the given ones, else the defaults that can run here."""
+        """The sources to run: the given ones, else the defaults that can run here (with ``retrieval`` when a
+        datastore is given)."""
         if self.sources is not None:
             return self.sources
+        defaults = self._defaults()
         ok, why = suffix_available()
         if ok:
-            return DEFAULT_SOURCES
+            return defaults
         global _warned_default
         if not _warned_default:
             _warned_default = True
             logger.warning("freespec: hybrid runs without its suffix source: %s", why)
-        return tuple(s for s in DEFAULT_SOURCES if s != "suffix") or ("copy",)
+        return tuple(s for s in defaults if s != "suffix") or ("copy",)
 
 
 def _with_fixed(name: str, raw: dict[str, Any], datastore: Optional[str]) -> dict[str, Any]:

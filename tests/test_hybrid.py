@@ -25,7 +25,7 @@ def test_options_are_checked():
     with pytest.raises(ValidationError, match="needs the \"datastore\" option"):
         HybridOptions(sources=("copy", "retrieval"))
     with pytest.raises(ValidationError, match="not among the sources"):
-        HybridOptions(datastore="/tmp")
+        HybridOptions(sources=("copy",), datastore="/tmp")
 
 
 def test_needs_the_target_topk_only_with_recycle():
@@ -142,6 +142,15 @@ def test_the_retrieval_source_takes_its_options_and_hybrids_datastore(tmp_path):
 
 
 needs_arctic = pytest.mark.skipif(not suffix_available()[0], reason="arctic-inference not installed")
+
+
+def test_a_datastore_given_alone_adds_the_retrieval_source_to_the_defaults(tmp_path):
+    from tests.test_retrieval import write_store
+
+    store = write_store(tmp_path / "store", [[10, 11, 12, 13]])
+    chosen = HybridOptions(datastore=store, retrieval={"max_continuations": 8}).chosen_sources()
+    assert chosen[-1] == "retrieval" and set(chosen[:-1]) <= set(DEFAULT_SOURCES)
+    assert HybridOptions(datastore=None).chosen_sources() == HybridOptions().chosen_sources()
 
 
 @needs_arctic
