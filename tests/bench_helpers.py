@@ -100,6 +100,8 @@ class Handler(BaseHTTPRequestHandler):
                         "# TYPE freespec:accepted_tokens counter\n"
                         f'freespec:accepted_tokens_total{{plugin="hybrid",source="copy"}} {3 * counters["drafts"] // 2}\n'
                         f'freespec:accepted_tokens_total{{plugin="hybrid",source="recycle"}} {counters["drafts"] // 2}\n'
+                        "# TYPE freespec:source_seconds counter\n"
+                        f'freespec:source_seconds_total{{plugin="hybrid",source="copy"}} {0.01 * counters["drafts"]}\n'
                     )
             return self._send(200, text, "text/plain")
         self._send(404, "{}")

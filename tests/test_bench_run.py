@@ -123,10 +123,14 @@ def test_run_end_to_end_with_a_fake_server(tmp_path, questions_file, monkeypatch
     md = (out / "results.md").read_text()
     assert "| ngram | writing |" in md and "suffix: skipped" in md
     assert "## Latency" in md and "| ngram | 2 |" in md
-    # freespec's per-source counters from /metrics: 2 requests x (copy 6/3, recycle 2/1) per block.
-    assert ngram["sources"] == {"copy": {"draft_tokens": 12, "accepted_tokens": 6, "acceptance_rate": 0.5},
-                                "recycle": {"draft_tokens": 4, "accepted_tokens": 2, "acceptance_rate": 0.5}}
-    assert "## Sources" in md and "| ngram | 1 | copy 12/24 (50%); recycle 4/8 (50%) |" in md
+    # freespec's per-source counters from /metrics: 2 requests x (copy 6/3 in 0.02 s, recycle 2/1) per block.
+    copy, recycle = ngram["sources"]["copy"], ngram["sources"]["recycle"]
+    assert {k: copy[k] for k in ("draft_tokens", "accepted_tokens", "acceptance_rate")} == {
+        "draft_tokens": 12, "accepted_tokens": 6, "acceptance_rate": 0.5}
+    assert {k: recycle[k] for k in ("draft_tokens", "accepted_tokens", "acceptance_rate", "seconds")} == {
+        "draft_tokens": 4, "accepted_tokens": 2, "acceptance_rate": 0.5, "seconds": 0.0}
+    assert copy["seconds"] == pytest.approx(0.04) and copy["time_share"] > 0  # of a fake, fast wall time
+    assert "## Sources" in md and "| ngram | 1 | copy 12/24 (50%); recycle 4/8 (50%) | " in md
     assert "| ngram | writing |" in printed and "| ngram | 2 |" in printed
 
 
