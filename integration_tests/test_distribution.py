@@ -32,7 +32,7 @@ from integration_tests.conftest import (
 )
 from integration_tests.lossless import positionwise_chi2, same_distribution_pvalue
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 PERMUTATIONS = 1000
 TRIALS = 100

@@ -4,9 +4,11 @@
 # install test included; the install test, about 5 of them, now runs in the matrix job). Sets the machine up
 # first if needed.
 # The `cluster` tests (tensor parallelism over two worker processes, vLLM replicas as Ray actors) run in
-# CI's matrix job, once per vLLM release (.ci/matrix), and so does the `release` test (the wheel installed
-# into a fresh venv); run them here with: bash scripts/test.sh -m cluster (or -m release)
+# CI's matrix job, once per vLLM release (.ci/matrix), and so do the `release` test (the wheel installed
+# into a fresh venv) and the `long` ones (the t=0.8 distribution runs of retrieval, hybrid with every
+# source and pearl, about 10 minutes); run them here with: bash scripts/test.sh -m cluster (or -m release,
+# -m long)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-.venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 -m "not cluster and not release" tests integration_tests "$@"
+.venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 -m "not cluster and not release and not long" tests integration_tests "$@"
