@@ -53,11 +53,3 @@ def test_responses_are_saved_at_exit_and_a_restart_drafts_from_them(cold_run, en
     # Greedy: the warm engine's answers are the cold one's, which its global tree already holds.
     assert warm["pass"]["token_ids"] == cold_run[0]["pass"]["token_ids"]
     assert again > cold + 0.2, f"accepted per output token: cold start {cold:.3f}, warm start {again:.3f}"
-
-
-def test_a_foreign_responses_file_stops_the_engine_naming_the_option(engines, tmp_path):
-    bad = tmp_path / "foreign.bin"
-    bad.write_bytes(b"not a response store" * 8)
-    _, log = engines.run("hybrid_persist_bad", spec(str(bad)),
-                         [{"name": "pass", "prompts": PROMPTS[:1], "max_tokens": 8}], expect_failure=True)
-    assert "responses_path" in log and str(bad) in log, log[-3000:]

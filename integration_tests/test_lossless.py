@@ -12,13 +12,11 @@ import re
 import pytest
 
 from integration_tests.conftest import (
-    COPY_HEAVY,
     K,
     SAMPLE_TOKENS,
     assert_lossless_greedy,
     greedy_jobs,
     sample_jobs,
-    spec_bench_prompts,
 )
 from integration_tests.lossless import same_distribution_pvalue
 

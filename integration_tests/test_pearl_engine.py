@@ -6,7 +6,6 @@ Qwen2.5-Coder 1.5B/0.5B pair is for the benchmark (docs/pearl.md).
 """
 from __future__ import annotations
 
-import shutil
 
 import pytest
 
@@ -29,12 +28,3 @@ def test_pearl_self_drafts_are_accepted(pearl_run):
     # Was 0.6; this session measured 0.32-0.44 (366, 509 of 1155) after the adapter changes of issue 19
     # (breaker, request ids) and pearl's new timeouts; the cause is not found yet (see the session note).
     assert_accepted_share(pearl_run[0], 0.4)
-
-
-def test_a_draft_model_that_cannot_load_stops_the_engine_with_a_clear_error(engines, model_path, tmp_path):
-    broken = tmp_path / "broken-draft"
-    broken.mkdir()
-    shutil.copy(f"{model_path}/config.json", broken / "config.json")  # a config, but no weights
-    spec = {"plugin": "pearl", "num_speculative_tokens": K, "draft_model": str(broken)}
-    _, log = engines.run("pearl_broken", spec, greedy_jobs(), expect_failure=True)
-    assert "option 'draft_model'" in log and "cannot be loaded" in log, log[-3000:]

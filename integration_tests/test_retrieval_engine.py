@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from integration_tests.conftest import K, assert_accepted_share, assert_lossless_greedy, build_datastore_of, greedy_jobs
+from integration_tests.conftest import K, assert_accepted_share, assert_lossless_greedy, greedy_jobs
 
 pytestmark = pytest.mark.integration
 
@@ -24,10 +24,3 @@ def test_retrieval_greedy_text_matches_no_speculation(retrieval_run, baseline):
 
 def test_retrieval_drafts_are_accepted_when_the_datastore_knows_the_answer(retrieval_run):
     assert_accepted_share(retrieval_run[0], 0.5)
-
-
-def test_a_datastore_of_another_tokenizer_stops_the_engine_with_a_clear_error(engines, model_path, tmp_path):
-    path = build_datastore_of(tmp_path, model_path, ["some text"], fingerprint="sha256:another-tokenizer")
-    spec = {"plugin": "retrieval", "num_speculative_tokens": K, "datastore": path}
-    _, log = engines.run("retrieval_foreign", spec, greedy_jobs(), expect_failure=True)
-    assert "was built with another tokenizer" in log, log[-3000:]

@@ -3,6 +3,7 @@
 Both servers answer the same prompts, whose answers the datastore holds, so both read the same pages of it.
 Mapped as designed (numpy.memmap, read-only, MAP_SHARED), the pages are page-cache pages both processes
 share: no private dirty pages, and each worker's proportional share (Pss) is about half its resident size.
+Two servers take about 2 minutes on 2 cores: marker `long`, run in CI's matrix job.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from freespec.bench.memory import process_tree
 from integration_tests.conftest import K, spec_bench_prompts
 from integration_tests.serving import metric, start_server
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 
 def test_two_servers_share_one_datastore(answers_datastore, model_path, tmp_path):

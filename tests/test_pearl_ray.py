@@ -14,7 +14,7 @@ ray = pytest.importorskip("ray")
 from pydantic import ValidationError  # noqa: E402
 
 from freespec.proposers.base import Row  # noqa: E402
-from freespec.proposers.pearl.proposer import PearlOptions, PearlProposer  # noqa: E402
+from freespec.proposers.pearl.proposer import PearlOptions  # noqa: E402
 from pearl_helpers import VOCAB, arr, make, scripted_steps, wait_for_chain  # noqa: E402
 from freespec.vllm_plugins.frontend import FreespecConfigError, translate, validate_options  # noqa: E402
 

@@ -9,7 +9,7 @@ from freespec.cli.main import main
 from freespec.proposers.base import EngineInfo, Row, ScoredPositions
 from freespec.proposers.recycle.proposer import RecycleOptions, RecycleProposer
 from freespec.proposers.recycle.matrix import (
-    Matrix, MatrixFileError, merge_files, merge_into, read_matrix, save_matrix, write_matrix,
+    Matrix, MatrixFileError, merge_files, merge_into, read_matrix, write_matrix,
 )
 
 VOCAB, C = 50, 4

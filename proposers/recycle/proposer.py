@@ -144,7 +144,7 @@ class RecycleProposer(Proposer):
         super().__init__(options, num_speculative_tokens)
         self.target_topk = options.candidates
         self._events = {"save": 0, "save_error": 0, "merge": 0}  # file_events()
-        self._save_error: Optional[str] = None  # the last save failure logged
+        self._save_error: str | None = None  # the last save failure logged
         nodes = tree_nodes(options.tree_widths, num_speculative_tokens)
         if nodes > MAX_TREE_NODES:
             raise ValueError(
