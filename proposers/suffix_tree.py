@@ -25,15 +25,18 @@ next start, as if those requests had just run; replicas merge each other's files
 at start, naming it.
 
 Memory: per live request a tree over its sequence (O(tokens), path-compressed, depth at most
-``max_tree_depth``); the global tree holds at most ``max_cached_requests`` outputs. ``state_bytes``
-asks the trees (arctic's own estimate). With ``responses_path``: each live request's output once more
+``max_tree_depth``); the global tree holds at most ``max_cached_requests`` outputs and at most
+``max_cached_tokens`` of their tokens (arctic bounds only the count; a response's length is bounded by the
+model's context, so the count alone allows 10,000 x max_model_len tokens). Measured with arctic-inference
+0.1.x: about 260 bytes a token held (333 MiB for 10,000 distinct 128-token responses, by its own estimate;
+289 MiB of resident memory). ``state_bytes`` asks the trees (arctic's own estimate). With ``responses_path``: each live request's output once more
 (4 bytes a token) and the store (``ResponseStore.max_bytes``: 15 MB at the defaults, twice that while saving).
 """
 from __future__ import annotations
 
 import logging
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from importlib import metadata
 from typing import Optional, Sequence
 
@@ -84,6 +87,11 @@ class SuffixOptions(ProposerOptions):
     max_tree_depth: int = Field(24, ge=1, le=256, description="longest context matched, and depth of the trees")
     max_cached_requests: int = Field(
         10_000, ge=0, le=1_000_000, description="outputs of departed requests kept in the global tree (0: none)"
+    )
+    max_cached_tokens: int = Field(
+        2_000_000, ge=1, le=268_435_456,
+        description="output tokens of departed requests kept in the global tree, oldest evicted first (about "
+        "260 bytes a token in memory at max_tree_depth 24: 0.5 GiB at the default)",
     )
     max_spec_factor: float = Field(
         1.0, ge=0.0, le=64.0, description="a match of m tokens drafts at most max_spec_factor * m + 1 tokens"
@@ -166,9 +174,10 @@ class TokenCalibration:
 
 
 class _Live:
-    __slots__ = ("cells", "chain", "fed", "output")
+    __slots__ = ("cells", "chain", "fed", "output", "start")
 
     def __init__(self, fed: int, keep_output: bool) -> None:
+        self.start = fed  # prompt tokens (the rest goes to the global tree as the output)
         self.fed = fed  # tokens of the request given to the cache so far
         self.chain: Optional[np.ndarray] = None  # last offered chain, scored against what the target produced
         self.cells: Optional[tuple[np.ndarray, ...]] = None
@@ -207,6 +216,8 @@ class SuffixTreeProposer(Proposer):
         self._last_save = 0.0
         self._seeded = 0
         self._merges = 0
+        self._cached: OrderedDict = OrderedDict()  # departed requests' keys in the global tree -> output tokens
+        self._cached_tokens = 0
 
     # -- lifecycle -------------------------------------------------------
     def bind(self, info: EngineInfo) -> None:
@@ -243,6 +254,24 @@ class SuffixTreeProposer(Proposer):
             self.cache.start_request(key, np.zeros(0, dtype=np.int32))
             self.cache.add_active_response(key, np.array(tokens, dtype=np.int32))  # a writable copy
             self.cache.stop_request(key)
+            self._account(key, len(tokens))
+
+    def _account(self, key, tokens: int) -> None:
+        """A departed request's ``tokens`` output tokens stay in the global tree: evict the oldest departed
+        outputs while more than ``max_cached_tokens`` are held (never the newest)."""
+        if self.options.max_cached_requests == 0:
+            return
+        cached, active = self.cache.cached_requests, self.cache.active_requests
+        self._cached_tokens += tokens - self._cached.pop(key, 0)
+        self._cached[key] = tokens
+        while len(self._cached) > 1:
+            oldest = next(iter(self._cached))
+            gone = oldest not in cached or oldest in active  # evicted by count, or its key serves a new request
+            if not gone and self._cached_tokens <= self.options.max_cached_tokens:
+                break
+            self._cached_tokens -= self._cached.pop(oldest)
+            if not gone:
+                self.cache.evict_cached_response(oldest)
 
     def _files_tick(self) -> None:
         """Every ``save_every_s``: merge what the background thread read from the replicas, ask for a save
@@ -287,6 +316,7 @@ class SuffixTreeProposer(Proposer):
         st = self._live.pop(key, None)
         if st is not None:
             self.cache.stop_request(key)
+            self._account(key, st.fed - st.start)
             if self.store is not None:
                 self._keep(st)
 

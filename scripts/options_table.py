@@ -210,6 +210,10 @@ def render(root: Path = ROOT) -> str:
         rows = option_rows(options_cls)
         out += ["", f"## `{name}`", ""]
         out += _table(header, rows) if rows else ["No options."]
+    from freespec.proposers.suffix_tree import SuffixOptions
+
+    out += ["", "## `hybrid`'s `suffix` source (`\"suffix\": {...}`)", "",
+            *_table(header, option_rows(SuffixOptions))]
     out += [
         "",
         "## Environment variables",

@@ -112,3 +112,37 @@ def test_matched_prefix():
     assert matched_prefix(np.array([1, 2, 3]), np.array([1, 2, 9, 4])) == (2, 3)
     assert matched_prefix(np.array([1, 2, 3]), np.array([1])) == (1, 1)
     assert matched_prefix(np.array([1, 2]), np.array([], dtype=np.int64)) == (0, 0)
+
+
+def test_global_cache_is_bounded_by_max_cached_tokens_oldest_first():
+    p = make(min_token_gain=0.0, max_cached_tokens=25)
+    for key in range(5):  # five departed requests, 10 output tokens each (a 3-token prompt)
+        tokens = [key, 1, 2]
+        for t in range(10):
+            tokens.append(100 * (key + 1) + t)
+            p.propose([row(key, tokens)])
+        p.release(key)
+    assert sorted(p.cache.cached_requests) == [3, 4]  # 20 tokens held; a third response would make 30
+    assert p._cached_tokens == 20
+    assert p.propose([row(9, [7, 7, 500, 501, 502])])[0][:2] == [503, 504]  # the newest still drafts
+    assert p.propose([row(8, [7, 7, 100, 101, 102])])[0] == []  # the oldest was evicted
+
+
+def test_the_token_bound_keeps_the_newest_response_even_when_it_alone_is_larger():
+    p = make(max_cached_tokens=5)
+    tokens = [1, 2, 3]
+    for t in range(10):
+        tokens.append(200 + t)
+        p.propose([row(0, tokens)])
+    p.release(0)
+    assert list(p.cache.cached_requests) == [0]
+
+
+def test_the_token_count_forgets_responses_evicted_by_count():
+    p = make(max_cached_requests=2, max_cached_tokens=1000)
+    for key in range(5):
+        p.propose([row(key, [key, 50 + key, 60 + key])])
+        p.propose([row(key, [key, 50 + key, 60 + key, 70 + key])])
+        p.release(key)
+    assert len(p.cache.cached_requests) == 2
+    assert dict(p._cached) == {3: 2, 4: 2} and p._cached_tokens == 4  # 2 output tokens each (the first row's last token, then one)
