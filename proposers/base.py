@@ -89,6 +89,10 @@ class Proposer(ABC):
     def observe(self, scored: ScoredPositions) -> None:
         """The target's top-k at the positions scored in the last step (only if ``target_topk``)."""
 
+    def observe_capture_seconds(self, seconds: float) -> None:
+        """Seconds the adapter spent in the last step capturing the target's top-k for this proposer
+        (0 when it captured none); ``hybrid`` charges them to its ``recycle`` source."""
+
     def wants_target_topk(self) -> bool:
         """Whether the next step's top-k should be captured (asked after each step's drafts).
 

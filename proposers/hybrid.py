@@ -22,8 +22,9 @@ Learning is counterfactual: a step's new tokens are the target's own continuatio
 chain is scored against them (``suffix_tree.matched_prefix``), whichever chain was verified.
 
 Pricing (``scorers.fusion.SourcePricing``): each source's own seconds per step are weighed against the
-tokens only it got right (beyond the best other source), valued at the measured seconds per output
-token. A source that cannot pay stops being run and is probed every ``PROBE_EVERY`` steps; when a
+tokens only it got right (beyond the best other source), less the right tokens the fused draft lost by
+following it where another source's chain was right (``displaced``), valued at the measured seconds per
+output token. A source that cannot pay stops being run and is probed every ``PROBE_EVERY`` steps; when a
 probe shows it paying again it is resumed.
 
 Memory: the sum of the sources' (see their docs) plus one short chain per live request and source.
@@ -162,6 +163,23 @@ def _own_chain(found: Candidates, k: int) -> np.ndarray:
     return np.asarray(draft, dtype=np.int64)
 
 
+def displaced(draft: np.ndarray, supported: dict[str, int], got: dict[str, int],
+               produced: np.ndarray) -> dict[str, int]:
+    """Right tokens the fused draft lost by following a source: {source: tokens}.
+
+    Where the draft's first wrong token was supported by some sources while another source's own chain
+    was right there, those sources displaced that chain: they are charged the tokens the other chain had
+    right beyond the draft's right prefix (within the draft's length, which the goodput bar set).
+    """
+    right, _ = matched_prefix(draft, produced)
+    if right >= len(draft) or right >= len(produced):
+        return {}
+    wrong = [name for name, n in supported.items() if n > right]
+    best_other = max((got.get(name, 0) for name in got if name not in wrong), default=0)
+    lost = min(best_other, len(draft)) - right
+    return {name: lost for name in wrong} if lost > 0 else {}
+
+
 class HybridProposer(Proposer):
     Options = HybridOptions
     target_topk = 8  # when recycle is a source (set per instance)
@@ -177,7 +195,8 @@ class HybridProposer(Proposer):
         self.weights = SourceWeights()
         self.pricing = SourcePricing(tuple(self.sources)) if options.price_sources and len(self.sources) > 1 else None
         # key -> (sequence length when drafted, each source's own chain then)
-        self._offered: dict[int, tuple[int, dict[str, np.ndarray]]] = {}
+        self._offered: dict[int, tuple[int, dict[str, np.ndarray], np.ndarray, dict[str, int]]] = {}
+        self._capture_seconds = 0.0  # the adapter's capture of the target's top-k in the last step (for recycle)
         self._last_call: Optional[float] = None
         self._paused: list[str] = []
         self._steps = 0
@@ -205,6 +224,9 @@ class HybridProposer(Proposer):
         return (name == "suffix" or self.weights.can_pay(name, self.token_cost)
                 or self._steps % PROBE_EVERY == 0)
 
+    def observe_capture_seconds(self, seconds: float) -> None:
+        self._capture_seconds = seconds
+
     def wants_target_topk(self) -> bool:
         # Only recycle learns from the target's top-k; while it is not run it needs none.
         return "recycle" in self.sources and self._runs("recycle")
@@ -217,7 +239,7 @@ class HybridProposer(Proposer):
             offered = self._offered.pop(row.key, None)
             if offered is None or row.num_new == 0:
                 continue
-            start, chains = offered
+            start, chains, draft, supported = offered
             produced = np.asarray(row.tokens[start:], dtype=np.int64)
             produced_total += len(produced)
             got = {}
@@ -229,6 +251,8 @@ class HybridProposer(Proposer):
             for name, matched in got.items():
                 others = max((m for other, m in got.items() if other != name), default=0)
                 right[name] = right.get(name, 0) + max(0, matched - others)
+            for name, lost in displaced(draft, supported, got, produced).items():
+                right[name] = right.get(name, 0) - lost
         if self.pricing is not None:
             self.pricing.observe_tokens(right, produced_total)
 
@@ -247,8 +271,8 @@ class HybridProposer(Proposer):
             t0 = time.perf_counter()
             offered[name] = source.candidates(rows)
             seconds[name] = time.perf_counter() - t0
-            if self.pricing is not None:
-                self.pricing.observe_cost(name, seconds[name])
+            if self.pricing is not None:  # recycle's price includes the top-k captured for it
+                self.pricing.observe_cost(name, seconds[name] + (self._capture_seconds if name == "recycle" else 0.0))
         self._seconds = seconds
         if self.pricing is not None:
             self.pricing.step_done(tuple(offered))
@@ -265,7 +289,8 @@ class HybridProposer(Proposer):
                            else None)
             if row.num_new > 0:
                 own = {c.name: _own_chain(c, self.k) for c in fused.sources}
-                self._offered[row.key] = (len(row.tokens), own)
+                self._offered[row.key] = (len(row.tokens), own, np.asarray(fused.tokens, dtype=np.int64),
+                                          dict(fused.supported))
             drafts.append(fused.tokens)
         self._sources = sources
         return drafts

@@ -2,6 +2,7 @@
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from freespec.vllm_plugins import adapter as adapter_module
 from freespec.vllm_plugins.adapter import FreespecProposer, step_tokens
@@ -77,3 +78,16 @@ def test_the_adapter_pauses_topk_capture_while_the_proposer_will_not_use_it(monk
     wants["now"] = True
     adapter.propose([[0]], np.array([101], dtype=np.int32), tokens)
     assert adapter.target_topk.active is True
+
+
+def test_the_adapter_tells_the_proposer_how_long_each_step_s_top_k_capture_took(monkeypatch):
+    adapter = make_adapter("goodput")
+    adapter.target_topk = adapter_module.TargetTopK(8)
+    seen = []
+    monkeypatch.setattr(adapter.proposer, "observe_capture_seconds", seen.append)
+    tokens = np.zeros((1, 200), dtype=np.int32)
+    adapter.target_topk.topk_seconds = 0.003  # the capture during the first step's forward
+    adapter.propose([[0]], np.array([100], dtype=np.int32), tokens)
+    adapter.target_topk.topk_seconds = 0.005  # 2 ms more in the next one
+    adapter.propose([[0]], np.array([101], dtype=np.int32), tokens)
+    assert seen == pytest.approx([0.003, 0.002])

@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 from freespec.proposers.base import EngineInfo, Row, ScoredPositions
-from freespec.proposers.hybrid import DEFAULT_SOURCES, HybridOptions, HybridProposer
+from freespec.proposers import hybrid as hybrid_module
+from freespec.proposers.hybrid import DEFAULT_SOURCES, HybridOptions, HybridProposer, displaced
 from freespec.proposers.suffix_tree import available as suffix_available
 from freespec.scorers import fusion
 from freespec.scorers.fusion import Candidates, SourcePricing, fuse
@@ -276,3 +277,70 @@ def test_pricing_does_not_flap_for_a_source_at_the_margin():
     pricing.prices["b"].right = 0.019
     pricing._judge()
     assert pricing.paused() == ["b"]  # and a running one stops as soon as it does not pay
+
+
+def test_a_source_is_charged_the_right_tokens_its_wrong_draft_displaced():
+    produced = np.array([5, 6, 7, 8, 9])
+    # The draft followed recycle (supported 3 tokens, wrong at the 2nd) where suffix's own chain had 4 right.
+    lost = displaced(np.array([5, 1, 2, 3]), {"recycle": 3, "suffix": 1}, {"recycle": 1, "suffix": 4}, produced)
+    assert lost == {"recycle": 3}
+    # Within the draft's length only: a 2-token draft could have won at most 2 from suffix's chain.
+    assert displaced(np.array([5, 1]), {"recycle": 2, "suffix": 1}, {"recycle": 1, "suffix": 4}, produced) == {"recycle": 1}
+    # A right draft, or one that no other chain would have bettered, costs nobody anything.
+    assert displaced(np.array([5, 6]), {"recycle": 2}, {"recycle": 2, "suffix": 1}, produced) == {}
+    assert displaced(np.array([5, 1]), {"recycle": 2, "suffix": 2}, {"recycle": 1, "suffix": 1}, produced) == {}
+
+
+def run_rival(monkeypatch, steps: int):
+    """suffix is right 4 tokens deep on 7 steps in 8, with low confidence; a rival ("copy") is right 4 deep
+    on the 8th step, where suffix has nothing, and on the other 7 wins the fusion and is wrong at its 2nd
+    token. Its own tokens (4 per 8 steps) are worth more than its cost; what it displaces is worth more:
+    on each of the 7 steps suffix was right at the token the rival got wrong (the counterfactual sees only
+    the tokens the target produced, so 1 token a step)."""
+    import time
+
+    p = HybridProposer(HybridOptions(sources=("suffix", "copy")), 4)
+    p.bind(EngineInfo(vocab_size=1000))
+    clock, step = [0.0], [0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+
+    def truth(r):
+        return [int(r.tokens[-1]) + j + 1 for j in range(4)]
+
+    def rival(rows):
+        chain = (lambda r: truth(r)) if step[0] % 8 == 0 else (lambda r: truth(r)[:1] + [998, 997, 996])
+        return [Candidates("copy", np.array([chain(r)]), np.ones(1)) for r in rows]
+
+    def suffix(rows):
+        if step[0] % 8 == 0:
+            return [None for _ in rows]
+        return [Candidates("suffix", np.array([truth(r)]), np.ones(1), token_probs=np.full((1, 4), 0.3)) for r in rows]
+
+    monkeypatch.setattr(p.sources["copy"], "candidates", rival)
+    monkeypatch.setattr(p.sources["suffix"], "candidates", suffix)
+    tokens, new = [1, 2, 3], 3
+    for step[0] in range(steps):
+        clock[0] += 0.05
+        draft = p.propose([row(0, tokens, num_new=new)])[0]
+        accepted = 0
+        while accepted < len(draft) and draft[accepted] == tokens[-1] + accepted + 1:
+            accepted += 1
+        new = accepted + 1
+        tokens = tokens + [tokens[-1] + j + 1 for j in range(new)]
+    return p
+
+
+def test_hybrid_pauses_a_source_whose_wrong_chains_displace_more_than_its_own_tokens_add(monkeypatch):
+    assert run_rival(monkeypatch, 4 * fusion.MIN_EVIDENCE).pricing.paused() == ["copy"]
+    # Without charging what it displaces, the same rival pays for itself and keeps running.
+    monkeypatch.setattr(hybrid_module, "displaced", lambda *args: {})
+    assert run_rival(monkeypatch, 4 * fusion.MIN_EVIDENCE).pricing.paused() == []
+
+
+def test_recycle_is_charged_the_top_k_captured_for_it():
+    p = HybridProposer(HybridOptions(sources=("suffix", "recycle")), 4)
+    p.bind(EngineInfo(vocab_size=1000))
+    p.observe_capture_seconds(0.004)
+    p.propose([row(0, [1, 2, 3])])
+    assert p.pricing.prices["recycle"].seconds >= 0.004
+    assert p.pricing.prices["suffix"].seconds < 0.004
