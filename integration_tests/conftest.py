@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from integration_tests.lossless import greedy_mismatches
+from integration_tests.lossless import SAME_P, distribution_pvalues, greedy_mismatches
 
 REPO = Path(__file__).resolve().parents[1]
 QUESTIONS = REPO.parent / "shared" / "data" / "spec_bench" / "question.jsonl"
@@ -24,6 +24,9 @@ CODE = '''def load(path):
 def total(rows, column):
     return sum(float(r[column]) for r in rows)
 '''
+# What a datastore holds for the sampled prompt (test_distribution, scripts/distribution_power.py): the code,
+# renamed as the prompt asks and as given.
+CODE_DOCUMENTS = [CODE.replace("def total(", "def column_sum("), CODE] * 4
 COPY_HEAVY = f"Rewrite this Python code exactly as it is, but rename the function `total` to `column_sum`:\n\n{CODE}"
 
 
@@ -130,6 +133,10 @@ SAMPLE_JOB = {
 }
 
 
+# The sampled prompt's greedy text: what the context sources draft on it (the sampling check's "prefix" statistic).
+SAMPLE_GREEDY_JOB = {"name": "sample_greedy", "prompts": [SAMPLE_PROMPT], "max_tokens": SAMPLE_TOKENS}
+
+
 def sample_jobs() -> list[dict]:
     """The sampling job, after the job that puts its prompt's first KV block in the prefix cache."""
     return [SAMPLE_PREFIX_JOB, SAMPLE_JOB]
@@ -161,7 +168,8 @@ def tokens_per_second(run) -> list[float]:
 
 @pytest.fixture(scope="session")
 def baseline(engines):
-    return engines.run("none", None, greedy_jobs(logprobs=True) + sample_jobs() + full_batch_jobs())[0]
+    jobs = greedy_jobs(logprobs=True) + sample_jobs() + [SAMPLE_GREEDY_JOB] + full_batch_jobs()
+    return engines.run("none", None, jobs)[0]
 
 
 def assert_accepted_share(run, share: float) -> None:
@@ -170,6 +178,19 @@ def assert_accepted_share(run, share: float) -> None:
     tokens = sum(len(t) for t in result["token_ids"])
     accepted = result["spec"].get("vllm:spec_decode_num_accepted_tokens", 0)
     assert accepted > share * tokens, f"{accepted} accepted draft tokens for {tokens} output tokens"
+
+
+def assert_same_distribution(reference, run, accepted_share: float = 0.25) -> None:
+    """``run``'s sampled job against the reference's (no speculation; it also ran SAMPLE_GREEDY_JOB): drafts
+    were proposed and more than ``accepted_share`` of them accepted by sampling (a plugin that drafts nothing
+    passes trivially), and neither statistic of the sampling check detects a shift."""
+    spec = run["sample"]["spec"]
+    drafted = spec.get("vllm:spec_decode_num_draft_tokens", 0)
+    accepted = spec.get("vllm:spec_decode_num_accepted_tokens", 0)
+    assert drafted > 0 and accepted > accepted_share * drafted, f"{accepted} of {drafted} draft tokens accepted"
+    p = distribution_pvalues(reference["sample"]["token_ids"], run["sample"]["token_ids"],
+                             reference["sample_greedy"]["token_ids"][0], SAMPLE_TOKENS)
+    assert min(p.values()) > SAME_P, f"sampled outputs differ from no speculation (permutation p-values {p})"
 
 
 def assert_lossless_greedy(baseline, other):

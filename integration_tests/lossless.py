@@ -33,29 +33,88 @@ def greedy_mismatches(base_ids, base_top2, other_ids, epsilon: float = TIE_EPSIL
     return problems
 
 
-def positionwise_chi2(samples_a: list[list[int]], samples_b: list[list[int]], positions: int) -> float:
-    """Sum over positions of the two-sample chi-square statistic of the token at that position."""
-    total = 0.0
-    for pos in range(positions):
-        a = [s[pos] if pos < len(s) else -1 for s in samples_a]
-        b = [s[pos] if pos < len(s) else -1 for s in samples_b]
-        cats = sorted(set(a) | set(b))
-        table = np.array([[a.count(c) for c in cats], [b.count(c) for c in cats]], dtype=float)
-        expected = table.sum(1, keepdims=True) * table.sum(0, keepdims=True) / table.sum()
-        total += float(((table - expected) ** 2 / np.where(expected > 0, expected, 1)).sum())
-    return total
+# The sampling check: two sets of sampled sequences (with and without speculation) from one distribution?
+# Two statistics, each against permutations of the two sets pooled, each at p <= SAME_P (so both at 0.001):
+# - "chi2": the sum over positions of the two-sample chi-square of the token at each position (any shift);
+# - "prefix": the second set's mean length of common prefix with the draft's text less the first set's (one-sided:
+#   a verification that accepts drafts too often makes requests follow the draft). Measured power in
+#   docs/reliability.md (scripts/distribution_power.py).
+STATISTICS = ("chi2", "prefix")
+SAME_P = 0.0005
 
 
-def same_distribution_pvalue(samples_a, samples_b, positions: int, permutations: int = 1000, seed: int = 0) -> float:
-    """Permutation test: are two sets of sampled sequences draws from one distribution?"""
-    observed = positionwise_chi2(samples_a, samples_b, positions)
-    pooled = list(samples_a) + list(samples_b)
+def token_matrix(samples, positions: int) -> np.ndarray:
+    """(n, positions) token ids, -1 past a sample's end."""
+    out = np.full((len(samples), positions), -1, dtype=np.int64)
+    for i, s in enumerate(samples):
+        s = list(s)[:positions]
+        out[i, : len(s)] = s
+    return out
+
+
+class PooledChi2:
+    """The chi2 statistic of any split of a pooled set, vectorised so that permutations are cheap."""
+
+    def __init__(self, pooled: np.ndarray) -> None:
+        self.inverse = [np.unique(pooled[:, p], return_inverse=True)[1].ravel() for p in range(pooled.shape[1])]
+        self.totals = [np.bincount(inv) for inv in self.inverse]
+        self.n = len(pooled)
+
+    def statistic(self, first: np.ndarray) -> float:
+        """The statistic of the rows ``first`` (indices) against the rest."""
+        na, total = len(first), 0.0
+        for inv, tot in zip(self.inverse, self.totals):
+            ca = np.bincount(inv[first], minlength=len(tot)).astype(float)
+            cb = tot - ca
+            ea, eb = tot * na / self.n, tot * (self.n - na) / self.n
+            total += float(((ca - ea) ** 2 / ea).sum() + ((cb - eb) ** 2 / eb).sum())
+        return total
+
+
+def prefix_lengths(samples: np.ndarray, draft: np.ndarray) -> np.ndarray:
+    """Each sample's length of common prefix with ``draft`` (token matrices of one width)."""
+    return np.cumprod(samples == draft[None, :], axis=1).sum(axis=1)
+
+
+def statistic(name: str, a: np.ndarray, b: np.ndarray, draft: np.ndarray) -> float:
+    if name == "chi2":
+        return PooledChi2(np.vstack([a, b])).statistic(np.arange(len(a)))
+    return float(prefix_lengths(b, draft).mean() - prefix_lengths(a, draft).mean())
+
+
+def null_statistics(name: str, a: np.ndarray, b: np.ndarray, draft: np.ndarray, permutations: int,
+                    rng: np.random.Generator) -> np.ndarray:
+    """The statistic under ``permutations`` random relabellings of A and B pooled."""
+    pooled, na = np.vstack([a, b]), len(a)
+    orders = [rng.permutation(len(pooled)) for _ in range(permutations)]
+    if name == "chi2":
+        chi2 = PooledChi2(pooled)
+        return np.array([chi2.statistic(o[:na]) for o in orders])
+    lengths = prefix_lengths(pooled, draft)
+    return np.array([lengths[o[na:]].mean() - lengths[o[:na]].mean() for o in orders])
+
+
+def distribution_pvalues(samples_a, samples_b, draft, positions: int, permutations: int = 1000,
+                         seed: int = 0) -> dict[str, float]:
+    """Permutation p-value of each statistic: {"chi2": p, "prefix": p}."""
+    a, b = token_matrix(samples_a, positions), token_matrix(samples_b, positions)
+    d = token_matrix([draft], positions)[0]
     rng = np.random.default_rng(seed)
-    n = len(samples_a)
-    exceed = 0
-    for _ in range(permutations):
-        order = rng.permutation(len(pooled))
-        perm = [pooled[i] for i in order]
-        if positionwise_chi2(perm[:n], perm[n:], positions) >= observed:
-            exceed += 1
-    return (exceed + 1) / (permutations + 1)
+    out = {}
+    for name in STATISTICS:
+        null = null_statistics(name, a, b, d, permutations, rng)
+        out[name] = float((np.sum(null >= statistic(name, a, b, d)) + 1) / (permutations + 1))
+    return out
+
+
+def shifted(b: np.ndarray, draft: np.ndarray, share: float, rng: np.random.Generator) -> np.ndarray:
+    """``b`` with ``share`` of its rows (chosen at random) replaced by ``draft``: requests that follow the draft."""
+    out = b.copy()
+    out[rng.choice(len(b), size=round(share * len(b)), replace=False)] = draft
+    return out
+
+
+def detection_power(name: str, a: np.ndarray, b: np.ndarray, draft: np.ndarray, share: float, critical: float,
+                    trials: int, rng: np.random.Generator) -> float:
+    """Share of ``trials`` in which the statistic of A against B with ``share`` shifted exceeds ``critical``."""
+    return sum(statistic(name, a, shifted(b, draft, share, rng), draft) > critical for _ in range(trials)) / trials
