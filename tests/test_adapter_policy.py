@@ -86,8 +86,9 @@ def test_the_adapter_tells_the_proposer_how_long_each_step_s_top_k_capture_took(
     seen = []
     monkeypatch.setattr(adapter.proposer, "observe_capture_seconds", seen.append)
     tokens = np.zeros((1, 200), dtype=np.int32)
-    adapter.target_topk.topk_seconds = 0.003  # the capture during the first step's forward
+    adapter.target_topk._unclaimed_seconds = 0.003  # the capture during the first step's forward
     adapter.propose([[0]], np.array([100], dtype=np.int32), tokens)
-    adapter.target_topk.topk_seconds = 0.005  # 2 ms more in the next one
-    adapter.propose([[0]], np.array([101], dtype=np.int32), tokens)
-    assert seen == pytest.approx([0.003, 0.002])
+    adapter.propose([[0]], np.array([101], dtype=np.int32), tokens)  # no capture in between
+    adapter.target_topk._unclaimed_seconds = 0.002
+    adapter.propose([[0]], np.array([102], dtype=np.int32), tokens)
+    assert seen == pytest.approx([0.003, 0.0, 0.002])

@@ -74,3 +74,5 @@ def test_inactive_capture_copies_nothing_and_costs_no_mismatch():
     topk.active = True
     model.compute_logits(torch.eye(4)[:2])
     assert topk.scored([(seq(3, 0), 1), (seq(4, 1), 1)], [[], []]).tokens.tolist() == [3, 4]
+    spent = topk.take_seconds()
+    assert 0.0 < spent == topk.topk_seconds and topk.take_seconds() == 0.0  # each capture charged once

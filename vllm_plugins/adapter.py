@@ -108,7 +108,6 @@ class FreespecProposer:
         )
         # Proposers that learn from the target's own predictions get them through this adapter.
         self.target_topk = TargetTopK(self.proposer.target_topk) if self.proposer.target_topk else None
-        self._topk_seconds_seen = 0.0  # target_topk.topk_seconds at the last step (its per-step capture time)
         self._last_drafts: dict[int, list[int]] = {}  # request key -> what we proposed last step
         self._last_sources: dict[int, str | None] = {}  # request key -> the source of that draft (metrics)
         self._prefilling: set[int] = set()  # keys whose last step was a partial prefill chunk
@@ -152,9 +151,7 @@ class FreespecProposer:
                 scored = self.target_topk.scored(views, [self._last_drafts.get(key, []) for key in keys])
                 if scored is not None:
                     self.proposer.observe(scored)
-                captured, self._topk_seconds_seen = (self.target_topk.topk_seconds - self._topk_seconds_seen,
-                                                     self.target_topk.topk_seconds)
-                self.proposer.observe_capture_seconds(captured)
+                self.proposer.observe_capture_seconds(self.target_topk.take_seconds())
             rows = [Row(key, tokens, num_new) for key, (tokens, num_new) in zip(keys, views)]
             drafts = self.proposer.propose(rows)
             if len(drafts) != n_rows:

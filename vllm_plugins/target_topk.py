@@ -51,7 +51,8 @@ class TargetTopK:
         self.steps = 0
         self.mismatched_steps = 0  # steps whose logits rows did not match the expected layout
         self.errors = 0
-        self.topk_seconds = 0.0
+        self.topk_seconds = 0.0  # all captures' time (the stats line)
+        self._unclaimed_seconds = 0.0  # captures' time since take_seconds() last ran
         # The adapter sets this after each step from ``Proposer.wants_target_topk``: off, the next
         # forward's logits are not copied (a full batch has no time for what nobody will use).
         self.active = True
@@ -90,7 +91,14 @@ class TargetTopK:
             self.errors += 1
             if self.errors == 1:
                 logger.exception("freespec: target top-k capture failed; recycling pauses for such steps (logged once)")
-        self.topk_seconds += time.perf_counter() - start
+        spent = time.perf_counter() - start
+        self.topk_seconds += spent
+        self._unclaimed_seconds += spent
+
+    def take_seconds(self) -> float:
+        """Seconds the captures took since the last call (the adapter's per-step charge to the proposer)."""
+        spent, self._unclaimed_seconds = self._unclaimed_seconds, 0.0
+        return spent
 
     def scored(self, views: Sequence[tuple[np.ndarray, int]], prev_drafts: Sequence[Sequence[int]]):
         """The scored positions of the step that just ran, or ``None`` when they cannot be mapped.
