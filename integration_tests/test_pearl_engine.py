@@ -28,3 +28,14 @@ def test_pearl_self_drafts_are_accepted(pearl_run):
     # Was 0.6; this session measured 0.32-0.44 (366, 509 of 1155) after the adapter changes of issue 19
     # (breaker, request ids) and pearl's new timeouts; the cause is not found yet (see the session note).
     assert_accepted_share(pearl_run[0], 0.4)
+
+
+@pytest.mark.long
+def test_hybrid_with_the_draft_model_as_a_source_is_lossless_and_drafts_from_it(engines, model_path, baseline):
+    """hybrid's ``draft`` source (RASD: the draft chain fused with the suffix trees' candidates)."""
+    spec = {"plugin": "hybrid", "num_speculative_tokens": K, "sources": ["suffix", "draft"],
+            "draft_model": model_path, "draft": {"sync_feed_tokens": 4096}}
+    run, log = engines.run("hybrid_draft", spec, greedy_jobs())
+    assert "without its suffix source" not in log
+    assert_lossless_greedy(baseline, run)
+    assert_accepted_share(run, 0.3)  # the draft is the target itself: most tokens come from accepted drafts

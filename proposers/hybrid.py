@@ -3,16 +3,21 @@
 Sources: ``suffix`` (SuffixDecoding's frequency-scored suffix trees of the request and of recent
 outputs, through arctic-inference, with each token's acceptance learned; ``proposers/suffix_tree.py``),
 ``copy`` (the request's own context and recent outputs, longest match), ``recycle`` (the target's own
-top-k from earlier steps) and ``retrieval`` (a datastore; needs the ``datastore`` option). Default:
+top-k from earlier steps), ``retrieval`` (a datastore; needs the ``datastore`` option) and ``draft`` (a
+draft model run as ``pearl`` runs it, drafting while the target verifies; needs the ``draft_model``
+option). Default:
 ``DEFAULT_SOURCES`` (no options needed); without a supported arctic-inference the default runs without
 ``suffix`` and says so once, while naming ``suffix`` explicitly without it is refused at start. Each source
 is built through the registry (``SOURCE_PLUGINS``) with its own options under its name, e.g.
 ``{"plugin": "hybrid", "copy": {"min_match": 3}}``, checked by that plugin's Options (errors name
-``copy.min_match``); the retrieval source's datastore is hybrid's ``datastore``.
+``copy.min_match``); the retrieval source's datastore is hybrid's ``datastore``, the draft source's model
+hybrid's ``draft_model``; either, given, adds its source to the default ones.
 
 Each source offers its candidates (``Proposer.candidates``): ``suffix`` one chain with a learned
 chance per token, ``copy`` and ``recycle`` their one chain, ``retrieval`` every sampled continuation of
-its longest match. They are fused by common prefix (``scorers.fusion``): a token's support is the sum
+its longest match, ``draft`` the draft model's chain, already cut where the draft's own confidence
+falls below its ``min_confidence`` (RASD's pruning of the draft by its confidence). They are fused by
+common prefix (``scorers.fusion``): a token's support is the sum
 over sources of the source's chance for that token (``suffix``) or its learned per-token acceptance
 rate (the others) times the share of its candidates that agree up to it; the draft follows the
 best-supported token while that support is at least ``min_support`` and, with the goodput policy, while
@@ -47,7 +52,9 @@ logger = logging.getLogger("freespec")
 
 # Source -> the plugin that drafts it (``suffix`` has no short name: vLLM's own method is called that).
 SOURCE_PLUGINS = {"suffix": "freespec.proposers.suffix_tree:SuffixTreeProposer", "copy": "copy",
-                  "recycle": "recycle", "retrieval": "retrieval"}
+                  "recycle": "recycle", "retrieval": "retrieval", "draft": "pearl"}
+# Sources that need a hybrid option (a file or a model), and which: given, it adds the source to the defaults.
+SOURCE_NEEDS = {"retrieval": "datastore", "draft": "draft_model"}
 SOURCES = tuple(SOURCE_PLUGINS)
 DEFAULT_SOURCES = ("suffix", "recycle")
 _warned_default = False
@@ -60,6 +67,9 @@ class HybridOptions(CopySourceOptions):
     datastore: Optional[str] = Field(
         None, description="datastore directory: adds the retrieval source to the default sources"
     )
+    draft_model: Optional[str] = Field(
+        None, description="draft model (as `pearl`'s): adds the draft source to the default sources"
+    )
     min_support: float = Field(0.2, ge=0.0, le=10.0, description="stop the draft where support falls below this")
     price_sources: bool = Field(True, description="stop running a source whose own tokens do not pay for its time")
     # Each source's own options, checked by its plugin's Options (`copy` is CopySourceOptions' field).
@@ -67,6 +77,9 @@ class HybridOptions(CopySourceOptions):
     recycle: Optional[dict[str, Any]] = Field(None, description="options of the recycle source (`recycle`)")
     retrieval: Optional[dict[str, Any]] = Field(
         None, description="options of the retrieval source (`retrieval`; its datastore: `datastore` above)"
+    )
+    draft: Optional[dict[str, Any]] = Field(
+        None, description="options of the draft source (`pearl`; its model: `draft_model` above)"
     )
 
     @field_validator("sources")
@@ -83,46 +96,50 @@ class HybridOptions(CopySourceOptions):
                 raise ValueError(f'sources: "suffix" needs arctic-inference: {why}')
         return sources
 
-    @field_validator("suffix", "recycle", "retrieval")
+    @field_validator("suffix", "recycle", "retrieval", "draft")
     @classmethod
     def _source_options(cls, raw: Optional[dict[str, Any]], info: ValidationInfo) -> Optional[dict[str, Any]]:
         """A source's options, checked by its plugin's Options (a bad field fails as ``copy.min_match``)."""
-        name, datastore = info.field_name, info.data.get("datastore")
+        name = info.field_name
         if raw is None:
             return None
-        if name == "retrieval":
-            if "datastore" in raw:
-                raise ValueError('give the datastore as hybrid\'s "datastore" option')
-            if datastore is None:
-                return raw  # refused below, for the missing datastore
-        load_options(SOURCE_PLUGINS[name], _with_fixed(name, raw, datastore))
+        needs = SOURCE_NEEDS.get(name)
+        if needs is not None:
+            if needs in raw:
+                raise ValueError(f'give the {name} source\'s {needs} as hybrid\'s "{needs}" option')
+            if info.data.get(needs) is None:
+                return raw  # refused below, for the missing option
+        load_options(SOURCE_PLUGINS[name], _with_fixed(name, raw, info.data))
         return raw
 
     @model_validator(mode="after")
-    def _datastore_for_retrieval(self) -> "HybridOptions":
+    def _needs_given(self) -> "HybridOptions":
         chosen = self.sources or ()
-        if "retrieval" in chosen and self.datastore is None:
-            raise ValueError('the "retrieval" source needs the "datastore" option')
-        if self.datastore is not None and self.sources is not None and "retrieval" not in chosen:
-            raise ValueError('"datastore" is given but "retrieval" is not among the sources')
+        for name, needs in SOURCE_NEEDS.items():
+            if name in chosen and getattr(self, needs) is None:
+                raise ValueError(f'the "{name}" source needs the "{needs}" option')
+            if getattr(self, needs) is not None and self.sources is not None and name not in chosen:
+                raise ValueError(f'"{needs}" is given but "{name}" is not among the sources')
         if self.datastore is not None:
             _check_datastore(self.datastore)
+        if self.draft_model is not None and self.draft is None:  # else checked with the draft's options
+            load_options(SOURCE_PLUGINS["draft"], self.source_options("draft"))
         for name in SOURCES:
             if getattr(self, name) is not None and name not in (self.sources or self._defaults()):
                 raise ValueError(f'"{name}" options are given but "{name}" is not among the sources')
         return self
 
     def source_options(self, name: str) -> dict[str, Any]:
-        """What source ``name`` is built with: its own options, and the datastore for retrieval."""
-        return _with_fixed(name, getattr(self, name) or {}, self.datastore)
+        """What source ``name`` is built with: its own options, and the datastore or draft model it needs."""
+        return _with_fixed(name, getattr(self, name) or {}, {needs: getattr(self, needs) for needs in SOURCE_NEEDS.values()})
 
     def _defaults(self) -> tuple[str, ...]:
-        """The default sources, and ``retrieval`` when a datastore is given."""
-        return DEFAULT_SOURCES + (("retrieval",) if self.datastore is not None else ())
+        """The default sources, and each source whose datastore or draft model is given."""
+        return DEFAULT_SOURCES + tuple(name for name, needs in SOURCE_NEEDS.items() if getattr(self, needs) is not None)
 
     def chosen_sources(self) -> tuple[str, ...]:
         """The sources to run: the given ones, else the defaults that can run here (with ``retrieval`` when a
-        datastore is given)."""
+        datastore is given, ``draft`` when a draft model is)."""
         if self.sources is not None:
             return self.sources
         defaults = self._defaults()
@@ -136,9 +153,14 @@ class HybridOptions(CopySourceOptions):
         return tuple(s for s in defaults if s != "suffix") or ("copy",)
 
 
-def _with_fixed(name: str, raw: dict[str, Any], datastore: Optional[str]) -> dict[str, Any]:
-    """The retrieval source reads hybrid's datastore and, unless told, leaves the context to ``copy``."""
-    return {"datastore": datastore, "fuse_copy": False, **raw} if name == "retrieval" else raw
+def _with_fixed(name: str, raw: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """The retrieval source reads hybrid's datastore and, unless told, leaves the context to ``copy``; the
+    draft source runs hybrid's draft model."""
+    if name == "retrieval":
+        return {"datastore": given.get("datastore"), "fuse_copy": False, **raw}
+    if name == "draft":
+        return {"draft_model": given.get("draft_model"), **raw}
+    return raw
 
 
 def _check_datastore(path: str) -> None:
