@@ -8,12 +8,13 @@ p <= 0.0005 (so the test fails at p <= 0.001): the sum over positions of the two
 at each position, and the mean length of common prefix with the prompt's greedy text (what the context sources
 draft here; a verification that accepts drafts without the rejection test makes requests follow it).
 
-Power, measured with ``scripts/distribution_power.py`` (docs/reliability.md) against that shift modelled as a
-share of requests replaced by the greedy text: at 160 samples a side the chi-square detects 50% (0.86), the
-prefix statistic 20% (0.46) and 30% (1.00); at 640 a side the prefix statistic detects 10% (0.99). A subtle
-bias needs the script's larger samples, not this test.
+Power, measured with ``scripts/distribution_power.py`` (docs/reliability.md, two runs of 640 + 640
+no-speculation samples) against that shift modelled as a share of requests replaced by the greedy text: at
+160 samples a side the prefix statistic detects 30% (power 1.00 and 0.99), the chi-square 50% only
+sometimes (0.86 and 0.18); at 640 a side the prefix statistic detects 20% (1.00 in both) and 10% in one run
+of two (0.99 and 0.24). A subtle bias needs the script's larger samples, not this test.
 ``test_the_check_detects_a_shift_of_the_size_that_matters`` recomputes the power at 10%, 30% and 50% from
-the run's own samples and asserts at least 0.8 at 30% for the prefix statistic and at 50% for the chi-square.
+the run's own samples and asserts at least 0.8 at 30% for the prefix statistic (the chi-square's is printed).
 """
 from __future__ import annotations
 
@@ -108,5 +109,4 @@ def test_the_check_detects_a_shift_of_the_size_that_matters(reference):
         print(f"{name}: no-speculation sets A vs B {unshifted:.2f}, critical {critical:.2f}; "
               f"power by share of requests following the draft: {power[name]}")
         assert unshifted <= critical, f"two no-speculation sample sets already differ at p <= 0.001 ({name})"
-    assert power["chi2"][0.5] >= 0.8, f"the chi-square misses half the requests following the draft: {power}"
     assert power["prefix"][0.3] >= 0.8, f"the prefix statistic misses 30% of requests following the draft: {power}"
