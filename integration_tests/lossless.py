@@ -100,11 +100,15 @@ def distribution_pvalues(samples_a, samples_b, draft, positions: int, permutatio
     a, b = token_matrix(samples_a, positions), token_matrix(samples_b, positions)
     d = token_matrix([draft], positions)[0]
     rng = np.random.default_rng(seed)
-    out = {}
-    for name in STATISTICS:
-        null = null_statistics(name, a, b, d, permutations, rng)
-        out[name] = float((np.sum(null >= statistic(name, a, b, d)) + 1) / (permutations + 1))
-    return out
+    return {name: permutation_pvalue(name, a, b, d, permutations, rng) for name in STATISTICS}
+
+
+def permutation_pvalue(name: str, a: np.ndarray, b: np.ndarray, draft: np.ndarray, permutations: int,
+                       rng: np.random.Generator) -> float:
+    """Share of ``permutations`` relabellings whose statistic is at least the observed one (one added to each
+    count, so p > 0)."""
+    null = null_statistics(name, a, b, draft, permutations, rng)
+    return float((np.sum(null >= statistic(name, a, b, draft)) + 1) / (permutations + 1))
 
 
 def shifted(b: np.ndarray, draft: np.ndarray, share: float, rng: np.random.Generator) -> np.ndarray:

@@ -51,6 +51,7 @@ from integration_tests.lossless import (  # noqa: E402
     STATISTICS,
     detection_power,
     null_statistics,
+    permutation_pvalue,
     prefix_lengths,
     statistic,
     token_matrix,
@@ -75,11 +76,6 @@ def collect(model: str, samples: int, configs: list, workdir: Path) -> dict:
         data["plugins"][config.label] = {"samples": run["sample"]["token_ids"], "spec": run["sample"]["spec"],
                                          "seconds": run["sample"]["seconds"]}
     return data
-
-
-def pvalue(name: str, a, b, draft, permutations: int, rng) -> float:
-    null = null_statistics(name, a, b, draft, permutations, rng)
-    return float((np.sum(null >= statistic(name, a, b, draft)) + 1) / (permutations + 1))
 
 
 def analyse(data: dict, sizes: list[int], trials: int) -> str:
@@ -111,7 +107,7 @@ def analyse(data: dict, sizes: list[int], trials: int) -> str:
         for label, run in data["plugins"].items():
             b = token_matrix(run["samples"], SAMPLE_TOKENS)
             a = a_all[: len(b)]
-            p = {name: pvalue(name, a, b, draft, PERMUTATIONS * 10, rng) for name in STATISTICS}
+            p = {name: permutation_pvalue(name, a, b, draft, PERMUTATIONS * 10, rng) for name in STATISTICS}
             spec = run["spec"]
             acc = (f"{spec.get('vllm:spec_decode_num_accepted_tokens', 0):.0f} / "
                    f"{spec.get('vllm:spec_decode_num_draft_tokens', 0):.0f}")
