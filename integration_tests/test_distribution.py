@@ -23,6 +23,7 @@ import pytest
 
 from integration_tests.conftest import (
     CODE_DOCUMENTS,
+    PEARL_SYNC,
     SAMPLE_GREEDY_JOB,
     SAMPLE_TOKENS,
     K,
@@ -85,7 +86,7 @@ def test_hybrid_with_every_source_sampling_has_the_distribution_of_no_speculatio
 
 
 def test_pearl_sampling_has_the_distribution_of_no_speculation(engines, reference, model_path):
-    spec = {"plugin": "pearl", "num_speculative_tokens": K, "draft_model": model_path, "sync_feed_tokens": 4096}
+    spec = {"plugin": "pearl", "num_speculative_tokens": K, "draft_model": model_path, **PEARL_SYNC}
     run, _ = engines.run("pearl_t08", spec, sample_jobs(), env=ENV)
     assert_same_distribution(reference, run)
 

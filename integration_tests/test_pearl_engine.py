@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import pytest
 
-from integration_tests.conftest import K, assert_accepted_share, assert_lossless_greedy, greedy_jobs
+from integration_tests.conftest import K, PEARL_SYNC, assert_accepted_share, assert_lossless_greedy, greedy_jobs
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="session")
 def pearl_run(engines, model_path):
-    spec = {"plugin": "pearl", "num_speculative_tokens": K, "draft_model": model_path, "sync_feed_tokens": 4096}
+    spec = {"plugin": "pearl", "num_speculative_tokens": K, "draft_model": model_path, **PEARL_SYNC}
     return engines.run("pearl", spec, greedy_jobs())
 
 
@@ -25,16 +25,17 @@ def test_pearl_greedy_text_matches_no_speculation(pearl_run, baseline):
 
 
 def test_pearl_self_drafts_are_accepted(pearl_run):
-    # Was 0.6; this session measured 0.32-0.44 (366, 509 of 1155) after the adapter changes of issue 19
-    # (breaker, request ids) and pearl's new timeouts; the cause is not found yet (see the session note).
-    assert_accepted_share(pearl_run[0], 0.4)
+    # 998 of 1,155 tokens (0.86), every drafted token accepted, with PEARL_SYNC's step budget; 0.32-0.44 when the
+    # circuit breaker switched pearl off for its seconds-long catch-up steps (conftest.PEARL_SYNC).
+    assert_accepted_share(pearl_run[0], 0.7)
 
 
 @pytest.mark.long
 def test_hybrid_with_the_draft_model_as_a_source_is_lossless_and_drafts_from_it(engines, model_path, baseline):
     """hybrid's ``draft`` source (RASD: the draft chain fused with the suffix trees' candidates)."""
     spec = {"plugin": "hybrid", "num_speculative_tokens": K, "sources": ["suffix", "draft"],
-            "draft_model": model_path, "draft": {"sync_feed_tokens": 4096}}
+            "draft_model": model_path, "draft": {"sync_feed_tokens": PEARL_SYNC["sync_feed_tokens"]},
+            "step_budget_ms": PEARL_SYNC["step_budget_ms"]}
     run, log = engines.run("hybrid_draft", spec, greedy_jobs())
     assert "without its suffix source" not in log
     assert_lossless_greedy(baseline, run)

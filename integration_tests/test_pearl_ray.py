@@ -17,7 +17,7 @@ import re
 
 import pytest
 
-from integration_tests.conftest import K, assert_accepted_share, assert_lossless_greedy, greedy_jobs
+from integration_tests.conftest import K, PEARL_SYNC, assert_accepted_share, assert_lossless_greedy, greedy_jobs
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
@@ -37,7 +37,7 @@ def ray_head():
 
 @pytest.fixture(scope="module")
 def pearl_ray_run(engines, model_path, ray_head):
-    spec = {"plugin": "pearl", "num_speculative_tokens": K, "draft_model": model_path, "sync_feed_tokens": 4096,
+    spec = {"plugin": "pearl", "num_speculative_tokens": K, "draft_model": model_path, **PEARL_SYNC,
             "placement": "ray", "ray_address": ray_head}
     return engines.run("pearl_ray", spec, greedy_jobs())
 

@@ -91,7 +91,9 @@ class PearlOptions(ProposerOptions):
     )
     sync_feed_tokens: int = Field(
         16, ge=1, le=1 << 20,
-        description="a request whose draft is further behind drafts nothing until caught up in the background",
+        description="a request whose draft is further behind drafts nothing until caught up in the background; "
+        "behind by less, it catches up inside the step, which then waits for it (seconds on a CPU for a prompt: "
+        "raise the adapter's step_budget_ms with it, or the circuit breaker switches pearl off)",
     )
     prefill_chunk: int = Field(32, ge=1, le=1 << 16, description="tokens per catch-up forward pass")
 
