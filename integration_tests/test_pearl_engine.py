@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from integration_tests.conftest import K, PEARL_SYNC, assert_accepted_share, assert_lossless_greedy, greedy_jobs
+from integration_tests.conftest import K, PEARL_BUDGET_LINE, PEARL_SYNC, assert_accepted_share, assert_lossless_greedy, greedy_jobs
 
 pytestmark = pytest.mark.integration
 
@@ -25,8 +25,10 @@ def test_pearl_greedy_text_matches_no_speculation(pearl_run, baseline):
 
 
 def test_pearl_self_drafts_are_accepted(pearl_run):
-    # 998 of 1,155 tokens (0.86), every drafted token accepted, with PEARL_SYNC's step budget; 0.32-0.44 when the
+    # 998 of 1,155 tokens (0.86), every drafted token accepted, with a 60 s step budget; 0.32-0.44 when the
     # circuit breaker switched pearl off for its seconds-long catch-up steps (conftest.PEARL_SYNC).
+    assert PEARL_BUDGET_LINE in pearl_run[1]  # the adapter raised the budget for the catch-up by itself
+    assert "circuit breaker open" not in pearl_run[1]
     assert_accepted_share(pearl_run[0], 0.7)
 
 
@@ -34,9 +36,9 @@ def test_pearl_self_drafts_are_accepted(pearl_run):
 def test_hybrid_with_the_draft_model_as_a_source_is_lossless_and_drafts_from_it(engines, model_path, baseline):
     """hybrid's ``draft`` source (RASD: the draft chain fused with the suffix trees' candidates)."""
     spec = {"plugin": "hybrid", "num_speculative_tokens": K, "sources": ["suffix", "draft"],
-            "draft_model": model_path, "draft": {"sync_feed_tokens": PEARL_SYNC["sync_feed_tokens"]},
-            "step_budget_ms": PEARL_SYNC["step_budget_ms"]}
+            "draft_model": model_path, "draft": PEARL_SYNC}
     run, log = engines.run("hybrid_draft", spec, greedy_jobs())
     assert "without its suffix source" not in log
+    assert PEARL_BUDGET_LINE in log  # the draft source's catch-up raised the adapter's budget, as pearl's does
     assert_lossless_greedy(baseline, run)
     assert_accepted_share(run, 0.3)  # the draft is the target itself: most tokens come from accepted drafts

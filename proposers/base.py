@@ -119,6 +119,16 @@ class Proposer(ABC):
     def release(self, key: int) -> None:
         """The request ``key`` left the batch: drop what is kept for it."""
 
+    def step_time_needed(self) -> Optional[tuple[float, str]]:
+        """Seconds one step may legitimately take under this proposer's own options, and why; None: no claim.
+
+        A plugin whose options make some steps slow by design (``pearl`` catching a draft up on a whole
+        prompt inside the step) says so here, and the adapter raises its circuit breaker's step budget to
+        match unless the operator set ``step_budget_ms`` (then it warns). The seconds must be bounded by
+        the plugin's own timeout, so a stalled step is still cut off.
+        """
+        return None
+
     def state_bytes(self) -> int:
         """Approximate bytes of state held now (for docs and the bounds tests)."""
         return 0

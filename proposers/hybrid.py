@@ -337,3 +337,8 @@ class HybridProposer(Proposer):
 
     def state_bytes(self) -> int:
         return sum(source.state_bytes() for source in self.sources.values())
+
+    def step_time_needed(self) -> Optional[tuple[float, str]]:
+        """The longest any source claims (the sources run one after another, but only ``draft`` claims)."""
+        claims = [claim for claim in (s.step_time_needed() for s in self.sources.values()) if claim]
+        return max(claims, default=None)

@@ -14,7 +14,7 @@ EXACT = {"placement": "thread", "min_confidence": 0.0, "adaptive_length": False}
 
 
 def make(tiny_dir, k=4, **opts):
-    p = HybridProposer(HybridOptions(draft_model=tiny_dir, draft=EXACT, min_support=0.0, **opts), k)
+    p = HybridProposer(HybridOptions(**{"draft_model": tiny_dir, "draft": EXACT, "min_support": 0.0, **opts}), k)
     p.bind(EngineInfo(vocab_size=VOCAB))
     return p
 
@@ -63,5 +63,21 @@ def test_the_draft_source_learns_its_acceptance_from_what_the_target_produced(ti
         p.propose([Row(0, arr(context + produced), len(produced))])
         assert p.weights.weight("draft") > before
         assert np.isfinite(p.weights.weight("draft"))
+    finally:
+        p.sources["draft"].close()
+
+
+def test_a_large_sync_feed_claims_the_step_time_of_its_timeout_and_the_default_claims_none(tiny_dir):
+    """pearl's catch-up inside the step (``sync_feed_tokens`` above 16) is slow by design: the adapter's
+    breaker budget must cover it (``Proposer.step_time_needed``), up to pearl's own ``step_timeout_s``."""
+    p = make(tiny_dir, sources=("copy", "draft"))
+    try:
+        assert p.step_time_needed() is None
+    finally:
+        p.sources["draft"].close()
+    p = make(tiny_dir, sources=("copy", "draft"), draft={**EXACT, "sync_feed_tokens": 4096, "step_timeout_s": 12})
+    try:
+        seconds, why = p.step_time_needed()
+        assert seconds == 12.0 and "sync_feed_tokens 4096" in why
     finally:
         p.sources["draft"].close()

@@ -62,6 +62,13 @@ class Forgets(CopyProposer):
         super().release(key)
 
 
+class SlowByDesign(CopyProposer):
+    """Claims its options make a step take up to 5 s (as pearl does with a large ``sync_feed_tokens``)."""
+
+    def step_time_needed(self):
+        return 5.0, "a test plugin's catch-up"
+
+
 def make_adapter(plugin: str, **keys) -> FreespecProposer:
     return adapter_for({"plugin": plugin, "num_speculative_tokens": 4, "policy": "fixed", **keys})
 
@@ -149,7 +156,8 @@ def test_breaker_counts_bad_steps_in_a_row_and_caps_the_backoff():
 
 def test_step_budget_is_an_adapter_key_with_bounds_named_in_the_error():
     _, extra = translate({"plugin": "copy", "num_speculative_tokens": 4}, None)
-    assert extra["freespec"]["step_budget_ms"] == 1000.0 and "step_budget_ms" not in extra["freespec"]["options"]
+    assert extra["freespec"]["step_budget_ms"] is None and "step_budget_ms" not in extra["freespec"]["options"]
+    assert adapter_for({"plugin": "copy", "num_speculative_tokens": 4}).breaker.budget_s == 1.0  # the default
     _, extra = translate({"plugin": "copy", "num_speculative_tokens": 4, "step_budget_ms": 250}, None)
     assert extra["freespec"]["step_budget_ms"] == 250.0
     for bad in (0, -5, 1e9, "fast", True, None if False else [1]):
@@ -173,3 +181,19 @@ def test_a_slow_plugin_keeps_its_requests_when_the_breaker_opens_and_a_failing_o
     # Slow: the live request's state stays, so the trial step catches up on the steps it missed. Forgetting it
     # made pearl's trial step re-prefill every live context, overrun the budget and open the breaker again.
     assert Forgets.released == ([] if fault == "slow" else [0])
+
+
+def test_the_budget_is_raised_to_what_a_plugins_own_options_need_unless_the_operator_set_it(caplog):
+    with caplog.at_level(logging.INFO, logger="freespec"):
+        adapter = make_adapter("test_reliability_breaker:SlowByDesign")
+    assert adapter.breaker.budget_s == 5.0  # not the default 1 s: its slow steps are by design
+    assert "step budget 5000 ms (not 'step_budget_ms' 1000): a test plugin's catch-up" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="freespec"):
+        adapter = make_adapter("test_reliability_breaker:SlowByDesign", step_budget_ms=200)
+    assert adapter.breaker.budget_s == 0.2  # the operator's value stands, with a warning naming the field
+    assert "'step_budget_ms' 200 is below the 5000 ms its options need" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="freespec"):
+        adapter = make_adapter("test_reliability_breaker:SlowByDesign", step_budget_ms=8000)
+    assert adapter.breaker.budget_s == 8.0 and "step budget" not in caplog.text  # above the need: as given

@@ -78,7 +78,8 @@ class FreespecProposer:
             )
         self.plugin = cfg["plugin"]
         options = validate_options(self.plugin, cfg.get("options") or {})  # same error on every rank
-        budget_ms = adapter_number("step_budget_ms", cfg.get("step_budget_ms"))
+        budget_given = cfg.get("step_budget_ms")
+        budget_ms = adapter_number("step_budget_ms", budget_given)
         where = draft_rank(vllm_config)
         self.drafting = where.drafts
         self.breaker: CircuitBreaker | None = None
@@ -115,12 +116,32 @@ class FreespecProposer:
         self._batch = None  # vLLM's input batch, once found (request ids)
         self._ids_warned = False
         self.stats = ProposerStats()
-        self.breaker = CircuitBreaker(budget_ms / 1000.0, self.plugin)
+        self.breaker = CircuitBreaker(self._step_budget_s(budget_ms / 1000.0, budget_given is not None), self.plugin)
         self.metrics = PluginMetrics(self.plugin)
         self._enabled = True  # as last exported: the breaker is not open
         self._log_every_s = settings.stats_interval_s()  # vLLM's stats interval; 0: every step
         self._last_log = self._last_fit = time.monotonic()
         logger.info("freespec: plugin %r with k=%d and options %s", self.plugin, self.k, options.model_dump())
+
+    def _step_budget_s(self, budget_s: float, given: bool) -> float:
+        """The breaker's step budget: ``step_budget_ms``, raised to what the plugin's own options make a step
+        take (``Proposer.step_time_needed``) unless the operator set it, who is then warned once."""
+        try:
+            needed = self.proposer.step_time_needed()
+        except Exception:
+            needed = None
+        if not needed or needed[0] <= budget_s:
+            return budget_s
+        seconds, why = needed
+        if given:
+            logger.warning(
+                "freespec: plugin %r: speculative_config 'step_budget_ms' %g is below the %g ms its options "
+                "need (%s): the circuit breaker will switch it off on those steps; raise step_budget_ms or "
+                "leave it unset", self.plugin, budget_s * 1000, seconds * 1000, why)
+            return budget_s
+        logger.info("freespec: plugin %r: step budget %g ms (not 'step_budget_ms' %g): %s",
+                    self.plugin, seconds * 1000, budget_s * 1000, why)
+        return float(seconds)
 
     def load_model(self, target_model) -> None:
         """vLLM hands over the target model; only the ``target_topk`` adapter needs it."""

@@ -81,7 +81,8 @@ ADAPTER_KEYS = {"policy": ("goodput", "fixed")}
 # breaker (adapter.CircuitBreaker: 3 bad steps in a row, or one over 10x the budget, switch the plugin off
 # for a back-off period). 1000 ms: far above what the context sources take per step, and above what
 # `pearl` waits for its draft model's chain on a CPU, whose step legitimately blocks on the draft
-# (docs/reliability.md).
+# (docs/reliability.md). Not given, it is left None here: the adapter raises the default to what a plugin's
+# own options need (``Proposer.step_time_needed``: pearl with a large ``sync_feed_tokens``).
 ADAPTER_NUMBERS = {"step_budget_ms": (1000.0, 1.0, 60_000.0)}
 
 
@@ -130,7 +131,9 @@ def translate(
             )
         adapter[key] = value
     for key in ADAPTER_NUMBERS:
-        adapter[key] = adapter_number(key, spec.pop(key, None))
+        value = spec.pop(key, None)
+        adapter_number(key, value)  # checked here, so vllm serve does not start with a bad value
+        adapter[key] = value  # None: the adapter's default (or what the plugin's options need)
     raw_options = {key: spec.pop(key) for key in list(spec) if key not in VLLM_KEYS}
     options = validate_options(plugin, raw_options)
     new_spec = {"method": "custom_class", "model": ADAPTER_CLASS, **spec}

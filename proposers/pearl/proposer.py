@@ -39,6 +39,9 @@ from freespec import settings
 from freespec.proposers.base import EngineInfo, Proposer, ProposerOptions, Row
 
 logger = logging.getLogger("freespec")
+# sync_feed_tokens' default: a draft this far behind catches up inside the step in a few draft passes.
+SYNC_FEED_DEFAULT = 16
+
 
 def resolve_draft_model(value: str) -> Path:
     """The draft's checkpoint directory: a path, a Hugging Face model id (from the HF cache, as vLLM
@@ -90,10 +93,10 @@ class PearlOptions(ProposerOptions):
         32_768, ge=1, le=1 << 30, description="draft KV cache tokens kept over all requests (docs/pearl.md: bytes)"
     )
     sync_feed_tokens: int = Field(
-        16, ge=1, le=1 << 20,
+        SYNC_FEED_DEFAULT, ge=1, le=1 << 20,
         description="a request whose draft is further behind drafts nothing until caught up in the background; "
-        "behind by less, it catches up inside the step, which then waits for it (seconds on a CPU for a prompt: "
-        "raise the adapter's step_budget_ms with it, or the circuit breaker switches pearl off)",
+        "behind by less, it catches up inside the step, which then waits for it (seconds on a CPU for a prompt). "
+        "Above 16, a step may take up to step_timeout_s: the adapter's step_budget_ms is raised to it unless set",
     )
     prefill_chunk: int = Field(32, ge=1, le=1 << 16, description="tokens per catch-up forward pass")
 
@@ -293,6 +296,15 @@ class PearlProposer(Proposer):
 
     def release(self, key: int) -> None:
         self.worker.release(key)
+
+    def step_time_needed(self) -> Optional[tuple[float, str]]:
+        """Above its default, ``sync_feed_tokens`` makes a step wait for the draft to read up to that many
+        tokens (seconds on a CPU for a prompt); the step stays bounded by ``step_timeout_s``."""
+        if self.options.sync_feed_tokens <= SYNC_FEED_DEFAULT:
+            return None
+        return (self.options.step_timeout_s,
+                f"pearl's sync_feed_tokens {self.options.sync_feed_tokens} (above {SYNC_FEED_DEFAULT}) catches "
+                f"drafts up inside the step, within step_timeout_s {self.options.step_timeout_s:g}")
 
     def state_bytes(self) -> int:
         if self.draft is not None:
