@@ -62,8 +62,9 @@ SHARES = (0.05, 0.1, 0.2, 0.3, 0.5)
 ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
-def collect(model: str, samples: int, configs: list, workdir: Path) -> dict:
-    """Two no-speculation sample sets, the greedy text, and a set from each config."""
+def collect(model: str, samples: int, configs: list, workdir: Path, max_num_seqs: int | None = None) -> dict:
+    """Two no-speculation sample sets, the greedy text, and a set from each config (``max_num_seqs``: the
+    configs' engines run at most this many requests at once; the reference runs at vLLM's default)."""
     engines = EngineRuns(model, workdir)
     sample = {**SAMPLE_JOB, "prompts": [SAMPLE_PROMPT] * samples}
     ref, _ = engines.run("none", None, [SAMPLE_PREFIX_JOB, {**sample, "name": "a"}, {**sample, "name": "b"},
@@ -72,7 +73,8 @@ def collect(model: str, samples: int, configs: list, workdir: Path) -> dict:
             "plugins": {}}
     for i, config in enumerate(configs):
         print(f"sampling with {config.label}", flush=True)
-        run, _ = engines.run(f"config{i}", config.speculative_config, [SAMPLE_PREFIX_JOB, sample], env=ENV)
+        run, _ = engines.run(f"config{i}", config.speculative_config, [SAMPLE_PREFIX_JOB, sample], env=ENV,
+                             engine_args={"max_num_seqs": max_num_seqs} if max_num_seqs else None)
         data["plugins"][config.label] = {"samples": run["sample"]["token_ids"], "spec": run["sample"]["spec"],
                                          "seconds": run["sample"]["seconds"]}
     return data
@@ -129,6 +131,10 @@ def main() -> None:
     p.add_argument("--sizes", type=int, nargs="+", default=[160, 320, 640, 1000])
     p.add_argument("--trials", type=int, default=200, help="shifted trials per cell")
     p.add_argument("--model", default=None, help="model directory (default: the prepared SmolLM2 test model)")
+    p.add_argument("--max-num-seqs", type=int, default=None,
+                   help="the configs' engines run at most this many requests at once (pearl keeps a draft KV "
+                   "cache for at most its max_requests, 64 by default; the offline engine otherwise runs "
+                   "hundreds of the samples at once)")
     p.add_argument("--analyse", default=None, help="a samples.json from an earlier run: analyse it, sample nothing")
     p.add_argument("--out", default="results/distribution-power")
     args = p.parse_args()
@@ -148,7 +154,7 @@ def main() -> None:
             print(f"code datastore: {built}", flush=True)
         configs = [parse_config_spec(entry, K) for entry in args.plugins]
         with tempfile.TemporaryDirectory() as tmp:
-            data = collect(model, args.samples, configs, Path(tmp))
+            data = collect(model, args.samples, configs, Path(tmp), args.max_num_seqs)
         (out / "samples.json").write_text(json.dumps(data))
     command = "python scripts/distribution_power.py " + " ".join(sys.argv[1:])
     table = analyse(data, args.sizes, args.trials)

@@ -130,7 +130,7 @@ def plugin_options() -> dict[str, type[BaseModel]]:
 
 def config_keys() -> list[tuple[str, str, str, str, str]]:
     """The keys of a ``{"plugin": ...}`` config that are not a plugin's options (vllm_plugins/frontend.py)."""
-    from freespec.vllm_plugins.frontend import ADAPTER_KEYS, VLLM_KEYS
+    from freespec.vllm_plugins.frontend import ADAPTER_KEYS, ADAPTER_NUMBERS, VLLM_KEYS
 
     rows = [("`plugin`", "str", "required", "",
              'a registered plugin name (tables below) or `"package.module:Class"`')]
@@ -148,6 +148,15 @@ def config_keys() -> list[tuple[str, str, str, str, str]]:
     for key, allowed in ADAPTER_KEYS.items():
         rows.append((f"`{key}`", _cell(" or ".join(json.dumps(a) for a in allowed)), f"`{json.dumps(allowed[0])}`",
                      "", _cell(policy_text.get(key, "freespec adapter key"))))
+    number_text = {
+        "step_budget_ms": "the circuit breaker's budget for one plugin step: 3 steps over it in a row, or one over "
+                          "10x, switch the plugin off for a back-off period (docs/reliability.md). Not set, it "
+                          "is raised to what the plugin's own options need (pearl with sync_feed_tokens above "
+                          "16: its step_timeout_s)",
+    }
+    for key, (default, low, high) in ADAPTER_NUMBERS.items():
+        rows.append((f"`{key}`", "float", f"`{default:g}`", f"{low:g} ≤ x ≤ {high:,.0f}",
+                     _cell(number_text.get(key, "freespec adapter key"))))
     return rows
 
 
