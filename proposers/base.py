@@ -74,6 +74,10 @@ class Proposer(ABC):
     # Set by the adapter before each step when the load-aware policy is on: the expected
     # accepted tokens one more draft token must bring to pay for verifying it (scorers/policy.py).
     token_cost: Optional[float] = None
+    # True: the plugin weighs its own drafting time itself (``hybrid``'s source pricing), so the load-aware
+    # policy fits the target's step time without it. Otherwise a slow source (a draft model's chain) is
+    # counted in the price of every verified token, twice over with the pricing.
+    prices_own_time: bool = False
 
     def __init__(self, options: ProposerOptions, num_speculative_tokens: int) -> None:
         self.options = options

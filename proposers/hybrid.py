@@ -216,6 +216,7 @@ class HybridProposer(Proposer):
         self.target_topk = max((s.target_topk for s in self.sources.values()), default=0)
         self.weights = SourceWeights()
         self.pricing = SourcePricing(tuple(self.sources)) if options.price_sources and len(self.sources) > 1 else None
+        self.prices_own_time = self.pricing is not None  # the policy's step-time fit leaves the sources' time out
         # key -> (sequence length when drafted, each source's own chain then)
         self._offered: dict[int, tuple[int, dict[str, np.ndarray], np.ndarray, dict[str, int]]] = {}
         self._capture_seconds = 0.0  # the adapter's capture of the target's top-k in the last step (for recycle)

@@ -30,10 +30,20 @@ def make_adapter(policy: str) -> FreespecProposer:
     return FreespecProposer(cfg)
 
 
-def drive(adapter, monkeypatch, steps=200):
-    """Decode steps whose time grows by 2 ms per scored token over a 20 ms base."""
+def drive(adapter, monkeypatch, steps=200, plugin_s_per_token=0.0):
+    """Decode steps whose time grows by 2 ms per scored token over a 20 ms base; the plugin itself takes
+    ``plugin_s_per_token`` for each token it drafts (a draft model's chain)."""
     clock = {"t": 0.0}
     monkeypatch.setattr(adapter_module.time, "perf_counter", lambda: clock["t"])
+    if plugin_s_per_token:
+        own = adapter.proposer.propose
+
+        def timed(rows):
+            drafts = own(rows)
+            clock["t"] += plugin_s_per_token * sum(len(d) for d in drafts)
+            return drafts
+
+        monkeypatch.setattr(adapter.proposer, "propose", timed)
     # Random text over a tiny alphabet: copy finds matches of varying promise, so draft lengths vary.
     tokens = np.random.default_rng(0).integers(0, 6, size=(1, 2000)).astype(np.int32)
     length = np.array([100], dtype=np.int32)
@@ -50,6 +60,26 @@ def test_goodput_policy_sets_the_bar_from_measured_step_times(monkeypatch):
     cost = drive(make_adapter("goodput"), monkeypatch)
     # plain decoding: 1 token per (20 + 2) ms, each draft token costs 2 ms -> the bar is at least 2/22
     assert cost is not None and 0.09 <= cost <= 0.5
+
+
+def test_a_plugin_that_prices_its_own_time_leaves_it_out_of_the_step_time_fit(monkeypatch):
+    """hybrid's source pricing weighs each source's time; the policy must price verification only, or a
+    slow source (a draft model's chain) raises the bar for every source's tokens (the Qwen RASD run:
+    0.84 against retrieval alone's 0.055)."""
+    plain = drive(make_adapter("goodput"), monkeypatch)
+    counted = drive(make_adapter("goodput"), monkeypatch, plugin_s_per_token=0.030)
+    assert counted > 2 * plain  # the plugin's 30 ms a token counted as verification cost
+    adapter = make_adapter("goodput")
+    adapter.proposer.prices_own_time = True
+    assert drive(adapter, monkeypatch, plugin_s_per_token=0.030) == pytest.approx(plain)
+
+
+def test_hybrid_with_source_pricing_prices_its_own_time():
+    from freespec.proposers.hybrid import HybridOptions, HybridProposer
+
+    assert HybridProposer(HybridOptions(sources=("suffix", "copy")), 4).prices_own_time
+    assert not HybridProposer(HybridOptions(sources=("suffix", "copy"), price_sources=False), 4).prices_own_time
+    assert not make_adapter("goodput").proposer.prices_own_time  # copy: its time stays in the step
 
 
 def test_fixed_policy_leaves_the_plugins_own_threshold(monkeypatch):

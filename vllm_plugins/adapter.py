@@ -94,6 +94,7 @@ class FreespecProposer:
         # Load-aware draft length (scorers/policy.py): "policy": "goodput", the default; "fixed" turns it off.
         self.policy = GoodputPolicy() if cfg.get("policy", "goodput") == "goodput" else None
         self._last_step_at: float | None = None
+        self._last_plugin_s = 0.0  # the last step's plugin time, left out of the policy's fit (prices_own_time)
         spec = vllm_config.speculative_config
         self.k = int(spec.num_speculative_tokens)
         self.vocab_size = int(vllm_config.model_config.get_vocab_size())
@@ -193,6 +194,7 @@ class FreespecProposer:
             self.target_topk.active = self._wants_target_topk()
         self._prefilling = {key for key, (_, num_new) in zip(keys, views) if num_new == 0}
         seconds = time.perf_counter() - start
+        self._last_plugin_s = seconds if getattr(self.proposer, "prices_own_time", False) else 0.0
         if seconds > self.breaker.budget_s:
             self.stats.overruns += 1
         if self.breaker.record(failure, seconds):
@@ -304,7 +306,10 @@ class FreespecProposer:
             prev = [None if key in self._prefilling else self._last_drafts.get(key) for key in keys]
             counted = step_tokens(views, prev)
             if counted is not None:
-                self.policy.observe_step(counted[0], counted[1], now - self._last_step_at, rows=len(views))
+                # A plugin that prices its own time (hybrid's sources) leaves it out: the fit is the
+                # target's step, what verifying one more token costs.
+                seconds = now - self._last_step_at - self._last_plugin_s
+                self.policy.observe_step(counted[0], counted[1], seconds, rows=len(views))
         self._last_step_at = now
         self.proposer.token_cost = self.policy.token_cost(rows=len(views))
         self.metrics.token_cost(self.proposer.token_cost)
