@@ -209,6 +209,31 @@ def test_pricing_pauses_a_source_that_adds_nothing_and_resumes_it_when_it_does()
     assert all(ran[-fusion.PROBE_EVERY:])
 
 
+def test_a_source_slow_next_to_the_step_is_judged_sooner_and_probed_less_often():
+    """A draft model's chain on a CPU (200 ms a step against a 170 ms engine step) that adds nothing is paused
+    after 16 steps, not 64, and probed about once in 59 steps, at most 2% of the time."""
+    pricing = SourcePricing(("a", "draft"))
+    steps = 0
+    while pricing.paused() != ["draft"]:
+        pricing.observe_step(0.17)
+        pricing.observe_tokens({"a": 1, "draft": 0}, 2)
+        for name in ("a", "draft"):
+            if pricing.runs(name):
+                pricing.observe_cost(name, 0.2 if name == "draft" else 0.001)
+        pricing.step_done(tuple(n for n in ("a", "draft") if pricing.runs(n)))
+        steps += 1
+        assert steps < fusion.MIN_EVIDENCE
+    assert steps == fusion.FEW_EVIDENCE + 1  # judged on the step after its 16th
+    probes = 0
+    for _ in range(590):
+        pricing.observe_step(0.17)
+        pricing.observe_tokens({"a": 1}, 2)
+        run = tuple(n for n in ("a", "draft") if pricing.runs(n))
+        probes += "draft" in run
+        pricing.step_done(run)
+    assert probes == 10  # every 59 steps: 0.2 s / (0.02 x 0.17 s)
+
+
 def test_pricing_never_pauses_the_last_source():
     pricing = SourcePricing(("a",))
     for _ in range(2 * fusion.MIN_EVIDENCE):
