@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Third run (commit 333828f: the source pricing judges a slow source sooner and probes it less):
+# none and hybrid with the datastore and the draft model; otherwise as run.sh.
+# Usage: bash results/rasd-qwen/run3.sh QUESTIONS OUT
+set -euo pipefail
+Q=$1 OUT=$2
+M=~/.cache/freespec/models/qwen2.5-coder-1.5b-instruct
+D=~/.cache/freespec/models/qwen2.5-coder-0.5b-instruct
+S=~/.cache/freespec/datastores/sharegpt-stdlib-qwen2.5-coder-1.5b-instruct
+FREESPEC_STATS_INTERVAL_S=2 VLLM_CPU_KVCACHE_SPACE=2 .venv/bin/freespec bench --questions "$Q" \
+  --model "$M" --dtype float32 --num-speculative-tokens 4 \
+  --configs none "hybrid:{\"datastore\":\"$S\",\"draft_model\":\"$D\",\"draft\":{\"draft_cores\":\"1\"}}" \
+  --per-category 1 --concurrency 1 --max-tokens 64 --warmup 1 --reuse-server --out "$OUT"
