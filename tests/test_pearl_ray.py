@@ -61,12 +61,14 @@ def test_the_actor_drafts_what_the_process_drafts_and_survives_being_killed_or_h
 
         # A killed actor: that step drafts nothing at once, a new actor comes back in the background.
         ray.kill(p.worker._actor)
+        # ray.kill only asks: until the process is gone the actor may still answer (a CI run drafted a chain).
+        assert gone(info["pid"])
         t0 = time.monotonic()
         assert p.propose([Row(0, arr(ctx), 1)]) == [[]]  # no exception, no hang
         assert time.monotonic() - t0 < 5
         assert wait_for_chain(p, Row(0, arr(ctx), 1)) == expected[0][0]
         second = p.worker.info
-        assert second["ray_actor_id"] != info["ray_actor_id"] and gone(info["pid"])
+        assert second["ray_actor_id"] != info["ray_actor_id"]
         # An actor that stops answering: the step gives up after step_timeout_s, the actor is killed.
         p.worker.step_timeout_s = 1.0
         os.kill(second["pid"], signal.SIGSTOP)
@@ -83,9 +85,10 @@ def test_the_actor_drafts_what_the_process_drafts_and_survives_being_killed_or_h
         p.worker.max_restarts = p.worker.restarts
         last = p.worker.info
         ray.kill(p.worker._actor)
+        assert gone(last["pid"])
         for _ in range(3):
             assert p.propose([Row(0, arr(ctx), 1)]) == [[]]
-        assert p.worker.pid is None and gone(last["pid"])
+        assert p.worker.pid is None
     finally:
         p.close()
 
