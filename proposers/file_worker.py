@@ -18,6 +18,14 @@ from typing import Generic, TypeVar
 
 logger = logging.getLogger("freespec")
 
+def error_kind(e: BaseException) -> str:
+    """What makes a file failure the same as the last one, for logging it once: the errno of an ``OSError``
+    (the same failure again names another temporary file), else the type and text."""
+    if isinstance(e, OSError) and e.errno:
+        return f"{type(e).__name__} {e.errno}"
+    return f"{type(e).__name__}: {e}"
+
+
 S = TypeVar("S")  # a snapshot to write
 R = TypeVar("R")  # a peer's file, read and checked, ready to merge
 

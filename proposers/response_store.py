@@ -49,7 +49,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from freespec.proposers.file_worker import FileWorker
+from freespec.proposers.file_worker import FileWorker, error_kind
 
 logger = logging.getLogger("freespec")
 
@@ -550,8 +550,7 @@ class ResponseStore:
         try:
             write_store(self.path, stored, fingerprint=self.fingerprint, vocab_size=self.vocab_size)
         except Exception as e:  # noqa: BLE001 - a save never raises into the server; logged below
-            # The same failure again names another temporary file: errno (else the text) says it is the same.
-            kind = f"{type(e).__name__} {e.errno}" if isinstance(e, OSError) and e.errno else f"{type(e).__name__}: {e}"
+            kind = error_kind(e)
             if kind != self._save_error:
                 self._save_error = kind
                 logger.warning("freespec: could not save the response store to %s (%s: %s); the server goes on "

@@ -155,3 +155,26 @@ def test_background_failures_do_not_kill_the_thread(tmp_path, monkeypatch):
         assert p.wait_files(10)
     assert len(calls) == 3 and p._files.errors == 3 and p._files._thread.is_alive()
     assert np.all(p.ids[1] == -1)  # the proposer carried on
+
+
+def test_a_save_that_keeps_failing_is_logged_once_though_each_names_another_temporary_file(
+    tmp_path, monkeypatch, caplog
+):
+    """The fault-injection run's read-only matrix directory logged every failed save (every 2 s): each
+    PermissionError names a new temporary file, so the message was never the same twice."""
+    attempts = []
+
+    def refuse(path, m):
+        attempts.append(path)
+        raise PermissionError(1, "Operation not permitted", str(tmp_path / f".recycle-{len(attempts)}.npz.tmp"))
+
+    monkeypatch.setattr(recycle_module, "write_matrix", refuse)
+    p = make(matrix_path=str(tmp_path / "m.npz"), save_every_s=1e-6)
+    p.observe(scored({1: [(2, 0.97)]}))
+    with caplog.at_level(logging.ERROR, logger="freespec"):
+        for _ in range(5):
+            p.propose([row(0, 1)])
+            assert p.wait_files(10)
+    assert len(attempts) >= 3
+    failures = [r for r in caplog.records if "could not save the recycle matrix" in r.getMessage()]
+    assert len(failures) == 1 and ".recycle-1.npz.tmp" in failures[0].getMessage()

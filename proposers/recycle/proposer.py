@@ -53,7 +53,7 @@ import numpy as np
 from freespec.kernels.tree import expand_tree, tree_template
 from freespec.proposers.base import EngineInfo, Proposer, ProposerOptions, Row, ScoredPositions
 from freespec.proposers.exit_save import save_at_exit
-from freespec.proposers.file_worker import FileWorker
+from freespec.proposers.file_worker import FileWorker, error_kind
 from freespec.proposers.recycle.matrix import (
     STAMP_MAX,
     Matrix,
@@ -238,8 +238,8 @@ class RecycleProposer(Proposer):
                 continue
             except OSError as e:
                 why = f"{type(e).__name__}: {e}"
-                if self._stat_errors.get(path) != why:
-                    self._stat_errors[path] = why
+                if self._stat_errors.get(path) != error_kind(e):
+                    self._stat_errors[path] = error_kind(e)
                     logger.warning("freespec: recycle merge_from %s cannot be read now (%s); trying again every "
                                    "save_every_s (logged once per distinct error)", path, why)
                 continue
@@ -316,8 +316,8 @@ class RecycleProposer(Proposer):
         except OSError as e:
             self._events["save_error"] += 1
             why = f"{type(e).__name__}: {e}"
-            if self._save_error != why:  # once per distinct error, not every save_every_s
-                self._save_error = why
+            if self._save_error != error_kind(e):  # once per distinct error, not every save_every_s
+                self._save_error = error_kind(e)
                 logger.error("freespec: could not save the recycle matrix to %s (%s); trying again every "
                              "save_every_s (logged once per distinct error)", self.options.matrix_path, why)
             return
