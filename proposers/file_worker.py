@@ -18,6 +18,7 @@ from typing import Generic, TypeVar
 
 logger = logging.getLogger("freespec")
 
+
 def error_kind(e: BaseException) -> str:
     """What makes a file failure the same as the last one, for logging it once: the errno of an ``OSError``
     (the same failure again names another temporary file), else the type and text."""

@@ -237,9 +237,9 @@ class RecycleProposer(Proposer):
                 self._stat_errors.pop(path, None)
                 continue
             except OSError as e:
-                why = f"{type(e).__name__}: {e}"
-                if self._stat_errors.get(path) != error_kind(e):
-                    self._stat_errors[path] = error_kind(e)
+                why, kind = f"{type(e).__name__}: {e}", error_kind(e)
+                if self._stat_errors.get(path) != kind:
+                    self._stat_errors[path] = kind
                     logger.warning("freespec: recycle merge_from %s cannot be read now (%s); trying again every "
                                    "save_every_s (logged once per distinct error)", path, why)
                 continue
@@ -315,9 +315,9 @@ class RecycleProposer(Proposer):
             self._events["save"] += 1
         except OSError as e:
             self._events["save_error"] += 1
-            why = f"{type(e).__name__}: {e}"
-            if self._save_error != error_kind(e):  # once per distinct error, not every save_every_s
-                self._save_error = error_kind(e)
+            why, kind = f"{type(e).__name__}: {e}", error_kind(e)
+            if self._save_error != kind:  # once per distinct error, not every save_every_s
+                self._save_error = kind
                 logger.error("freespec: could not save the recycle matrix to %s (%s); trying again every "
                              "save_every_s (logged once per distinct error)", self.options.matrix_path, why)
             return
