@@ -37,6 +37,7 @@ def test_install_keeps_logits_and_scored_maps_rows():
     model = FakeModel()
     topk = TargetTopK(k=2)
     topk.install(model)
+    topk.active = True  # as the adapter sets it after its first step
     hidden = torch.tensor([[0.0, 3.0, 1.0], [2.0, 0.0, 1.0], [0.0, 0.0, 5.0]])
     out = model.compute_logits(hidden)
     assert torch.equal(out, hidden * 2.0)  # what vLLM samples from is untouched
@@ -54,7 +55,8 @@ def test_scored_picks_the_capture_that_matches_and_forgets_older_ones():
     model = FakeModel()
     topk = TargetTopK(k=1)
     topk.install(model)
-    model.compute_logits(torch.zeros(7, 4))  # e.g. a warm-up run before the first step
+    topk.active = True
+    model.compute_logits(torch.zeros(7, 4))  # e.g. a prompt-logprobs call in the same step
     model.compute_logits(torch.eye(4)[:2])
     scored = topk.scored([(seq(3, 0), 1), (seq(4, 1), 1)], [[], []])
     assert scored.tokens.tolist() == [3, 4] and scored.topk_ids[:, 0].tolist() == [0, 1]
@@ -76,3 +78,13 @@ def test_inactive_capture_copies_nothing_and_costs_no_mismatch():
     assert topk.scored([(seq(3, 0), 1), (seq(4, 1), 1)], [[], []]).tokens.tolist() == [3, 4]
     spent = topk.take_seconds()
     assert 0.0 < spent == topk.topk_seconds and topk.take_seconds() == 0.0  # each capture charged once
+
+
+def test_the_engine_warm_up_before_the_first_step_is_neither_copied_nor_charged():
+    model = FakeModel()
+    topk = TargetTopK(k=1)
+    topk.install(model)
+    for _ in range(3):  # vLLM's profile and dummy sampler runs: max_num_seqs rows each, before any request
+        model.compute_logits(torch.zeros(256, 4))
+    assert topk.take_seconds() == 0.0 and topk.topk_seconds == 0.0
+    assert topk.scored([(seq(3, 0), 1)], [[]]) is None and topk.mismatched_steps == 0

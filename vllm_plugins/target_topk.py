@@ -54,8 +54,11 @@ class TargetTopK:
         self.topk_seconds = 0.0  # all captures' time (the stats line)
         self._unclaimed_seconds = 0.0  # captures' time since take_seconds() last ran
         # The adapter sets this after each step from ``Proposer.wants_target_topk``: off, the next
-        # forward's logits are not copied (a full batch has no time for what nobody will use).
-        self.active = True
+        # forward's logits are not copied (a full batch has no time for what nobody will use). Off until
+        # the adapter's first step: the engine's warm-up forwards (the profile run, the dummy sampler run:
+        # up to max_num_seqs rows each) are no request's, and their copies' time was charged to the first
+        # step's recycle source (31 ms on SmolLM2 against about 1 ms a step after), which got it paused.
+        self.active = False
 
     def install(self, target_model) -> None:
         """Shadow ``compute_logits`` on this model instance (idempotent)."""
