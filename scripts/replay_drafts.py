@@ -1,12 +1,25 @@
-"""Replay a benchmark's greedy outputs through a freespec proposer, without an engine.
+"""Replay greedy outputs through a drafting rule, without an engine: tokens per forward and a modeled speed.
 
-Under greedy decoding the target's text is known from the `none` run of `freespec bench`, so the tokens a
-draft would get accepted are its common prefix with what really followed. This replays each measured
-question step by step (one request at a time: no cross-request memory, no target top-k, so `recycle`
-drafts nothing) and prints output tokens per target forward pass per category. It is a quick estimate for
-comparing drafting rules, not a benchmark: it ignores cost and batching.
+Under greedy decoding the target's text is known, so the tokens a draft would get accepted are its common
+prefix with what really followed. This replays each question step by step, one request at a time, and prints
+output tokens per target forward pass per category and a modeled speed-up over no speculation: a step that
+verifies d draft tokens is taken to cost ``1 + cost * d`` plain steps (``--cost``; on the 2-core AMD EPYC in
+float32, SmolLM2 steps took 14.5 ms with no draft and about 0.8 ms more per draft token in-process, and a
+served step about 24 ms, so 0.03-0.06; results/run-q found a served draft token dearer than 0.033, so rank rules
+by tokens per forward and confirm with `freespec bench`). A quick estimate for comparing drafting rules, not a
+benchmark: no batching, no proposer time, and no target top-k (so `recycle` drafts nothing).
 
-    .venv/bin/python scripts/replay_drafts.py bench_results/RUN/results.json retrieval '{"datastore": "DIR"}'
+Inputs: a greedy `freespec bench` run's results.json that includes `none` (its outputs are re-tokenized), or
+the JSON lines `--generate` writes (token ids as the engine produced them):
+
+    python scripts/replay_drafts.py --generate greedy.jsonl --questions question.jsonl [--model DIR]
+    python scripts/replay_drafts.py greedy.jsonl vllm-suffix --memory
+    python scripts/replay_drafts.py greedy.jsonl hybrid '{"sources": ["suffix"]}' --memory --token-cost 0.05
+    python scripts/replay_drafts.py bench_results/RUN/results.json retrieval '{"datastore": "DIR"}'
+
+`vllm-suffix` is vLLM's own `suffix` method (arctic-inference's cache with vLLM's calls and defaults;
+`'{"max_spec_factor": 2}'` and `min_token_prob` change them). `--memory` keeps one proposer for all questions
+in file order, as a server does (responses learned by `suffix`); without it each question gets a new one.
 """
 from __future__ import annotations
 
@@ -22,11 +35,41 @@ from freespec.proposers.registry import load_proposer_class
 from freespec.questions import BUILTIN, resolve_questions
 
 
-def replay(proposer, prompt: list[int], output: list[int]) -> tuple[int, int]:
-    """(output tokens, target forward passes) when ``proposer`` drafts for this greedy output."""
-    seq, t, steps, new = list(prompt), 0, 0, len(prompt)
+class VllmSuffix:
+    """vLLM's `suffix` proposer's calls to arctic-inference (v1/spec_decode/suffix_decoding.py), one row at a time."""
+
+    def __init__(self, k: int, max_tree_depth: int = 24, max_cached_requests: int = 10000,
+                 max_spec_factor: float = 1.0, min_token_prob: float = 0.1) -> None:
+        from arctic_inference.suffix_decoding import SuffixDecodingCache
+
+        self.cache = SuffixDecodingCache(max_tree_depth=max_tree_depth, max_cached_requests=max_cached_requests)
+        self.k, self.depth, self.factor, self.min_prob = k, max_tree_depth, max_spec_factor, min_token_prob
+        self.token_cost = None
+
+    def propose(self, rows: list[Row]) -> list[list[int]]:
+        out = []
+        for row in rows:
+            if row.key not in self.cache.active_requests:
+                self.cache.start_request(row.key, np.asarray(row.tokens[: len(row.tokens) - row.num_new], dtype=np.int32))
+            self.cache.add_active_response(row.key, [int(t) for t in row.tokens[len(row.tokens) - row.num_new:]])
+            pattern = np.asarray(row.tokens[-self.depth:], dtype=np.int32)
+            draft = self.cache.speculate(row.key, pattern, max_spec_tokens=self.k, max_spec_factor=self.factor,
+                                         min_token_prob=self.min_prob)
+            out.append(list(draft.token_ids))
+        return out
+
+    def release(self, key: int) -> None:
+        self.cache.stop_request(key)
+
+
+def replay(proposer, key: int, prompt: list[int], output: list[int], cost: float) -> tuple[int, int, float]:
+    """(output tokens, target forward passes, modeled plain steps) when ``proposer`` drafts for this output."""
+    if not output:
+        return 0, 0, 0.0
+    # The prefill produces the first token; drafting starts after it, as in the engine.
+    seq, t, steps, spent, new = list(prompt) + output[:1], 1, 1, 1.0, 1
     while t < len(output):
-        draft = proposer.propose([Row(key=1, tokens=np.asarray(seq, dtype=np.int32), num_new=new)])[0]
+        draft = proposer.propose([Row(key=key, tokens=np.asarray(seq, dtype=np.int32), num_new=new)])[0]
         accepted = 0
         while accepted < len(draft) and t + accepted < len(output) and draft[accepted] == output[t + accepted]:
             accepted += 1
@@ -34,50 +77,103 @@ def replay(proposer, prompt: list[int], output: list[int]) -> tuple[int, int]:
         seq += output[t:t + new]
         t += new
         steps += 1
-    proposer.release(1)
-    return len(output), steps
+        spent += 1.0 + cost * len(draft)
+    proposer.release(key)
+    return len(output), steps, spent
+
+
+def read_greedy(path: Path) -> list[tuple[str, list[int], list[int]]]:
+    """(category, prompt ids, output ids) per question: `--generate`'s JSON lines or a bench results.json."""
+    if path.suffix == ".jsonl":
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return [(r["category"], r["prompt"], r["output"]) for r in rows]
+    from transformers import AutoTokenizer
+
+    run = json.loads(path.read_text())
+    settings = run["settings"]
+    # The set the run measured: its file, or the built-in set (runs before question sets: the path).
+    source = settings.get("questions_file") if "question_set" in settings else settings["questions"]
+    questions = {q.question_id: q.prompt for q in resolve_questions(source or BUILTIN).questions}
+    tok = AutoTokenizer.from_pretrained(settings["model"])
+    out = []
+    for r in run["requests"]:
+        if r["config"] != "none" or r["concurrency"] != 1 or r.get("error"):
+            continue
+        text = tok.apply_chat_template([{"role": "user", "content": questions[r["question_id"]]}],
+                                       add_generation_prompt=True, tokenize=False)
+        out.append((r["category"], tok(text, add_special_tokens=False)["input_ids"],
+                    tok(r["output"], add_special_tokens=False)["input_ids"]))
+    return out
+
+
+def generate(dest: Path, questions: str, model: str | None, max_tokens: int, dtype: str) -> None:
+    """Greedy outputs of every question (offline vLLM, batched), as JSON lines of token ids."""
+    import os
+
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # a script's top level is not spawn-safe
+    from vllm import LLM, SamplingParams
+
+    from freespec.model_store import DEFAULT_MODEL, model_dir
+
+    chosen = resolve_questions(questions).questions
+    llm = LLM(model=model or str(model_dir(DEFAULT_MODEL)), dtype=dtype, max_model_len=4096)
+    outs = llm.chat([[{"role": "user", "content": q.prompt}] for q in chosen],
+                    SamplingParams(max_tokens=max_tokens, temperature=0.0))
+    with dest.open("w") as f:
+        for q, o in zip(chosen, outs):
+            f.write(json.dumps({"question_id": q.question_id, "category": q.category,
+                                "prompt": list(o.prompt_token_ids), "output": list(o.outputs[0].token_ids)}) + "\n")
+    print(f"{dest}: {len(outs)} greedy outputs")
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("results", help="results.json of a greedy `freespec bench` run that includes `none`")
-    p.add_argument("plugin")
+    p.add_argument("greedy", help="--generate's JSON lines, or results.json of a greedy `freespec bench` run with `none`")
+    p.add_argument("plugin", nargs="?", help="a freespec plugin, module:Class, or vllm-suffix")
     p.add_argument("options", nargs="?", default="{}", help="the plugin's options as JSON")
     p.add_argument("-k", type=int, default=8, help="num_speculative_tokens (default 8)")
+    p.add_argument("--memory", action="store_true", help="one proposer for all questions, in file order")
+    p.add_argument("--cost", type=float, default=0.033, help="a draft token's cost in plain steps (default 0.033)")
+    p.add_argument("--token-cost", type=float, default=None,
+                   help="the goodput bar handed to freespec proposers (default: none, their fixed bars)")
+    p.add_argument("--generate", action="store_true", help="write greedy outputs to GREEDY instead of replaying")
+    p.add_argument("--questions", default=None, help="with --generate: the question file (as freespec bench's)")
+    p.add_argument("--model", default=None, help="with --generate: the model (default: the SmolLM2 fixture)")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--dtype", default="float32")
     args = p.parse_args()
-    from transformers import AutoTokenizer
+    if args.generate:
+        generate(Path(args.greedy), args.questions, args.model, args.max_tokens, args.dtype)
+        return 0
+    if not args.plugin:
+        p.error("a plugin is needed to replay")
+    data = read_greedy(Path(args.greedy))
+    options = json.loads(args.options)
+    vocab = 1 + max(max(prompt + output, default=0) for _, prompt, output in data)
 
-    run = json.loads(Path(args.results).read_text())
-    model = run["settings"]["model"]
-    # The set the run measured: its file, or the built-in set (runs before question sets: the path).
-    settings = run["settings"]
-    source = settings.get("questions_file") if "question_set" in settings else settings["questions"]
-    chosen = resolve_questions(source or BUILTIN)
-    questions = {q.question_id: {"turns": [q.prompt]} for q in chosen.questions}
-    tok = AutoTokenizer.from_pretrained(model)
-    cls = load_proposer_class(args.plugin)
-    options = cls.Options(**json.loads(args.options))
-    totals: dict[str, list[int]] = {}
-    for r in run["requests"]:
-        if r["config"] != "none" or r["concurrency"] != 1 or r.get("error"):
-            continue
-        text = tok.apply_chat_template([{"role": "user", "content": questions[r["question_id"]]["turns"][0]}],
-                                       add_generation_prompt=True, tokenize=False)
-        prompt = tok(text, add_special_tokens=False)["input_ids"]
-        output = tok(r["output"], add_special_tokens=False)["input_ids"]
-        proposer = cls(options, args.k)
-        proposer.bind(EngineInfo(vocab_size=len(tok), model=model))
-        tokens, steps = replay(proposer, prompt, output)
-        total = totals.setdefault(r["category"], [0, 0])
-        total[0] += tokens
-        total[1] += steps
+    def make():
+        if args.plugin == "vllm-suffix":
+            return VllmSuffix(args.k, **options)
+        cls = load_proposer_class(args.plugin)
+        proposer = cls(cls.Options(**options), args.k)
+        proposer.bind(EngineInfo(vocab_size=vocab))
+        proposer.token_cost = args.token_cost
+        return proposer
+
+    shared = make() if args.memory else None
+    totals: dict[str, list[float]] = {}
+    for key, (category, prompt, output) in enumerate(data):
+        proposer = shared or make()
+        tokens, steps, spent = replay(proposer, key, prompt, output, args.cost)
+        total = totals.setdefault(category, [0, 0, 0.0])
+        for i, x in enumerate((tokens, steps, spent)):
+            total[i] += x
     if not totals:
-        print(f"{args.results}: no greedy `none` requests at concurrency 1", file=sys.stderr)
+        print(f"{args.greedy}: no greedy outputs to replay", file=sys.stderr)
         return 2
-    for category, (tokens, steps) in sorted(totals.items()):
-        print(f"{category:20s} {tokens / steps:.2f} tokens per forward")
-    tokens, steps = map(sum, zip(*totals.values()))
-    print(f"{'all':20s} {tokens / steps:.2f} tokens per forward")
+    print(f"{'category':16s} tok/fwd  modeled x none (draft token = {args.cost} steps)")
+    for category, (tokens, steps, spent) in list(totals.items()) + [("all", [sum(v) for v in zip(*totals.values())])]:
+        print(f"{category:16s} {tokens / steps:7.3f}  {tokens / spent:6.3f}")
     return 0
 
 
