@@ -82,11 +82,12 @@ def replay(proposer, key: int, prompt: list[int], output: list[int], cost: float
     return len(output), steps, spent
 
 
-def read_greedy(path: Path) -> list[tuple[str, list[int], list[int]]]:
-    """(category, prompt ids, output ids) per question: `--generate`'s JSON lines or a bench results.json."""
+def read_greedy(path: Path) -> tuple[str | None, list[tuple[str, list[int], list[int]]]]:
+    """The model (when recorded) and (category, prompt ids, output ids) per question: `--generate`'s JSON
+    lines or a bench results.json."""
     if path.suffix == ".jsonl":
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        return [(r["category"], r["prompt"], r["output"]) for r in rows]
+        return (rows[0].get("model") if rows else None), [(r["category"], r["prompt"], r["output"]) for r in rows]
     from transformers import AutoTokenizer
 
     run = json.loads(path.read_text())
@@ -103,7 +104,7 @@ def read_greedy(path: Path) -> list[tuple[str, list[int], list[int]]]:
                                        add_generation_prompt=True, tokenize=False)
         out.append((r["category"], tok(text, add_special_tokens=False)["input_ids"],
                     tok(r["output"], add_special_tokens=False)["input_ids"]))
-    return out
+    return settings["model"], out
 
 
 def generate(dest: Path, questions: str, model: str | None, max_tokens: int, dtype: str) -> None:
@@ -116,12 +117,13 @@ def generate(dest: Path, questions: str, model: str | None, max_tokens: int, dty
     from freespec.model_store import DEFAULT_MODEL, model_dir
 
     chosen = resolve_questions(questions).questions
-    llm = LLM(model=model or str(model_dir(DEFAULT_MODEL)), dtype=dtype, max_model_len=4096)
+    model = model or str(model_dir(DEFAULT_MODEL))
+    llm = LLM(model=model, dtype=dtype, max_model_len=4096)
     outs = llm.chat([[{"role": "user", "content": q.prompt}] for q in chosen],
                     SamplingParams(max_tokens=max_tokens, temperature=0.0))
     with dest.open("w") as f:
         for q, o in zip(chosen, outs):
-            f.write(json.dumps({"question_id": q.question_id, "category": q.category,
+            f.write(json.dumps({"model": model, "question_id": q.question_id, "category": q.category,
                                 "prompt": list(o.prompt_token_ids), "output": list(o.outputs[0].token_ids)}) + "\n")
     print(f"{dest}: {len(outs)} greedy outputs")
 
@@ -147,16 +149,21 @@ def main() -> int:
         return 0
     if not args.plugin:
         p.error("a plugin is needed to replay")
-    data = read_greedy(Path(args.greedy))
+    model, data = read_greedy(Path(args.greedy))
     options = json.loads(args.options)
-    vocab = 1 + max(max(prompt + output, default=0) for _, prompt, output in data)
+    if model is not None:  # the tokenizer's vocabulary, as the engine gives it
+        from transformers import AutoTokenizer
+
+        vocab = len(AutoTokenizer.from_pretrained(model))
+    else:  # a file written before --generate recorded its model
+        vocab = 1 + max(max(prompt + output, default=0) for _, prompt, output in data)
 
     def make():
         if args.plugin == "vllm-suffix":
             return VllmSuffix(args.k, **options)
         cls = load_proposer_class(args.plugin)
         proposer = cls(cls.Options(**options), args.k)
-        proposer.bind(EngineInfo(vocab_size=vocab))
+        proposer.bind(EngineInfo(vocab_size=vocab, model=model or ""))
         proposer.token_cost = args.token_cost
         return proposer
 
