@@ -70,7 +70,10 @@ class HybridOptions(CopySourceOptions):
     draft_model: Optional[str] = Field(
         None, description="draft model (as `pearl`'s): adds the draft source to the default sources"
     )
-    min_support: float = Field(0.2, ge=0.0, le=10.0, description="stop the draft where support falls below this")
+    min_support: float = Field(
+        0.05, ge=0.0, le=10.0,
+        description="stop the draft where support falls below this (the goodput policy cuts where the prefix stops paying)",
+    )
     price_sources: bool = Field(True, description="stop running a source whose own tokens do not pay for its time")
     # Each source's own options, checked by its plugin's Options (`copy` is CopySourceOptions' field).
     suffix: Optional[dict[str, Any]] = Field(None, description="options of the suffix source (SuffixOptions)")

@@ -162,8 +162,8 @@ class TokenCalibration:
         """Tokens 0..matched-1 were right; token ``matched`` was wrong if ``matched < compared``."""
         if compared <= 0:
             return
-        idx = tuple(c[:matched] for c in cells)
-        np.add.at(self.successes, idx, 1.0)
+        for i in range(matched):  # a few tokens: a loop is cheaper than np.add.at (cells may repeat)
+            self.successes[cells[0][i], cells[1][i], cells[2][i]] += 1.0
         if matched < compared:
             wrong = tuple(c[matched] for c in cells)
             self.failures[wrong] += 1.0

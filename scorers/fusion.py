@@ -50,6 +50,8 @@ def fuse(sources: list[Candidates], max_len: int, min_support: float) -> tuple[l
     draft: list[int] = []
     supports: list[float] = []
     supported = {s.name: 0 for s in sources}
+    if len(alive) == 1 and len(alive[0][0].chains) == 1:  # one chain: no descent to choose (most steps)
+        return _one_chain(alive[0][0], max_len, min_support, supported)
     for depth in range(max_len):
         scores: dict[int, float] = {}
         for s, mask, w in alive:
@@ -75,6 +77,22 @@ def fuse(sources: list[Candidates], max_len: int, min_support: float) -> tuple[l
             if mask.any() and supported[s.name] == depth:
                 supported[s.name] = depth + 1
     return draft, supports, supported
+
+
+def _one_chain(s: Candidates, max_len: int, min_support: float,
+               supported: dict[str, int]) -> tuple[list[int], list[float], dict[str, int]]:
+    """``fuse`` when a single chain is offered: its tokens while each one's support (its token chance, or
+    the source's weight) is at least ``min_support``, up to the first padding."""
+    n = min(max_len, s.chains.shape[1])
+    chain = s.chains[0, :n].tolist()
+    support = s.token_probs[0, :n].tolist() if s.token_probs is not None else [s.source_weight] * n
+    draft: list[int] = []
+    for token, weight in zip(chain, support):
+        if token < 0 or weight < min_support:
+            break
+        draft.append(token)
+    supported[s.name] = len(draft)
+    return draft, support[: len(draft)], supported
 
 
 def paying_prefix(support: list[float], token_cost: float) -> int:

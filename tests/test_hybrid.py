@@ -187,6 +187,25 @@ def test_token_probs_stand_in_for_the_source_weight():
     assert draft == [1, 2] and support == pytest.approx([0.9, 0.8])
 
 
+def test_one_chain_fuses_as_the_general_descent_does():
+    """A single offered chain takes a shortcut; a second source that offers only padding forces the
+    general descent, which must give the same draft and supports."""
+    rng = np.random.default_rng(0)
+    padding = Candidates("other", np.full((1, 8), -1), np.ones(1))
+    for _ in range(300):
+        length = int(rng.integers(1, 9))
+        chain = rng.integers(0, 50, size=(1, length))
+        if rng.random() < 0.3:
+            chain[0, int(rng.integers(0, length)):] = -1
+        probs = rng.random((1, length)) if rng.random() < 0.7 else None
+        one = Candidates("s", chain, np.array([2.0]), source_weight=float(rng.random()), token_probs=probs)
+        max_len, bar = int(rng.integers(1, 9)), float(rng.random() * 0.5)
+        short = fuse([one], max_len, bar)
+        general = fuse([one, padding], max_len, bar)
+        assert short[0] == general[0] and short[1] == pytest.approx(general[1])
+        assert short[2] == {"s": general[2]["s"]} and general[2]["other"] == 0
+
+
 def test_pricing_pauses_a_source_that_adds_nothing_and_resumes_it_when_it_does():
     pricing = SourcePricing(("a", "b"))
     for _ in range(fusion.MIN_EVIDENCE + 1):
