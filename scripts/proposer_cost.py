@@ -38,6 +38,16 @@ def corpus_tokens(questions: str | None, tokenizer_dir: str, n: int) -> np.ndarr
     return np.tile(ids, reps)[:n] if reps > 1 else ids[:n]
 
 
+def model_vocab_size(model_dir: str) -> int:
+    """The vocabulary size vLLM reports for the model (its config's ``vocab_size``, which the logits have)."""
+    import json
+    import os
+
+    with open(os.path.join(model_dir, "config.json")) as f:
+        config = json.load(f)
+    return int(config.get("text_config", config)["vocab_size"])
+
+
 def measure(plugin: str, k: int, context: int, batch: int, steps: int, corpus: np.ndarray, vocab: int) -> dict:
     spec, extra = translate({"plugin": plugin, "num_speculative_tokens": k}, None)
     max_len = context + steps * (k + 1) + 1
@@ -111,11 +121,12 @@ def main() -> None:
 
         args.model = str(prepare_model())
     corpus = corpus_tokens(args.questions, args.model, max(args.context) + args.steps * (args.k + 1) + 1)
+    vocab = model_vocab_size(args.model)
     print("| plugin | context | batch | µs/request/step (median) | p90 | state MiB | top-k capture µs/step |")
     print("|---|---|---|---|---|---|---|")
     for context in args.context:
         for batch in args.batch:
-            r = measure(args.plugin, args.k, context, batch, args.steps, corpus, 49152)
+            r = measure(args.plugin, args.k, context, batch, args.steps, corpus, vocab)
             print(f"| {r['plugin']} | {context} | {batch} | {r['us_per_request_step_median']} | "
                   f"{r['us_per_request_step_p90']} | {r['state_mib']} | "
                   f"{r['topk_capture_us_per_step_median'] or '-'} |", flush=True)
