@@ -18,6 +18,7 @@ and runs it with more samples:
 
     .venv/bin/python scripts/distribution_power.py --samples 1000 --out results/distribution-power
     .venv/bin/python scripts/distribution_power.py --analyse results/distribution-power/samples.json
+    .venv/bin/python scripts/distribution_power.py --reference OUT/samples.json --plugins hybrid --out OUT2
 
 Writes OUT/samples.json and OUT/power.md. Sampling takes about 4 minutes per 1,000 samples on 2 cores
 (float32, SmolLM2-135M); the analysis about a minute.
@@ -62,15 +63,21 @@ SHARES = (0.05, 0.1, 0.2, 0.3, 0.5)
 ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
-def collect(model: str, samples: int, configs: list, workdir: Path, max_num_seqs: int | None = None) -> dict:
+def collect(model: str, samples: int, configs: list, workdir: Path, max_num_seqs: int | None = None,
+            reference: dict | None = None) -> dict:
     """Two no-speculation sample sets, the greedy text, and a set from each config (``max_num_seqs``: the
-    configs' engines run at most this many requests at once; the reference runs at vLLM's default)."""
+    configs' engines run at most this many requests at once; the reference runs at vLLM's default).
+    ``reference``: an earlier run's samples, whose sets and greedy text are used instead of sampling them."""
     engines = EngineRuns(model, workdir)
     sample = {**SAMPLE_JOB, "prompts": [SAMPLE_PROMPT] * samples}
-    ref, _ = engines.run("none", None, [SAMPLE_PREFIX_JOB, {**sample, "name": "a"}, {**sample, "name": "b"},
-                                        SAMPLE_GREEDY_JOB], env=ENV)
-    data = {"a": ref["a"]["token_ids"], "b": ref["b"]["token_ids"], "draft": ref["sample_greedy"]["token_ids"][0],
-            "plugins": {}}
+    if reference is not None:
+        data = {"a": reference["a"][:samples], "b": reference["b"][:samples], "draft": reference["draft"],
+                "plugins": {}}
+    else:
+        ref, _ = engines.run("none", None, [SAMPLE_PREFIX_JOB, {**sample, "name": "a"}, {**sample, "name": "b"},
+                                            SAMPLE_GREEDY_JOB], env=ENV)
+        data = {"a": ref["a"]["token_ids"], "b": ref["b"]["token_ids"],
+                "draft": ref["sample_greedy"]["token_ids"][0], "plugins": {}}
     for i, config in enumerate(configs):
         print(f"sampling with {config.label}", flush=True)
         run, _ = engines.run(f"config{i}", config.speculative_config, [SAMPLE_PREFIX_JOB, sample], env=ENV,
@@ -135,6 +142,9 @@ def main() -> None:
                    help="the configs' engines run at most this many requests at once (pearl keeps a draft KV "
                    "cache for at most its max_requests, 64 by default; the offline engine otherwise runs "
                    "hundreds of the samples at once)")
+    p.add_argument("--reference", default=None,
+                   help="a samples.json from an earlier run: take its no-speculation sets A and B (their first "
+                   "--samples) and greedy text from there, and sample only the --plugins")
     p.add_argument("--analyse", default=None, help="a samples.json from an earlier run: analyse it, sample nothing")
     p.add_argument("--out", default="results/distribution-power")
     args = p.parse_args()
@@ -153,8 +163,11 @@ def main() -> None:
             built = build_datastore_of(target, model, CODE_DOCUMENTS)
             print(f"code datastore: {built}", flush=True)
         configs = [parse_config_spec(entry, K) for entry in args.plugins]
+        reference = json.loads(Path(args.reference).read_text()) if args.reference else None
+        if reference is not None:
+            args.samples = min(args.samples, len(reference["a"]))
         with tempfile.TemporaryDirectory() as tmp:
-            data = collect(model, args.samples, configs, Path(tmp), args.max_num_seqs)
+            data = collect(model, args.samples, configs, Path(tmp), args.max_num_seqs, reference)
         (out / "samples.json").write_text(json.dumps(data))
     command = "python scripts/distribution_power.py " + " ".join(sys.argv[1:])
     table = analyse(data, args.sizes, args.trials)
