@@ -129,7 +129,8 @@ def analyse(data: dict, sizes: list[int], trials: int) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--samples", type=int, default=1000, help="samples per set")
+    p.add_argument("--samples", type=int, default=None,
+                   help="samples per set (default 1000; with --reference, all of its sets)")
     p.add_argument("--plugins", nargs="*", default=["hybrid"],
                    help="configs whose samples are checked against set A, as freespec bench --configs entries "
                    "(default: hybrid, the default plugin; none: --plugins with no entry)")
@@ -165,7 +166,9 @@ def main() -> None:
         configs = [parse_config_spec(entry, K) for entry in args.plugins]
         reference = json.loads(Path(args.reference).read_text()) if args.reference else None
         if reference is not None:
-            args.samples = min(args.samples, len(reference["a"]))
+            args.samples = min(args.samples or len(reference["a"]), len(reference["a"]))
+        elif args.samples is None:
+            args.samples = 1000
         with tempfile.TemporaryDirectory() as tmp:
             data = collect(model, args.samples, configs, Path(tmp), args.max_num_seqs, reference)
         (out / "samples.json").write_text(json.dumps(data))
