@@ -55,9 +55,10 @@ def model_path() -> str:
 class EngineRuns:
     """Runs each engine configuration once (in its own process) and caches what it produced."""
 
-    def __init__(self, model: str, workdir: Path) -> None:
+    def __init__(self, model: str, workdir: Path, timeout_s: float = 900) -> None:
         self.model = model
         self.workdir = workdir
+        self.timeout_s = timeout_s
         self._cache: dict[str, tuple[dict, str]] = {}
 
     def run(
@@ -87,7 +88,7 @@ class EngineRuns:
                 env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
                 capture_output=True,
                 text=True,
-                timeout=900,
+                timeout=self.timeout_s,
             )
             log = proc.stdout + proc.stderr
             if expect_failure:

@@ -64,11 +64,12 @@ ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
 def collect(model: str, samples: int, configs: list, workdir: Path, max_num_seqs: int | None = None,
-            reference: dict | None = None) -> dict:
+            reference: dict | None = None, engine_timeout_s: float = 900) -> dict:
     """Two no-speculation sample sets, the greedy text, and a set from each config (``max_num_seqs``: the
     configs' engines run at most this many requests at once; the reference runs at vLLM's default).
-    ``reference``: an earlier run's samples, whose sets and greedy text are used instead of sampling them."""
-    engines = EngineRuns(model, workdir)
+    ``reference``: an earlier run's samples, whose sets and greedy text are used instead of sampling them.
+    ``engine_timeout_s``: how long one engine run (one config's samples) may take before it is killed."""
+    engines = EngineRuns(model, workdir, engine_timeout_s)
     sample = {**SAMPLE_JOB, "prompts": [SAMPLE_PROMPT] * samples}
     if reference is not None:
         data = {"a": reference["a"][:samples], "b": reference["b"][:samples], "draft": reference["draft"],
@@ -146,6 +147,9 @@ def main() -> None:
     p.add_argument("--reference", default=None,
                    help="a samples.json from an earlier run: take its no-speculation sets A and B (their first "
                    "--samples) and greedy text from there, and sample only the --plugins")
+    p.add_argument("--engine-timeout", type=float, default=900,
+                   help="seconds one engine run (a config's samples) may take before it is killed (default 900; "
+                   "pearl at 1,280 samples needs more)")
     p.add_argument("--analyse", default=None, help="a samples.json from an earlier run: analyse it, sample nothing")
     p.add_argument("--out", default="results/distribution-power")
     args = p.parse_args()
@@ -170,7 +174,8 @@ def main() -> None:
         elif args.samples is None:
             args.samples = 1000
         with tempfile.TemporaryDirectory() as tmp:
-            data = collect(model, args.samples, configs, Path(tmp), args.max_num_seqs, reference)
+            data = collect(model, args.samples, configs, Path(tmp), args.max_num_seqs, reference,
+                               args.engine_timeout)
         (out / "samples.json").write_text(json.dumps(data))
     command = "python scripts/distribution_power.py " + " ".join(sys.argv[1:])
     table = analyse(data, args.sizes, args.trials)
