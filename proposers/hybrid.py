@@ -40,7 +40,6 @@ import logging
 import time
 from typing import Any, Optional, Sequence
 
-import numpy as np
 from freespec.proposers.base import EngineInfo, Proposer, Row, ScoredPositions
 from freespec.proposers.registry import CopySourceOptions, build_proposer, load_options
 from freespec.proposers.suffix_tree import available as suffix_available
@@ -179,17 +178,16 @@ def _check_datastore(path: str) -> None:
     read_manifest(path)
 
 
-def _own_chain(found: Candidates, k: int) -> np.ndarray:
+def _own_chain(found: Candidates, k: int) -> list[int]:
     """What the source would draft alone: its one chain, or the fused descent through its chains."""
     if len(found.chains) == 1:
-        chain = found.chains[0]
-        return chain[chain >= 0]
+        return [t for t in found.chains[0].tolist() if t >= 0]
     draft, _, _ = fuse([Candidates(found.name, found.chains, found.weights)], k, 0.0)
-    return np.asarray(draft, dtype=np.int64)
+    return list(draft)
 
 
-def displaced(draft: np.ndarray, supported: dict[str, int], got: dict[str, int],
-               produced: np.ndarray) -> dict[str, int]:
+def displaced(draft: Sequence[int], supported: dict[str, int], got: dict[str, int],
+              produced: Sequence[int]) -> dict[str, int]:
     """Right tokens the fused draft lost by following a source: {source: tokens}.
 
     Where the draft's first wrong token was supported by some sources while another source's own chain
@@ -220,8 +218,9 @@ class HybridProposer(Proposer):
         self.weights = SourceWeights()
         self.pricing = SourcePricing(tuple(self.sources)) if options.price_sources and len(self.sources) > 1 else None
         self.prices_own_time = self.pricing is not None  # the policy's step-time fit leaves the sources' time out
-        # key -> (sequence length when drafted, each source's own chain then)
-        self._offered: dict[int, tuple[int, dict[str, np.ndarray], np.ndarray, dict[str, int]]] = {}
+        # key -> (sequence length when drafted, each source's own chain then, the fused draft, tokens each
+        # source supported)
+        self._offered: dict[int, tuple[int, dict[str, list[int]], list[int], dict[str, int]]] = {}
         self._capture_seconds = 0.0  # the adapter's capture of the target's top-k in the last step (for recycle)
         self._last_call: Optional[float] = None
         self._paused: list[str] = []
@@ -266,14 +265,20 @@ class HybridProposer(Proposer):
             if offered is None or row.num_new == 0:
                 continue
             start, chains, draft, supported = offered
-            produced = np.asarray(row.tokens[start:], dtype=np.int64)
-            produced_total += len(produced)
+            produced_total += len(row.tokens) - start
+            # a chain is at most k tokens: only that much of the output is compared (as a list: a few
+            # tokens, where numpy's per-call cost would dominate)
+            produced = row.tokens[start : start + self.k + 1].tolist()
             got = {}
             for name, chain in chains.items():
                 matched, compared = matched_prefix(chain, produced)
                 if compared:
                     self.weights.observe_outcome(name, matched, compared)
                 got[name] = matched
+            if len(got) == 1:  # one source ran: all it got right is its own, and it displaced nothing
+                for name, matched in got.items():
+                    right[name] = right.get(name, 0) + matched
+                continue
             for name, matched in got.items():
                 others = max((m for other, m in got.items() if other != name), default=0)
                 right[name] = right.get(name, 0) + max(0, matched - others)
@@ -315,8 +320,7 @@ class HybridProposer(Proposer):
                            else None)
             if row.num_new > 0:
                 own = {c.name: _own_chain(c, self.k) for c in fused.sources}
-                self._offered[row.key] = (len(row.tokens), own, np.asarray(fused.tokens, dtype=np.int64),
-                                          dict(fused.supported))
+                self._offered[row.key] = (len(row.tokens), own, list(fused.tokens), dict(fused.supported))
             drafts.append(fused.tokens)
         self._sources = sources
         return drafts

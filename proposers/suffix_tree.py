@@ -35,7 +35,9 @@ estimate; 295 MiB of resident memory; ``scripts/suffix_memory.py``). ``state_byt
 from __future__ import annotations
 
 import logging
+import math
 import time
+from bisect import bisect_right
 from collections import OrderedDict, deque
 from importlib import metadata
 from typing import Optional, Sequence
@@ -48,11 +50,13 @@ from pydantic import Field, model_validator
 logger = logging.getLogger("freespec")
 
 SUPPORTED = ((0, 1, 1), (0, 2, 0))  # arctic-inference >=0.1.1,<0.2
-PROB_EDGES = np.array([0.2, 0.35, 0.5, 0.7, 0.9, 0.999])  # tree-probability buckets (conditional, per token)
-MATCH_EDGES = np.array([2, 3, 4, 6, 9, 13, 19])  # match-length buckets
-DEPTH_EDGES = np.array([1, 2, 4])  # position in the draft: 0, 1, 2-3, 4+
+PROB_EDGES = (0.2, 0.35, 0.5, 0.7, 0.9, 0.999)  # tree-probability buckets (conditional, per token)
+MATCH_EDGES = (2, 3, 4, 6, 9, 13, 19)  # match-length buckets
+DEPTH_EDGES = (1, 2, 4)  # position in the draft: 0, 1, 2-3, 4+
 PRIOR_STRENGTH = 2.0  # pseudo-observations behind each cell's starting guess
 WINDOW = 2000.0  # evidence kept per cell before it is halved
+ONE_CHAIN = np.ones(1)  # the weight of the one chain offered (shared, read-only)
+ONE_CHAIN.flags.writeable = False
 SEED_PER_STEP = 32  # responses merged from replicas put into the global tree per engine step
 
 
@@ -135,40 +139,42 @@ class TokenCalibration:
 
     A Beta estimate per cell, starting from the tree's own probability (``PRIOR_STRENGTH``
     pseudo-observations), so a fresh server drafts like SuffixDecoding and then follows what it sees.
+    Cells are flat indices into plain lists: a draft has a few tokens, and this runs every engine step
+    right after the forward pass has flushed the CPU's caches, where each numpy call on a tiny array
+    costs more than the Python it replaces.
     """
 
     def __init__(self) -> None:
-        shape = (len(PROB_EDGES) + 1, len(MATCH_EDGES) + 1, len(DEPTH_EDGES) + 1)
-        mids = np.concatenate([[0.15], (PROB_EDGES[:-1] + PROB_EDGES[1:]) / 2, [1.0]])
-        prior = np.broadcast_to(np.minimum(mids, 0.9)[:, None, None], shape)
-        self.successes = PRIOR_STRENGTH * prior.copy()
-        self.failures = PRIOR_STRENGTH * (1.0 - prior)
+        mids = [0.15] + [(a + b) / 2 for a, b in zip(PROB_EDGES, PROB_EDGES[1:])] + [1.0]
+        per_prob = (len(MATCH_EDGES) + 1) * (len(DEPTH_EDGES) + 1)
+        prior = [min(mid, 0.9) for mid in mids for _ in range(per_prob)]
+        self.successes = [PRIOR_STRENGTH * x for x in prior]
+        self.failures = [PRIOR_STRENGTH * (1.0 - x) for x in prior]
 
     @staticmethod
-    def cells(cond: np.ndarray, match_len: int) -> tuple[np.ndarray, ...]:
-        """Index arrays of each draft token's cell."""
-        depth = np.arange(len(cond))
-        return (
-            np.searchsorted(PROB_EDGES, cond, side="right"),
-            np.full(len(cond), np.searchsorted(MATCH_EDGES, match_len, side="right")),
-            np.searchsorted(DEPTH_EDGES, depth, side="right"),
-        )
+    def cells(cond: Sequence[float], match_len: int) -> list[int]:
+        """Each draft token's cell, from its conditional tree probability, the match length and its depth."""
+        match = bisect_right(MATCH_EDGES, match_len)
+        out = []
+        for depth, c in enumerate(cond):
+            cell = bisect_right(PROB_EDGES, c) * (len(MATCH_EDGES) + 1) + match
+            out.append(cell * (len(DEPTH_EDGES) + 1) + bisect_right(DEPTH_EDGES, depth))
+        return out
 
-    def estimate(self, cells: tuple[np.ndarray, ...]) -> np.ndarray:
-        s, f = self.successes[cells], self.failures[cells]
-        return s / (s + f)
+    def estimate(self, cells: Sequence[int]) -> list[float]:
+        s, f = self.successes, self.failures
+        return [s[c] / (s[c] + f[c]) for c in cells]
 
-    def observe(self, cells: tuple[np.ndarray, ...], matched: int, compared: int) -> None:
+    def observe(self, cells: Sequence[int], matched: int, compared: int) -> None:
         """Tokens 0..matched-1 were right; token ``matched`` was wrong if ``matched < compared``."""
         if compared <= 0:
             return
-        for i in range(matched):  # a few tokens: a loop is cheaper than np.add.at (cells may repeat)
-            self.successes[cells[0][i], cells[1][i], cells[2][i]] += 1.0
+        for c in cells[:matched]:
+            self.successes[c] += 1.0
         if matched < compared:
-            wrong = tuple(c[matched] for c in cells)
+            wrong = cells[matched]
             self.failures[wrong] += 1.0
-            total = self.successes[wrong] + self.failures[wrong]
-            if total > WINDOW:
+            if self.successes[wrong] + self.failures[wrong] > WINDOW:
                 self.successes[wrong] *= 0.5
                 self.failures[wrong] *= 0.5
 
@@ -179,19 +185,21 @@ class _Live:
     def __init__(self, fed: int, keep_output: bool) -> None:
         self.start = fed  # prompt tokens (the rest goes to the global tree as the output)
         self.fed = fed  # tokens of the request given to the cache so far
-        self.chain: Optional[np.ndarray] = None  # last offered chain, scored against what the target produced
-        self.cells: Optional[tuple[np.ndarray, ...]] = None
+        self.chain: Optional[list[int]] = None  # last offered chain, scored against what the target produced
+        self.cells: Optional[list[int]] = None
         # the output so far, in pieces, when responses are persisted (4 bytes a token, freed at release)
         self.output: Optional[list[np.ndarray]] = [] if keep_output else None
 
 
-def matched_prefix(chain: np.ndarray, produced: np.ndarray) -> tuple[int, int]:
-    """(leading chain tokens equal to what the target produced, tokens that could be compared)."""
+def matched_prefix(chain: Sequence[int], produced: Sequence[int]) -> tuple[int, int]:
+    """(leading chain tokens equal to what the target produced, tokens that could be compared).
+
+    Plain lists are fastest here (a chain has at most k tokens); numpy arrays work too."""
     compared = min(len(chain), len(produced))
-    if compared == 0:
-        return 0, 0
-    diff = np.flatnonzero(chain[:compared] != produced[:compared])
-    return (int(diff[0]) if len(diff) else compared), compared
+    for i in range(compared):
+        if chain[i] != produced[i]:
+            return i, compared
+    return compared, compared
 
 
 class SuffixTreeProposer(Proposer):
@@ -337,7 +345,7 @@ class SuffixTreeProposer(Proposer):
             self.cache.start_request(row.key, tokens[:start])
             st = self._live[row.key] = _Live(start, self.store is not None)
         if st.chain is not None:
-            produced = tokens[st.fed : n]
+            produced = tokens[st.fed : min(n, st.fed + len(st.chain))].tolist()
             matched, compared = matched_prefix(st.chain, produced)
             self.calibration.observe(st.cells, matched, compared)
             st.chain = st.cells = None
@@ -348,11 +356,11 @@ class SuffixTreeProposer(Proposer):
             st.fed = n
         return st
 
-    def chain(self, row: Row) -> tuple[list[int], np.ndarray]:
+    def chain(self, row: Row) -> tuple[list[int], list[float]]:
         """The tree's draft for ``row`` and each token's learned chance of acceptance (given the ones before)."""
         st = self._update(row)
         if st is None or row.num_new == 0:
-            return [], np.zeros(0)
+            return [], []
         o = self.options
         context = np.ascontiguousarray(row.tokens[-o.max_tree_depth :], dtype=np.int32)
         draft = self.cache.speculate(
@@ -362,13 +370,14 @@ class SuffixTreeProposer(Proposer):
             max_spec_factor=o.max_spec_factor,
             min_token_prob=o.min_token_prob,
         )
-        if not draft.token_ids:
-            return [], np.zeros(0)
-        path = np.asarray(draft.probs, dtype=np.float64)
-        cond = path / np.concatenate([[1.0], path[:-1]])
+        tokens = list(draft.token_ids)
+        if not tokens:
+            return [], []
+        path = list(draft.probs)
+        cond = [p / prev if prev > 0 else math.inf for p, prev in zip(path, [1.0] + path[:-1])]
         cells = TokenCalibration.cells(cond, int(draft.match_len))
-        st.chain, st.cells = np.asarray(draft.token_ids, dtype=np.int32), cells
-        return list(draft.token_ids), self.calibration.estimate(cells)
+        st.chain, st.cells = tokens, cells
+        return tokens, self.calibration.estimate(cells)
 
     def candidates(self, rows: Sequence[Row]) -> list[Optional[Candidates]]:
         if self.store is not None:
@@ -377,7 +386,8 @@ class SuffixTreeProposer(Proposer):
         for row in rows:
             tokens, q = self.chain(row)
             out.append(
-                Candidates("suffix", np.asarray([tokens], dtype=np.int64), np.ones(1), token_probs=q[None, :])
+                Candidates("suffix", np.asarray([tokens], dtype=np.int64), ONE_CHAIN,
+                           token_probs=np.asarray([q], dtype=np.float64))
                 if tokens else None
             )
         return out
@@ -389,6 +399,11 @@ class SuffixTreeProposer(Proposer):
         drafts = []
         for row in rows:
             tokens, q = self.chain(row)
-            keep = int(np.argmin(np.cumprod(q) >= bar)) if len(q) and np.cumprod(q)[-1] < bar else len(q)
+            keep, chance = 0, 1.0
+            for x in q:  # the prefix whose chance of being accepted is at least the bar
+                chance *= x
+                if chance < bar:
+                    break
+                keep += 1
             drafts.append(tokens[:keep])
         return drafts

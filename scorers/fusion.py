@@ -42,6 +42,10 @@ class Candidates:
 
 def fuse(sources: list[Candidates], max_len: int, min_support: float) -> tuple[list[int], list[float], dict[str, int]]:
     """(draft, support of each draft token, how many leading draft tokens each source supported)."""
+    offering = [s for s in sources if len(s.chains)]
+    if len(offering) == 1 and len(offering[0].chains) == 1 and offering[0].weights[0] > 0:
+        # one chain: no descent to choose (most steps)
+        return _one_chain(offering[0], max_len, min_support, {s.name: 0 for s in sources})
     alive = []
     for s in sources:
         total = float(s.weights.sum())
@@ -50,8 +54,6 @@ def fuse(sources: list[Candidates], max_len: int, min_support: float) -> tuple[l
     draft: list[int] = []
     supports: list[float] = []
     supported = {s.name: 0 for s in sources}
-    if len(alive) == 1 and len(alive[0][0].chains) == 1:  # one chain: no descent to choose (most steps)
-        return _one_chain(alive[0][0], max_len, min_support, supported)
     for depth in range(max_len):
         scores: dict[int, float] = {}
         for s, mask, w in alive:
@@ -266,8 +268,9 @@ class SourcePricing:
     def _judge(self) -> None:
         for name in self._last_run:
             p = self.prices[name]
-            pays = self.value(name) >= p.seconds
-            if p.paused_at is not None and self.value(name) >= RESUME_MARGIN * p.seconds:
+            value = self.value(name)
+            pays = value >= p.seconds
+            if p.paused_at is not None and value >= RESUME_MARGIN * p.seconds:
                 p.paused_at = None
             elif (p.paused_at is None and not pays and p.steps >= self._evidence(p)
                   and any(q.paused_at is None for other, q in self.prices.items() if other != name)):

@@ -80,14 +80,20 @@ class StepTimeModel:
         """
         if self.steps < MIN_STEPS:
             return None
-        acc = [0.0] * 5
+        # Runs every engine step: plain locals, no per-bucket calls beyond the kernel's log and exp.
+        weight = sum_t = sum_y = sum_tt = sum_ty = 0.0
+        steps, centre = self.steps, max(at, 0.5) if at is not None else 0.0
         for sums, stamp in self._buckets.values():
-            w = _decay(self.steps - stamp)
-            if at is not None and sums[0] > 0:
-                octaves = math.log2(max(sums[1] / sums[0], 0.5) / max(at, 0.5)) / BANDWIDTH_OCTAVES
+            w = 0.5 ** ((steps - stamp) / HALFLIFE_STEPS)
+            n, t, y, tt, ty = sums
+            if at is not None and n > 0:
+                octaves = math.log2(max(t / n, 0.5) / centre) / BANDWIDTH_OCTAVES
                 w *= math.exp(-0.5 * octaves * octaves)
-            acc = [a + w * b for a, b in zip(acc, sums)]
-        weight, sum_t, sum_y, sum_tt, sum_ty = acc
+            weight += w * n
+            sum_t += w * t
+            sum_y += w * y
+            sum_tt += w * tt
+            sum_ty += w * ty
         if weight <= 0 or (at is not None and weight < MIN_LOCAL_WEIGHT):
             return None
         mean_t = sum_t / weight

@@ -92,10 +92,10 @@ def test_learns_from_what_the_target_produced_even_when_its_chain_was_not_verifi
     assert p.calibration.estimate(cells)[0] < before
     # And a chain that is right gains.
     calibration = TokenCalibration()
-    cells = TokenCalibration.cells(np.array([1.0, 1.0]), 5)
-    start = calibration.estimate(cells).copy()
+    cells = TokenCalibration.cells([1.0, 1.0], 5)
+    start = calibration.estimate(cells)
     calibration.observe(cells, 2, 2)
-    assert (calibration.estimate(cells) > start).all()
+    assert all(after > before for after, before in zip(calibration.estimate(cells), start))
 
 
 def test_a_high_bar_cuts_the_draft_and_a_low_one_keeps_it():
@@ -109,6 +109,7 @@ def test_a_high_bar_cuts_the_draft_and_a_low_one_keeps_it():
 
 
 def test_matched_prefix():
+    assert matched_prefix([1, 2, 3], [1, 2, 9, 4]) == (2, 3)
     assert matched_prefix(np.array([1, 2, 3]), np.array([1, 2, 9, 4])) == (2, 3)
     assert matched_prefix(np.array([1, 2, 3]), np.array([1])) == (1, 1)
     assert matched_prefix(np.array([1, 2]), np.array([], dtype=np.int64)) == (0, 0)
@@ -146,3 +147,23 @@ def test_the_token_count_forgets_responses_evicted_by_count():
         p.release(key)
     assert len(p.cache.cached_requests) == 2
     assert dict(p._cached) == {3: 2, 4: 2} and p._cached_tokens == 4  # 2 output tokens each (the first row's last token, then one)
+
+
+def test_calibration_cells_are_the_probability_match_and_depth_buckets():
+    from freespec.proposers.suffix_tree import DEPTH_EDGES, MATCH_EDGES, PROB_EDGES
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        cond = rng.uniform(0, 1.2, size=int(rng.integers(1, 9))).tolist()
+        match = int(rng.integers(0, 30))
+        expected = [
+            (np.searchsorted(PROB_EDGES, c, side="right") * (len(MATCH_EDGES) + 1)
+             + np.searchsorted(MATCH_EDGES, match, side="right")) * (len(DEPTH_EDGES) + 1)
+            + np.searchsorted(DEPTH_EDGES, depth, side="right")
+            for depth, c in enumerate(cond)
+        ]
+        assert TokenCalibration.cells(cond, match) == expected
+    # each cell starts at the tree's probability (capped at 0.9): a low one low, a near-certain one high
+    calibration = TokenCalibration()
+    low, high = calibration.estimate(TokenCalibration.cells([0.1, 1.0], 5))
+    assert low == pytest.approx(0.15) and high == pytest.approx(0.9)

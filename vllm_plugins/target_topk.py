@@ -111,11 +111,12 @@ class TargetTopK:
         """
         captures, self._captures = self._captures, []
         self.steps += 1
+        if not captures:  # nothing was captured (recycle paused, or no forward): nothing to map
+            return None
         tokens, expected = positions_of_step(views, prev_drafts)
         match = next((c for c in reversed(captures) if len(c.ids) == expected), None)
         if match is None:
-            if captures:  # no capture at all: nothing ran a forward (or TP rank without logits)
-                self.mismatched_steps += 1
+            self.mismatched_steps += 1
             return None
         keep = tokens >= 0
         return ScoredPositions(tokens[keep], match.ids[keep], match.probs[keep])
