@@ -17,6 +17,13 @@ the JSON lines `--generate` writes (token ids as the engine produced them):
     python scripts/replay_drafts.py greedy.jsonl hybrid '{"sources": ["suffix"]}' --memory --token-cost 0.05
     python scripts/replay_drafts.py bench_results/RUN/results.json retrieval '{"datastore": "DIR"}'
 
+`--time` prints the proposer's time per step, each step started with the CPU's caches flushed (`--evict-mb`), as
+in the engine, where a forward pass has just streamed the weights through them (warm, a step's Python looks
+several times cheaper than it is there); `--adapter` times a freespec plugin with all the adapter's per-step work:
+
+    python scripts/replay_drafts.py greedy.jsonl vllm-suffix --memory --time --limit 40
+    python scripts/replay_drafts.py greedy.jsonl hybrid --memory --time --adapter --limit 40
+
 `vllm-suffix` is vLLM's own `suffix` method (arctic-inference's cache with vLLM's calls and defaults;
 `'{"max_spec_factor": 2}'` and `min_token_prob` change them). `--memory` keeps one proposer for all questions
 in file order, as a server does (responses learned by `suffix`); without it each question gets a new one.
@@ -26,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -62,14 +70,57 @@ class VllmSuffix:
         self.cache.stop_request(key)
 
 
-def replay(proposer, key: int, prompt: list[int], output: list[int], cost: float) -> tuple[int, int, float]:
-    """(output tokens, target forward passes, modeled plain steps) when ``proposer`` drafts for this output."""
+class ThroughAdapter:
+    """A freespec plugin behind the vLLM adapter (``FreespecProposer``), fed the arrays vLLM's seam passes: all
+    the per-step work the engine pays for (request tracking, the goodput policy, metrics, the source pricing).
+    With no engine the policy fits the replay's own step times, so its bar is not the engine's: use this to
+    time a step, not for tokens per forward."""
+
+    def __init__(self, plugin: str, options: dict, k: int, vocab: int, max_len: int = 65536) -> None:
+        from types import SimpleNamespace
+
+        from freespec.vllm_plugins.adapter import FreespecProposer
+        from freespec.vllm_plugins.frontend import translate
+
+        _, extra = translate({"plugin": plugin, "num_speculative_tokens": k, **options}, None)
+        self.adapter = FreespecProposer(SimpleNamespace(
+            additional_config=extra, speculative_config=SimpleNamespace(num_speculative_tokens=k),
+            model_config=SimpleNamespace(get_vocab_size=lambda: vocab, max_model_len=max_len, model="replay",
+                                         tokenizer=None)))
+        self.token_cost = None
+        self._tokens = np.zeros((1, max_len), dtype=np.int32)  # vLLM's token_ids_cpu, one row
+        self._written = 0
+
+    def propose(self, rows: list[Row]) -> list[list[int]]:
+        row = rows[0]
+        n = len(row.tokens)
+        start = self._written if n > self._written else 0  # a new request rewrites the row
+        self._tokens[0, start:n] = row.tokens[start:]
+        self._written = n
+        return self.adapter.propose([row.tokens[n - row.num_new:].tolist()], np.array([n]), self._tokens)
+
+    def release(self, key: int) -> None:
+        self._written = 0  # the adapter sees the request leave when the next one takes its row
+
+
+def replay(proposer, key: int, prompt: list[int], output: list[int], cost: float,
+           times: list[float] | None = None, evict: np.ndarray | None = None) -> tuple[int, int, float]:
+    """(output tokens, target forward passes, modeled plain steps) when ``proposer`` drafts for this output.
+
+    ``times``: each propose call's seconds are appended; ``evict``: a buffer read before each call, so the
+    call starts with the CPU's caches flushed, as it does after a target forward pass."""
     if not output:
         return 0, 0, 0.0
     # The prefill produces the first token; drafting starts after it, as in the engine.
     seq, t, steps, spent, new = list(prompt) + output[:1], 1, 1, 1.0, 1
     while t < len(output):
-        draft = proposer.propose([Row(key=key, tokens=np.asarray(seq, dtype=np.int32), num_new=new)])[0]
+        tokens = np.asarray(seq, dtype=np.int32)
+        if evict is not None:
+            evict.sum()
+        started = time.perf_counter()
+        draft = proposer.propose([Row(key=key, tokens=tokens, num_new=new)])[0]
+        if times is not None:
+            times.append(time.perf_counter() - started)
         accepted = 0
         while accepted < len(draft) and t + accepted < len(output) and draft[accepted] == output[t + accepted]:
             accepted += 1
@@ -138,6 +189,13 @@ def main() -> int:
     p.add_argument("--cost", type=float, default=0.033, help="a draft token's cost in plain steps (default 0.033)")
     p.add_argument("--token-cost", type=float, default=None,
                    help="the goodput bar handed to freespec proposers (default: none, their fixed bars)")
+    p.add_argument("--adapter", action="store_true",
+                   help="run the freespec plugin behind the vLLM adapter, with all its per-step work (for --time)")
+    p.add_argument("--time", action="store_true", help="print each step's proposer time (median, mean, p90)")
+    p.add_argument("--evict-mb", type=int, default=256,
+                   help="with --time: read this many MiB before each step, so it starts with cold caches as after a "
+                   "forward pass (0: warm caches; default 256)")
+    p.add_argument("--limit", type=int, default=None, help="replay only the first N outputs")
     p.add_argument("--generate", action="store_true", help="write greedy outputs to GREEDY instead of replaying")
     p.add_argument("--questions", default=None, help="with --generate: the question file (as freespec bench's)")
     p.add_argument("--model", default=None, help="with --generate: the model (default: the SmolLM2 fixture)")
@@ -150,6 +208,7 @@ def main() -> int:
     if not args.plugin:
         p.error("a plugin is needed to replay")
     model, data = read_greedy(Path(args.greedy))
+    data = data[: args.limit] if args.limit else data
     options = json.loads(args.options)
     if model is not None:  # the tokenizer's vocabulary, as the engine gives it
         from transformers import AutoTokenizer
@@ -161,17 +220,23 @@ def main() -> int:
     def make():
         if args.plugin == "vllm-suffix":
             return VllmSuffix(args.k, **options)
+        if args.adapter:
+            return ThroughAdapter(args.plugin, options, args.k, vocab)
         cls = load_proposer_class(args.plugin)
         proposer = cls(cls.Options(**options), args.k)
         proposer.bind(EngineInfo(vocab_size=vocab, model=model or ""))
         proposer.token_cost = args.token_cost
         return proposer
 
+    if args.adapter and (args.plugin == "vllm-suffix" or not args.memory):
+        p.error("--adapter runs a freespec plugin, with --memory (one adapter, as one server)")
     shared = make() if args.memory else None
+    times = [] if args.time else None
+    evict = np.ones(args.evict_mb * 2**20 // 8) if args.time and args.evict_mb > 0 else None
     totals: dict[str, list[float]] = {}
     for key, (category, prompt, output) in enumerate(data):
         proposer = shared or make()
-        tokens, steps, spent = replay(proposer, key, prompt, output, args.cost)
+        tokens, steps, spent = replay(proposer, key, prompt, output, args.cost, times, evict)
         total = totals.setdefault(category, [0, 0, 0.0])
         for i, x in enumerate((tokens, steps, spent)):
             total[i] += x
@@ -181,6 +246,11 @@ def main() -> int:
     print(f"{'category':16s} tok/fwd  modeled x none (draft token = {args.cost} steps)")
     for category, (tokens, steps, spent) in list(totals.items()) + [("all", [sum(v) for v in zip(*totals.values())])]:
         print(f"{category:16s} {tokens / steps:7.3f}  {tokens / spent:6.3f}")
+    if times:
+        us = np.array(times) * 1e6
+        caches = f"caches flushed with {args.evict_mb} MiB before each" if evict is not None else "warm caches"
+        print(f"proposer time per step: median {np.median(us):.0f} us, mean {us.mean():.0f} us, "
+              f"p90 {np.percentile(us, 90):.0f} us ({len(us)} steps, {caches})")
     return 0
 
 
