@@ -56,15 +56,31 @@ def test_sampling_with_copy_has_the_distribution_of_no_speculation(engines, base
     assert_same_distribution(baseline, copy)
 
 
-def test_a_failing_proposer_changes_nothing_and_is_logged_once(engines, baseline):
-    faulty, log = engines.run(
+def faulty_run(engines):
+    """A proposer that fails now and then, with the adapter's stats logged every step (one engine run)."""
+    return engines.run(
         "faulty",
         {"plugin": "integration_tests.faulty:FaultyProposer", "num_speculative_tokens": K},
         greedy_jobs(),
         env={"FREESPEC_STATS_INTERVAL_S": "0"},
     )
+
+
+def test_a_failing_proposer_changes_nothing_and_is_logged_once(engines, baseline):
+    faulty, log = faulty_run(engines)
     assert_lossless_greedy(baseline, faulty)
     assert log.count("failed; this step drafts nothing") == 1
     assert "injected proposer fault" in log
     errors = [int(m) for m in re.findall(r"'errors': (\d+)", log)]
     assert errors and max(errors) > 1, "later failures were not counted"
+
+
+def test_the_adapter_tells_requests_apart_by_vllms_own_ids(engines):
+    """Request identity (docs/reliability.md): on the real engine every step's rows carry vLLM's request ids,
+    so two requests sharing a prompt head can never swap drafts; the fingerprint fallback is never used."""
+    _, log = faulty_run(engines)
+    steps = [int(m) for m in re.findall(r"'steps': (\d+)", log)]
+    without = [int(m) for m in re.findall(r"'steps_without_ids': (\d+)", log)]
+    assert steps and max(steps) > 10 and len(without) == len(steps), "no stats lines in the engine log"
+    assert max(without) == 0, f"{max(without)} of {max(steps)} steps fell back to the fingerprint"
+    assert "request ids cannot be read" not in log

@@ -56,7 +56,7 @@ def run_python(code: str) -> str:
 
 
 def expanded(install: str) -> list[float]:
-    line = next(l for l in run_python(EXPAND_CHECK.format(install=install)).splitlines() if l.startswith("RESULT"))
+    line = next(x for x in run_python(EXPAND_CHECK.format(install=install)).splitlines() if x.startswith("RESULT"))
     return eval(line.removeprefix("RESULT"))
 
 
@@ -94,8 +94,8 @@ print("PROBE", probe_cpu_rejection_sampler().ok)
 def test_cpu_rejection_sampler_probe_agrees_with_the_rejection_sampler():
     """The probe passes exactly when vLLM's rejection sampler can run on this CPU backend."""
     out = run_python(REJECTION_CHECK)
-    result = next(l for l in out.splitlines() if l.startswith("RESULT"))
-    probe = next(l for l in out.splitlines() if l.startswith("PROBE"))
+    result = next(x for x in out.splitlines() if x.startswith("RESULT"))
+    probe = next(x for x in out.splitlines() if x.startswith("PROBE"))
     assert (probe == "PROBE True") == result.startswith("RESULT runs"), out
 
 
@@ -104,7 +104,7 @@ def test_probes_pass_on_the_supported_release():
         "from freespec.vllm_plugins.probes import run_probes\n"
         "for p in run_probes(): print(p.seam, p.ok, p.detail)"
     )
-    lines = dict(l.split(" ", 1) for l in out.splitlines())
+    lines = dict(x.split(" ", 1) for x in out.splitlines())
     if not on_supported_release():
         pytest.skip(f"vLLM {installed_version()} is outside the supported range")
     for seam in ("frontend", "spec_config", "custom_class", "cpu_rejection_sampler", "target_topk", "spec_metrics",

@@ -19,11 +19,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]  # integration_tests (fault helpers), bad_input_cases
 
-from bad_input_cases import run_all
-
-
-def cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+from bad_input_cases import run_all, table_row
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,9 +36,8 @@ def main(argv: list[str] | None = None) -> int:
         for i, (case, outcome, message) in enumerate(run_all(Path(root)), 1):
             ok = outcome.kind == case.expect and case.names in message
             bad += not ok
-            mark = "" if ok else " **UNEXPECTED**"
             if args.markdown:
-                print(f"| {i} | {cell(case.what)} | {outcome.stage} | {outcome.kind}{mark} | `{cell(message)}` |")
+                print(table_row(i, case, outcome, message))
             else:
                 print(f"{i:2d} {'ok ' if ok else 'BAD'} {outcome.kind:8s} {outcome.stage:12s} {case.what}\n"
                       f"     {message}")

@@ -130,13 +130,13 @@ def plugin_options() -> dict[str, type[BaseModel]]:
 
 def config_keys() -> list[tuple[str, str, str, str, str]]:
     """The keys of a ``{"plugin": ...}`` config that are not a plugin's options (vllm_plugins/frontend.py)."""
-    from freespec.vllm_plugins.frontend import ADAPTER_KEYS, ADAPTER_NUMBERS, VLLM_KEYS
+    from freespec.vllm_plugins.frontend import ADAPTER_KEYS, ADAPTER_NUMBERS, MAX_SPECULATIVE_TOKENS, VLLM_KEYS
 
     rows = [("`plugin`", "str", "required", "",
              'a registered plugin name (tables below) or `"package.module:Class"`')]
     for key in VLLM_KEYS:
         if key == "num_speculative_tokens":
-            rows.append((f"`{key}`", "int", "required", "≥ 1",
+            rows.append((f"`{key}`", "int", "required", f"1 – {MAX_SPECULATIVE_TOKENS}",
                          "the most draft tokens per request and step (vLLM's own field, K)"))
         else:
             rows.append((f"`{key}`", "", "", "", "vLLM's own field"))

@@ -61,8 +61,8 @@ def questions(path: str | None) -> list[str]:
     return [q.prompt for q in resolve_questions(path).questions]
 
 
-def reference_probe(model: str, log: Path, max_tokens: int, memory: float) -> str:
-    """The probe's text from a server without speculation (same arguments, no --speculative-config)."""
+def plain_server(model: str, log: Path, memory: float):
+    """A started server without speculation (the same arguments, no --speculative-config); not yet healthy."""
     from integration_tests.serving import Server, free_port, serve_args
 
     port = free_port()
@@ -70,6 +70,12 @@ def reference_probe(model: str, log: Path, max_tokens: int, memory: float) -> st
     at = cmd.index("--speculative-config")
     server = Server(cmd[:at] + cmd[at + 2:], port, log)
     server.start()
+    return server
+
+
+def reference_probe(model: str, log: Path, max_tokens: int, memory: float) -> str:
+    """The probe's text from a server without speculation."""
+    server = plain_server(model, log, memory)
     try:
         server.wait_healthy(900)
         return probe(server.base_url, model, max_tokens)
@@ -125,7 +131,8 @@ def rss_growth(samples: list[dict], warmup: int) -> dict | None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--minutes", type=float, default=30.0)
-    p.add_argument("--plugin", default="hybrid", help="freespec plugin (default: hybrid, the default plugin)")
+    p.add_argument("--plugin", default="hybrid", help="freespec plugin (default: hybrid, the default plugin); "
+                   "none: plain vLLM, the memory baseline of a soak")
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=4)
     p.add_argument("--model", default=None, help="model directory (default: the prepared SmolLM2 test model)")
     p.add_argument("--questions", default=None, help="prompt file (default: as `freespec bench` finds them)")
@@ -142,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="results/soak")
     p.add_argument("--dry-run", action="store_true", help="print the plan; start nothing")
     args = p.parse_args(argv)
-    spec = {"plugin": args.plugin, "num_speculative_tokens": args.num_speculative_tokens}
+    spec = None if args.plugin == "none" else {"plugin": args.plugin, "num_speculative_tokens": args.num_speculative_tokens}
+    args.no_reference = args.no_reference or spec is None  # plain vLLM is its own reference
     levels = [min(level, args.max_concurrency) for level in LEVELS]
     out = Path(args.out)
     plan = (f"soak: {json.dumps(spec)} for {args.minutes:g} min, concurrency {levels} x {args.level_seconds:g} s, "
@@ -164,7 +172,15 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_reference:
         print("reference: a server without speculation", flush=True)
         reference = reference_probe(model, out / "reference.log", args.max_tokens, args.memory)
-    server = start_server(model, spec, out / "server.log", args.memory)
+    if spec is None:
+        server = plain_server(model, out / "server.log", args.memory)
+        try:
+            server.wait_healthy(900)
+        except BaseException:
+            server.stop()
+            raise
+    else:
+        server = start_server(model, spec, out / "server.log", args.memory)
     samples: list[dict] = []
     load = None
     try:

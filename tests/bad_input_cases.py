@@ -20,6 +20,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import re
 import shutil
 import zipfile
 from collections.abc import Callable, Iterator
@@ -180,6 +181,8 @@ CASES: list[Case] = [
          lambda d: {"plugin": "copy", "num_speculative_tokens": 0}),
     Case("`num_speculative_tokens: \"4\"` (a string)", "'num_speculative_tokens'",
          lambda d: {"plugin": "copy", "num_speculative_tokens": "4"}),
+    Case("`num_speculative_tokens: 8000` (above its bound)", "'num_speculative_tokens'",
+         lambda d: {"plugin": "copy", "num_speculative_tokens": 8000}),
     Case("`disable_by_batch_size: 8` (a key of other vLLM releases)", "'disable_by_batch_size'",
          lambda d: spec("copy", disable_by_batch_size=8)),
     Case("`policy: \"fast\"`", "'policy'", lambda d: spec("copy", policy="fast")),
@@ -385,11 +388,26 @@ def attempt(case: Case, scratch: Path) -> Outcome:
     return Outcome("accepted", stage, "")
 
 
+TEMP_NAME = re.compile(r"(/\.[a-z]+-)[A-Za-z0-9_]{8}(\.[a-z]+\.tmp)")
+
+
 def shown(message: str, scratch: Path) -> str:
     """The message as the table shows it: the scratch directory as ``DIR``, the options list cut."""
     message = message.replace(str(scratch.resolve()), "DIR").replace(str(scratch), "DIR")
+    message = TEMP_NAME.sub(r"\1XXXXXXXX\2", message)  # mkstemp's random part, so the table is reproducible
     head, cut, _ = message.partition(". Allowed options: ")
     return head + (". Allowed options: …" if cut else "")
+
+
+def table_row(number: int, case: Case, outcome: Outcome, message: str) -> str:
+    """One row of the table in docs/reliability.md (``scripts/bad_inputs.py --markdown``)."""
+    ok = outcome.kind == case.expect and case.names in message
+    mark = "" if ok else " **UNEXPECTED**"
+    return f"| {number} | {_cell(case.what)} | {outcome.stage} | {outcome.kind}{mark} | `{_cell(message)}` |"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
 
 
 def run_all(root: Path) -> Iterator[tuple[Case, Outcome, str]]:

@@ -81,3 +81,29 @@ def test_without_a_runner_the_adapter_falls_back_with_one_warning(caplog):
         for n in (50, 51, 52):
             adapter.propose([[0]], np.asarray([n], np.int32), tokens)
     assert caplog.text.count("request ids cannot be read here") == 1
+
+
+# ---------------------------------------------------------------- the request_ids probe (vllm_plugins/probes.py)
+RUNNER_SOURCE = """
+        elif spec_config.method == "custom_class":
+            draft_token_ids = cast(Any, self.drafter).propose(
+                sampled_token_ids,
+                self.input_batch.num_tokens_no_spec,
+                self.input_batch.token_ids_cpu,
+                slot_mappings=slot_mappings,
+            )
+"""
+
+
+class InputBatch:
+    req_ids: list = []
+
+
+def test_the_request_ids_probe_passes_on_vllms_call_and_names_what_moved():
+    from freespec.vllm_plugins.probes import request_ids_problem
+
+    assert request_ids_problem(RUNNER_SOURCE, InputBatch) is None
+    moved = RUNNER_SOURCE.replace("self.input_batch.token_ids_cpu", "token_ids")
+    assert "token_ids_cpu" in request_ids_problem(moved, InputBatch)
+    assert "req_ids" in request_ids_problem(RUNNER_SOURCE, object)
+    assert "custom_class" in request_ids_problem("", InputBatch)

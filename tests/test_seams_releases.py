@@ -326,7 +326,7 @@ def test_doctor_on_a_0_30_layout_names_why_each_plugin_is_disabled(monkeypatch):
     assert "[FAIL] cpu_rejection_sampler: no kernel-override registry" in out
     assert "[DEFECT, not patched (no override hook)] cpu_expand_kernel" in out
     assert "[WARN] spec_metrics" in out
-    copy = next(l for l in out.splitlines() if l.strip().startswith("copy ("))
+    copy = next(x for x in out.splitlines() if x.strip().startswith("copy ("))
     assert "disabled" in copy and "outside the supported range" in copy and "cpu_rejection_sampler" in copy
 
 
@@ -339,6 +339,6 @@ def test_doctor_on_a_supported_layout_marks_plugins_usable_and_topk_plugins_apar
     out = doctor_with(monkeypatch, "0.32.0", results, hook=True)
     assert "[DEFECT, patched in workers] cpu_expand_kernel" in out
     assert "[FAIL (plugins using target top-k)] target_topk" in out
-    lines = {l.strip().split(" ", 1)[0]: l for l in out.splitlines() if l.startswith("  ") and "(freespec." in l}
+    lines = {x.strip().split(" ", 1)[0]: x for x in out.splitlines() if x.startswith("  ") and "(freespec." in x}
     assert lines["copy"].endswith("usable")
     assert "disabled" in lines["recycle"] and "target_topk" in lines["recycle"]

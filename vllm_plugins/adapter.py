@@ -59,6 +59,7 @@ class ProposerStats:
         self.errors = 0
         self.overruns = 0  # steps over step_budget_ms
         self.skipped_steps = 0  # steps the circuit breaker kept the plugin out of
+        self.steps_without_ids = 0  # steps whose rows were told apart by fingerprint: vLLM's ids unreadable
         self.propose_seconds = 0.0
 
     def as_dict(self) -> dict:
@@ -155,7 +156,9 @@ class FreespecProposer:
             return [[] for _ in range(n_rows)]
         lengths = np.asarray(num_tokens_no_spec[:n_rows])
         views = [(token_ids_cpu[i, : lengths[i]], len(sampled_token_ids[i])) for i in range(n_rows)]
-        keys, departed = self.tracker.update(views, self._request_ids(sys._getframe(1), token_ids_cpu, n_rows))
+        ids = self._request_ids(sys._getframe(1), token_ids_cpu, n_rows)
+        self.stats.steps_without_ids += ids is None
+        keys, departed = self.tracker.update(views, ids)
         prev = [None if key in self._prefilling else self._last_drafts.get(key) for key in keys]
         accepted = accepted_tokens(views, prev)
         accepted_by = (accepted_by_source(views, prev, [self._last_sources.get(key) for key in keys], self.plugin)

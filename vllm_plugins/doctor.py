@@ -25,6 +25,8 @@ def _status(probe, expand_hook: bool) -> str:
         return "FAIL (plugins using target top-k)"
     if probe.seam == "draft_rank":  # safe fallback: correct, only each TP rank pays for a proposer
         return "WARN, every TP rank builds its proposer"
+    if probe.seam == "request_ids":  # safe fallback: requests keyed by a fingerprint of their tokens
+        return "WARN, requests told apart by their tokens"
     return "WARN"
 
 

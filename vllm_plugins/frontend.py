@@ -61,6 +61,10 @@ def validate_options(plugin: str, raw: dict[str, Any]):
 # Keys of a ``{"plugin": ...}`` config that stay with vLLM; every other key is a plugin option
 # or one of the adapter's own keys.
 VLLM_KEYS = ("num_speculative_tokens",)
+# K sizes every step's drafting and verification work (per request: K draft tokens scored by the target,
+# K-deep proposer searches); 64 is far past where a draft pays (the oracle drafts of docs/benchmark.md reach
+# about 8.6 tokens per forward at K = 8), and bounds the work of a typo such as 8000.
+MAX_SPECULATIVE_TOKENS = 64
 # Keys users bring from other vLLM releases or docs that no supported vLLM accepts: refused here with
 # the freespec replacement, instead of vLLM's bare "Unexpected keyword argument" at engine start.
 REFUSED_KEYS = {
@@ -115,9 +119,10 @@ def translate(
                 f"speculative_config has both 'plugin' and {key!r}: 'plugin' selects the method itself"
             )
     k = spec.get("num_speculative_tokens")
-    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
         raise FreespecConfigError(
-            f"freespec plugin {plugin!r}: 'num_speculative_tokens' must be an integer >= 1, got {k!r}"
+            f"freespec plugin {plugin!r}: 'num_speculative_tokens' must be an integer in "
+            f"[1, {MAX_SPECULATIVE_TOKENS}], got {k!r}"
         )
     for key, why in REFUSED_KEYS.items():
         if key in spec:

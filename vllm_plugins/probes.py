@@ -4,7 +4,8 @@ Each probe says what moved. Probes that only report (never disable a plugin):
 ``cpu_expand_kernel`` (a defect ``patches`` fixes), ``spec_metrics`` (metric names
 freespec's tests and ``freespec bench`` read), ``metrics_registry`` (where freespec's
 worker metrics reach ``/metrics``, see ``metrics``), ``vllm_cli``, ``draft_rank``
-(which worker's drafts vLLM takes, see ``ranks``). Every other failed probe drops
+(which worker's drafts vLLM takes, see ``ranks``), ``request_ids`` (the adapter keys
+requests by vLLM's ids, else by a fingerprint). Every other failed probe drops
 speculation with one warning (``blocking_probes``). The releases differ here
 (docs/compatibility.md has the matrix):
 
@@ -83,6 +84,34 @@ def probe_custom_class() -> ProbeResult:
     if not hasattr(custom_class_proposer, "create_custom_proposer"):
         return ProbeResult("custom_class", False, "create_custom_proposer is gone")
     return ProbeResult("custom_class", True, "Class(vllm_config).propose(sampled, num_tokens_no_spec, token_ids_cpu)")
+
+
+def probe_request_ids() -> ProbeResult:
+    """The adapter can read each row's request id: vLLM passes ``self.input_batch.token_ids_cpu`` to the
+    ``custom_class`` proposer, and that ``InputBatch`` has ``req_ids`` in the same row order (the adapter finds
+    the batch through its caller's ``self``). Reports only: without ids, requests are told apart by a
+    fingerprint of their tokens (docs/reliability.md, request identity)."""
+    try:
+        from vllm.v1.worker import gpu_input_batch, gpu_model_runner
+    except ImportError as e:
+        return ProbeResult("request_ids", False, f"module missing: {e}")
+    problem = request_ids_problem(inspect.getsource(gpu_model_runner), gpu_input_batch.InputBatch)
+    if problem:
+        return ProbeResult("request_ids", False, f"{problem}: requests are told apart by a fingerprint instead")
+    return ProbeResult("request_ids", True, "each row's request id is read from the runner's input_batch.req_ids")
+
+
+def request_ids_problem(runner_source: str, input_batch_cls) -> str | None:
+    """What keeps the adapter from reading request ids, or None (the ``request_ids`` probe's test)."""
+    call = 'spec_config.method == "custom_class"'
+    if call not in runner_source:
+        return "gpu_model_runner no longer dispatches to custom_class"
+    body = runner_source[runner_source.index(call) : runner_source.index(call) + 600]
+    if "self.input_batch.token_ids_cpu" not in body:
+        return "the custom_class proposer is no longer passed self.input_batch.token_ids_cpu"
+    if not hasattr(input_batch_cls, "req_ids"):
+        return "InputBatch has no req_ids"
+    return None
 
 
 def probe_frontend_hook() -> ProbeResult:
@@ -397,6 +426,7 @@ PROBES = (
     probe_metrics_registry,
     probe_vllm_cli,
     probe_draft_rank,
+    probe_request_ids,
 )
 
 

@@ -118,7 +118,10 @@ def _measure_session(
     from tqdm import tqdm
 
     label = target.config.label
-    send = lambda prompt: chat_request(server.base_url, target.model, prompt, options)
+
+    def send(prompt):
+        return chat_request(server.base_url, target.model, prompt, options)
+
     if warmup:
         _, warm_s = run_requests(warmup, max(session), send)
         server_info["warmup_s"] = warm_s

@@ -108,7 +108,9 @@ class RecycleOptions(ProposerOptions):
         description="matrix files of other replicas (or a merged one) to merge in at start and whenever they change",
     )
     save_every_s: float = Field(
-        300.0, ge=0.0, description="seconds between saves to matrix_path and checks of merge_from (0: only at start/exit)"
+        300.0, ge=0.0, le=86_400.0,
+        description="seconds between saves to matrix_path and checks of merge_from (0: only at start/exit; "
+        "each save first copies the matrix on the engine's thread: docs/recycle.md)",
     )
 
     @field_validator("tree_widths")
