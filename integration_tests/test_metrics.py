@@ -32,7 +32,7 @@ def serve(model_path, tmp_path, monkeypatch):
 
     def start(spec: dict):
         try:
-            servers.append(start_server(model_path, spec, tmp_path / "server.log", memory=0.1))
+            servers.append(start_server(model_path, spec, tmp_path / "server.log"))
         except BenchError as e:
             pytest.fail(str(e))
         return servers[-1]

@@ -52,7 +52,7 @@ def test_parse_config_spec_plugin_with_options():
         ('copy:{"colour": "red"}', r"config 'copy:.*unknown option 'colour'.*Allowed options: "),
         ('copy:{"min_match": "three"}', r"option 'min_match'"),
         ('copy:{"model": "/m"}', r"both 'plugin' and 'model'"),
-        ('copy:{"num_speculative_tokens": 0}', r"'num_speculative_tokens' must be an integer >= 1"),
+        ('copy:{"num_speculative_tokens": 0}', r"'num_speculative_tokens' must be an integer in \[1, 64\]"),
         ('copy:{"policy": "greedy"}', r"'policy' must be one of"),
         ("telepathy", r"unknown freespec plugin 'telepathy'.*copy"),
     ],

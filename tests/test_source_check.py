@@ -95,6 +95,12 @@ FILES = {
                 num_sampled_tokens = num_draft_tokens + 1
                 return np.repeat(num_sampled_tokens, 2)
     """,
+    "v1/worker/gpu_input_batch.py": """
+        class InputBatch:
+            @property
+            def req_ids(self):
+                return self._req_ids
+    """,
     "v1/worker/cpu_model_runner.py": """
         class CPUModelRunner:
             def load_model(self):
@@ -180,6 +186,7 @@ MOVES = {
     "metrics_registry": ("v1/metrics/prometheus.py", "multiprocess.MultiProcessCollector(registry)", "pass"),
     "vllm_cli": ("entrypoints/cli/main.py", "def main():", "def main(argv):"),
     "draft_rank": ("v1/executor/multiproc_executor.py", "unique_reply_rank=self.output_rank", "timeout=5"),
+    "request_ids": ("v1/worker/gpu_input_batch.py", "def req_ids", "def request_ids"),
 }
 
 

@@ -255,6 +255,18 @@ def check_custom_class(src: Source) -> str:
     return f"Class(vllm_config).propose({', '.join(args)}, ...) in the V1 runner (V2 refuses custom_class)"
 
 
+def check_request_ids(src: Source) -> str:
+    """The adapter reads each row's request id: the ``custom_class`` call passes ``self.input_batch.token_ids_cpu``,
+    and ``InputBatch`` has ``req_ids`` (``probe_request_ids``)."""
+    runner = src.tree(GPU_RUNNER)
+    branches = [n for n in ast.walk(runner) if isinstance(n, ast.If) and _is_method_compare(n.test, "custom_class")]
+    propose = [c for b in branches for stmt in b.body for c in _calls(stmt, "propose")]
+    if not propose or "self.input_batch.token_ids_cpu" not in [ast.unparse(a) for a in propose[0].args]:
+        raise Moved("the custom_class proposer is no longer passed self.input_batch.token_ids_cpu")
+    find_function(find_class(src.tree("v1/worker/gpu_input_batch.py"), "InputBatch"), "req_ids")
+    return "propose(..., self.input_batch.token_ids_cpu, ...) and InputBatch.req_ids"
+
+
 def check_cpu_rejection_sampler(src: Source) -> str:
     """The CPU platform installs its C++ kernel fallbacks through the dispatcher, expand_kernel included."""
     platform = find_class(src.tree("platforms/cpu.py"), "CpuPlatform")
@@ -374,6 +386,7 @@ CHECKS: tuple[Callable[[Source], str], ...] = (
     check_metrics_registry,
     check_vllm_cli,
     check_draft_rank,
+    check_request_ids,
 )
 
 
