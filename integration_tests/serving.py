@@ -18,11 +18,12 @@ def serve_command() -> list[str]:
     return [str(Path(sys.executable).with_name("freespec")), "serve"]
 
 
-def serve_args(model: str, port: int, spec: dict, memory: float = 0.3) -> list[str]:
+def serve_args(model: str, port: int, spec: dict | None, memory: float = 0.3) -> list[str]:
+    """The server's command line; ``spec`` None: no speculation (no --speculative-config)."""
     return [
         *serve_command(), model, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
         "--max-model-len", "2048", "--gpu-memory-utilization", str(memory), "--enforce-eager",
-        "--speculative-config", json.dumps(spec),
+        *(["--speculative-config", json.dumps(spec)] if spec is not None else []),
     ]
 
 
@@ -31,7 +32,7 @@ def metric(server: Server, name: str) -> float:
     return sum_metric(parse_prometheus_text(server.metrics_text()), name) or 0.0
 
 
-def start_server(model: str, spec: dict, log_path: Path, memory: float = 0.3) -> Server:
+def start_server(model: str, spec: dict | None, log_path: Path, memory: float = 0.3) -> Server:
     """`vllm serve MODEL --speculative-config SPEC`, healthy; BenchError with the log's tail if it is not
     within 600 s. The caller stops it (``Server.stop``: its whole process group)."""
     port = free_port()

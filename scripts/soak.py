@@ -61,23 +61,12 @@ def questions(path: str | None) -> list[str]:
     return [q.prompt for q in resolve_questions(path).questions]
 
 
-def plain_server(model: str, log: Path, memory: float):
-    """A started server without speculation (the same arguments, no --speculative-config); not yet healthy."""
-    from integration_tests.serving import Server, free_port, serve_args
-
-    port = free_port()
-    cmd = serve_args(model, port, {}, memory)
-    at = cmd.index("--speculative-config")
-    server = Server(cmd[:at] + cmd[at + 2:], port, log)
-    server.start()
-    return server
-
-
 def reference_probe(model: str, log: Path, max_tokens: int, memory: float) -> str:
-    """The probe's text from a server without speculation."""
-    server = plain_server(model, log, memory)
+    """The probe's text from a server without speculation (same arguments, no --speculative-config)."""
+    from integration_tests.serving import start_server
+
+    server = start_server(model, None, log, memory)
     try:
-        server.wait_healthy(900)
         return probe(server.base_url, model, max_tokens)
     finally:
         server.stop()
@@ -172,15 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_reference:
         print("reference: a server without speculation", flush=True)
         reference = reference_probe(model, out / "reference.log", args.max_tokens, args.memory)
-    if spec is None:
-        server = plain_server(model, out / "server.log", args.memory)
-        try:
-            server.wait_healthy(900)
-        except BaseException:
-            server.stop()
-            raise
-    else:
-        server = start_server(model, spec, out / "server.log", args.memory)
+    server = start_server(model, spec, out / "server.log", args.memory)
     samples: list[dict] = []
     load = None
     try:

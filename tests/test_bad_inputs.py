@@ -2,6 +2,7 @@
 file, never a traceback; the table in docs/reliability.md is ``scripts/bad_inputs.py --markdown``."""
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from bad_input_cases import CASES, attempt, shown, table_row
 DOC = Path(__file__).resolve().parents[1] / "docs" / "reliability.md"
 
 
+@cache
 def documented_rows() -> dict[int, str]:
     """The bad-input table's rows in docs/reliability.md, by case number."""
     rows = {}

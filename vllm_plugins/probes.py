@@ -74,10 +74,9 @@ def probe_custom_class() -> ProbeResult:
     except ImportError as e:
         return ProbeResult("custom_class", False, f"custom_class proposer module missing: {e}")
     src = inspect.getsource(gpu_model_runner)
-    call = 'spec_config.method == "custom_class"'
-    if call not in src or "create_custom_proposer" not in src:
+    body = custom_class_call(src)
+    if body is None or "create_custom_proposer" not in src:
         return ProbeResult("custom_class", False, "gpu_model_runner no longer dispatches to custom_class")
-    body = src[src.index(call) : src.index(call) + 600]
     missing = [p for p in PROPOSE_PARAMS if p not in body]
     if missing:
         return ProbeResult("custom_class", False, f"propose() is no longer called with {missing}")
@@ -101,12 +100,18 @@ def probe_request_ids() -> ProbeResult:
     return ProbeResult("request_ids", True, "each row's request id is read from the runner's input_batch.req_ids")
 
 
+def custom_class_call(runner_source: str) -> str | None:
+    """The model runner's source from its ``custom_class`` branch on (the ``propose`` call), or None."""
+    call = 'spec_config.method == "custom_class"'
+    at = runner_source.find(call)
+    return None if at < 0 else runner_source[at : at + 600]
+
+
 def request_ids_problem(runner_source: str, input_batch_cls) -> str | None:
     """What keeps the adapter from reading request ids, or None (the ``request_ids`` probe's test)."""
-    call = 'spec_config.method == "custom_class"'
-    if call not in runner_source:
+    body = custom_class_call(runner_source)
+    if body is None:
         return "gpu_model_runner no longer dispatches to custom_class"
-    body = runner_source[runner_source.index(call) : runner_source.index(call) + 600]
     if "self.input_batch.token_ids_cpu" not in body:
         return "the custom_class proposer is no longer passed self.input_batch.token_ids_cpu"
     if not hasattr(input_batch_cls, "req_ids"):
