@@ -150,12 +150,12 @@ def test_run_with_repeats_and_rounds_against_a_fake_server(tmp_path, questions_f
     )
     assert bench.run(args) == 0
     printed = capsys.readouterr().out
-    assert started == ["none", "ngram", "none", "ngram"]  # the config list once per round, fresh servers
+    assert started == ["none", "ngram", "ngram", "none"]  # the list once per round, fresh servers, backwards in odd rounds
     assert "2 repeats per level on each server" in printed
 
     result = json.loads((out / "results.json").read_text())
-    assert [(c["label"], c["round"]) for c in result["configs"]] == [("none", 0), ("ngram", 0), ("none", 1),
-                                                                      ("ngram", 1)]
+    assert [(c["label"], c["round"]) for c in result["configs"]] == [("none", 0), ("ngram", 0), ("ngram", 1),
+                                                                      ("none", 1)]
     assert len(result["requests"]) == 2 * 2 * 2 * 4  # configs x rounds x repeats x questions
     samples = [(r["round"], r["repeat"]) for r in result["requests"] if r["config"] == "ngram"]
     assert samples == [(0, 0)] * 4 + [(0, 1)] * 4 + [(1, 0)] * 4 + [(1, 1)] * 4

@@ -156,6 +156,11 @@ def _measure_session(
                   file=sys.stderr, flush=True)
 
 
+def round_order(targets: list, round_index: int) -> list:
+    """The configs in the order round ``round_index`` serves them: as listed, backwards in odd rounds."""
+    return list(targets) if round_index % 2 == 0 else list(reversed(targets))
+
+
 def bench_config(
     target: Target, selected_per_level: dict[int, OrderedDict[str, list[Question]]], warmup: list[str],
     options: BenchOptions, out: Path, state: RunState, round_index: int = 0, cpu: bool = False,
@@ -354,9 +359,11 @@ def _run(options: BenchOptions, argv: list[str]) -> int:
     exit_code = 0
     try:
         # --rounds: the whole config list again on fresh servers, so the samples of a config are spread
-        # over time and servers like the other configs' (one round: each config once, as before).
+        # over time and servers like the other configs' (one round: each config once, as before). Odd
+        # rounds run the list backwards, so a machine that drifts during the run (a neighbour, heat)
+        # slows every config alike over a pair of rounds instead of always the ones listed last.
         for round_index in range(options.rounds):
-            for target in targets:
+            for target in round_order(targets, round_index):
                 info = bench_config(target, selected_per_level, warmup, options, out, state, round_index, cpu)
                 if info["status"] != "ok":
                     exit_code = 1
