@@ -182,6 +182,8 @@ class _Price:
     right: float = 0.0  # tokens per step only it got right (beyond the best other source)
     steps: int = 0  # steps run
     paused_at: Optional[int] = None
+    cost_at: int = 0  # the step of the last cost observation, and of the last tokens observation
+    right_at: int = 0
 
 
 class SourcePricing:
@@ -243,10 +245,17 @@ class SourcePricing:
         keep = PRICE_KEEP if self.step_seconds > 0 else 0.0
         self.step_seconds = keep * self.step_seconds + (1 - keep) * seconds
 
+    def _keep(self, since: int, observed: bool) -> float:
+        """What an average last updated at step ``since`` keeps at this step: it ages by engine steps, not by
+        the steps its source ran, so a paused source's estimates (a start-up spike in its cost, say) give way
+        to its next probes instead of lasting for thousands of steps."""
+        return PRICE_KEEP ** max(1, self.step - since) if observed else 0.0
+
     def observe_cost(self, name: str, seconds: float) -> None:
         p = self.prices[name]
-        keep = PRICE_KEEP if p.steps else 0.0
+        keep = self._keep(p.cost_at, p.steps > 0)
         p.seconds = keep * p.seconds + (1 - keep) * seconds
+        p.cost_at = self.step
 
     def observe_tokens(self, right: dict[str, int], produced: int) -> None:
         """Unique right tokens of the last step's sources; each one that ran counts, contributing or not."""
@@ -256,8 +265,9 @@ class SourcePricing:
         self.produced = keep * self.produced + (1 - keep) * produced
         for name in self._last_run:
             p = self.prices[name]
-            k = PRICE_KEEP if p.steps else 0.0
+            k = self._keep(p.right_at, p.steps > 0)
             p.right = k * p.right + (1 - k) * right.get(name, 0)
+            p.right_at = self.step
             p.steps += 1
         self._judge()
 

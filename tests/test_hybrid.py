@@ -388,3 +388,29 @@ def test_recycle_is_charged_the_top_k_captured_for_it():
     p.propose([row(0, [1, 2, 3])])
     assert p.pricing.prices["recycle"].seconds >= 0.004
     assert p.pricing.prices["suffix"].seconds < 0.004
+
+
+def test_a_start_up_spike_in_a_sources_cost_gives_way_to_its_probes():
+    """A source whose first call took 150 ms (a search kernel loading) and every later one 0.3 ms, and whose own
+    tokens are worth several ms a step, is paused after the spike and resumed by its probes within a few
+    hundred steps: a paused source's averages age by engine steps. Aged only by the steps it ran, the spike
+    was still priced at 48 ms after 3,000 steps and the source never ran again."""
+    pricing = SourcePricing(("a", "b"))
+    runs_b, paused_seen, resumed_at = 0, False, None
+    for step in range(1000):
+        pricing.observe_step(0.05)
+        if pricing._last_run:
+            right = {"a": 1}
+            if "b" in pricing._last_run:
+                right["b"] = 1 if runs_b % 4 == 0 else 0  # one token of its own every 4th run: 6 ms a step
+            pricing.observe_tokens(right, 2)
+        run = tuple(n for n in ("a", "b") if pricing.runs(n))
+        runs_b += "b" in run
+        for name in run:
+            pricing.observe_cost(name, 0.15 if name == "b" and runs_b == 1 else 0.0003)
+        pricing.step_done(run)
+        paused_seen = paused_seen or pricing.paused() == ["b"]
+        if paused_seen and resumed_at is None and pricing.paused() == []:
+            resumed_at = step
+    assert paused_seen and resumed_at is not None and resumed_at < 500
+    assert pricing.paused() == [] and pricing.prices["b"].seconds < 0.001

@@ -185,3 +185,18 @@ def test_binding_asks_the_kernel_to_read_the_datastore_ahead(tmp_path, monkeypat
     advised.clear()
     make(tmp_path / "again", [[10, 11, 12, 13], [14, 15]], shards=2)  # read into memory at start: nothing to advise
     assert advised == []
+
+
+def test_binding_runs_both_search_kernels_once_so_the_first_step_does_not_load_them(tmp_path, monkeypatch):
+    from freespec.proposers.retrieval import proposer as proposer_module
+
+    calls = []
+    for name in ("longest_match", "continuations"):
+        kernel = getattr(proposer_module, name)
+        monkeypatch.setattr(proposer_module, name,
+                            lambda *args, _kernel=kernel, _name=name: calls.append(_name) or _kernel(*args))
+    p = make(tmp_path, [[10, 11, 12, 13, 14, 15]] * 2, shards=1)
+    assert calls == ["longest_match", "continuations"]  # a lookup of the datastore's own first tokens
+    calls.clear()
+    assert p.propose([row(0, [7, 10, 11, 12])]) == [[13, 14, 15]]
+    assert "longest_match" in calls

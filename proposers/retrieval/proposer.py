@@ -86,8 +86,20 @@ class RetrievalProposer(Proposer):
                 self.options.datastore, self.store.total_tokens, self.options.in_memory_mb,
             )
         self.store.read_ahead()
+        self._warm_up()
         if self.copy is not None:
             self.copy.bind(info)
+
+    def _warm_up(self) -> None:
+        """Load the numba search kernels now, at start, with one lookup of the datastore's own first tokens.
+
+        Their first call loads (or compiles) them: about 150 ms on the 2-core EPYC, which on the engine's
+        thread would stall a step and make ``hybrid``'s pricing take the source for a slow one.
+        """
+        for shard in self.store.shards:
+            if len(shard.sa) and len(shard.tokens) >= self.options.min_match:
+                self.lookup(np.asarray(shard.tokens[: self.options.max_match]))
+                return
 
     def check_files(self) -> None:
         """Before reading a mapped shard this step: drop those whose files were changed in place."""
