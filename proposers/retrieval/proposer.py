@@ -93,7 +93,7 @@ class RetrievalProposer(Proposer):
     def _warm_up(self) -> None:
         """Load the numba search kernels now, at start, with one lookup of the datastore's own first tokens.
 
-        Their first call loads (or compiles) them: about 150 ms on the 2-core EPYC, which on the engine's
+        Their first call loads (or compiles) them: 143 ms on the 2-core EPYC (results/run-ab), which on the engine's
         thread would stall a step and make ``hybrid``'s pricing take the source for a slow one.
         """
         for shard in self.store.shards:
