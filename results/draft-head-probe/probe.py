@@ -45,19 +45,19 @@ def load_model():
 
 
 def sharegpt_chats(n: int) -> list[list[dict]]:
-    """Every third chat whose first turns are a question and a reply over 200 characters (the file is cut
-    off at its end, so it is decoded record by record)."""
-    raw, dec = SHAREGPT.read_text(), json.JSONDecoder()
-    pos, chats = raw.index("[") + 1, []
-    while len(chats) < 3 * n:
-        while raw[pos] in " \n\r\t,":
-            pos += 1
-        record, pos = dec.raw_decode(raw, pos)
-        turns = record.get("conversations", [])
-        if len(turns) >= 2 and turns[0]["from"] == "human" and turns[1]["from"] == "gpt" \
-                and len(turns[1]["value"]) > 200:
-            chats.append(turns)
-    return chats[::3][:n]
+    """Every third chat whose first turns are a question and a reply over 200 characters. The file is cut off
+    at its end; the datastore builder's reader keeps its whole records."""
+    from freespec.proposers.retrieval.readers import _whole_records
+
+    text = SHAREGPT.read_text(encoding="utf-8")
+    try:
+        records = json.loads(text)
+    except ValueError as e:
+        records = _whole_records(text, SHAREGPT, e, print)
+    chats = [r["conversations"] for r in records
+             if len(r.get("conversations", [])) >= 2 and r["conversations"][0]["from"] == "human"
+             and r["conversations"][1]["from"] == "gpt" and len(r["conversations"][1]["value"]) > 200]
+    return chats[: 3 * n : 3]
 
 
 def features(n: int, max_len: int, out: str) -> None:
@@ -123,11 +123,29 @@ def train(data: str, vocab: int, epochs: int, out: str) -> None:
     torch.save({"head": head.state_dict(), "keep": torch.from_numpy(keep)}, out)
 
 
+class HeadAfterSuffix:
+    """A replay proposer: vLLM `suffix`'s draft (``suffix`` None: none) and, where it has nothing, the head's
+    chain (``chain`` None: none), from the hidden state of the position that chose the newest token."""
+
+    def __init__(self, suffix, chain) -> None:
+        self.suffix, self.chain, self.hidden, self.drafted = suffix, chain, None, 0
+
+    def propose(self, rows) -> list[list[int]]:
+        row = rows[0]
+        draft = self.suffix.propose(rows)[0] if self.suffix is not None else []
+        if self.chain is not None and not draft:
+            draft = self.chain(self.hidden[len(row.tokens) - 2], int(row.tokens[-1]))
+        self.drafted += len(draft)
+        return [draft]
+
+    def release(self, key: int) -> None:
+        if self.suffix is not None:
+            self.suffix.release(key)
+
+
 def evaluate(weights: str, greedy: str, stride: int, k: int, min_prob: float) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-    from replay_drafts import VllmSuffix
-
-    from freespec.proposers.base import Row
+    from replay_drafts import VllmSuffix, replay
 
     saved = torch.load(weights)
     head, keep = Head(), saved["keep"]
@@ -149,34 +167,22 @@ def evaluate(weights: str, greedy: str, stride: int, k: int, min_prob: float) ->
                 out.append(token)
         return out
 
-    rules = ["suffix", "head", "suffix, else head"]
-    suffixes = {r: VllmSuffix(8) for r in rules}  # one response cache per rule, as one server each
-    totals = {r: np.zeros(4) for r in rules}  # output tokens, forwards, modeled plain steps, drafted tokens
+    # One proposer per rule for all answers in file order, as one server each (`suffix` learns from them).
+    rules = {"suffix": HeadAfterSuffix(VllmSuffix(8), None), "head": HeadAfterSuffix(None, chain),
+             "suffix, else head": HeadAfterSuffix(VllmSuffix(8), chain)}
+    totals = {r: np.zeros(3) for r in rules}  # output tokens, target forwards, modeled plain steps
     rows = [json.loads(line) for line in open(greedy)][::stride]
     for q, row in enumerate(rows):
-        seq = row["prompt"] + row["output"]
         with torch.no_grad():
-            hs = model(torch.tensor([seq]), output_hidden_states=True).hidden_states[-1][0]
-        for r in rules:
-            # seq[:n] scored, seq[n] the target's newest token, hs[n - 1] the state that chose it
-            n, new, t = len(row["prompt"]), 1, np.array([len(row["output"]), 1, 1.0, 0])
-            key = q * len(rules) + rules.index(r)
-            while n + 1 < len(seq):
-                draft = [] if r == "head" else \
-                    suffixes[r].propose([Row(key=key, tokens=np.asarray(seq[:n + 1], np.int32), num_new=new)])[0]
-                if r != "suffix" and not draft:
-                    draft = chain(hs[n - 1], seq[n])
-                a = 0
-                while a < len(draft) and n + 1 + a < len(seq) and draft[a] == seq[n + 1 + a]:
-                    a += 1
-                n, new = n + a + 1, a + 1
-                t += (0, 1, 1 + 0.033 * len(draft), len(draft))
-            if r != "head":
-                suffixes[r].release(key)
-            totals[r] += t
-    for r, (tokens, forwards, spent, drafted) in totals.items():
+            seq = torch.tensor([row["prompt"] + row["output"]])
+            hidden = model(seq, output_hidden_states=True).hidden_states[-1][0]
+        for proposer in rules.values():
+            proposer.hidden = hidden
+        for r, proposer in rules.items():
+            totals[r] += replay(proposer, q, row["prompt"], row["output"], cost=0.033)
+    for r, (tokens, forwards, spent) in totals.items():
         print(f"{r}: {tokens / forwards:.3f} tok/fwd, modeled {tokens / spent:.3f}x none, "
-              f"{drafted / tokens:.2f} drafted per output token ({len(rows)} answers)")
+              f"{rules[r].drafted / tokens:.2f} drafted per output token ({len(rows)} answers)")
 
 
 if __name__ == "__main__":
