@@ -122,3 +122,49 @@ def test_the_adapter_tells_the_proposer_how_long_each_step_s_top_k_capture_took(
     adapter.target_topk._unclaimed_seconds = 0.002
     adapter.propose([[0]], np.array([102], dtype=np.int32), tokens)
     assert seen == pytest.approx([0.003, 0.0, 0.002])
+
+
+def drive_shaped(adapter, monkeypatch, steps=300):
+    """Decode steps timed as the CPU here measured them (results/step-shape): 1 scored token 51 ms, 5 tokens
+    44 ms; returns the last drafts handed to vLLM."""
+    clock = {"t": 0.0}
+    monkeypatch.setattr(adapter_module.time, "perf_counter", lambda: clock["t"])
+    shape = {1: 0.051, 2: 0.055, 3: 0.047, 4: 0.046, 5: 0.044}
+    tokens = np.random.default_rng(0).integers(0, 50, size=(1, 2000)).astype(np.int32)
+    length = np.array([100], dtype=np.int32)
+    drafts = adapter.propose([[int(tokens[0, 99])]], length, tokens)
+    for _ in range(steps):
+        clock["t"] += shape.get(1 + len(drafts[0]), 0.060)
+        accepted = min(len(drafts[0]), 1)
+        length[0] += accepted + 1
+        drafts = adapter.propose([tokens[0, length[0] - accepted - 1 : length[0]].tolist()], length, tokens)
+    return drafts, tokens[0, : length[0]]
+
+
+def test_drafts_are_padded_to_the_fastest_measured_step_size(monkeypatch):
+    adapter = make_adapter("goodput")
+    drafts, context = drive_shaped(adapter, monkeypatch)
+    assert len(drafts[0]) == 4  # 1 + 4 scored tokens: the fastest size
+    assert adapter.stats.padded_tokens > 200 and adapter.stats.padding_accepted >= 0
+    off = make_adapter("goodput")
+    off.pad = False
+    drafts, _ = drive_shaped(off, monkeypatch)
+    assert off.stats.padded_tokens == 0 and len(drafts[0]) < 4
+
+
+def test_pad_is_an_adapter_key_checked_at_start():
+    _, extra = translate({"plugin": "copy", "num_speculative_tokens": 4, "pad": "off"}, None)
+    assert next(iter(v for v in extra.values()))["pad"] == "off"
+    with pytest.raises(Exception, match="'pad' must be one of"):
+        translate({"plugin": "copy", "num_speculative_tokens": 4, "pad": "yes"}, None)
+    assert not make_adapter("fixed").pad  # padding needs the goodput policy's step times
+
+
+def test_padding_copies_what_followed_the_last_token_and_repeats_it_where_that_runs_out():
+    from freespec.proposers.padding import context_padding
+
+    tokens = np.array([5, 6, 7, 8, 5, 9, 3], dtype=np.int32)
+    assert context_padding(tokens, [5], 3) == [9, 3, 5]  # after the latest 5: 9, 3, then 5 repeated
+    assert context_padding(tokens, [], 2) == [3, 3]  # the last token, 3, never occurred before: repeated
+    assert context_padding(np.array([4, 1, 2, 4], dtype=np.int32), [], 2) == [1, 2]
+    assert context_padding(tokens, [5], 0) == []

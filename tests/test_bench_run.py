@@ -274,3 +274,24 @@ def test_the_bench_command_module_loads_no_numba():
     code = "import sys, freespec.cli.bench; print(sorted(m for m in ('numba', 'llvmlite') if m in sys.modules))"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True).stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("configs", [3, 4, 5, 6])
+@pytest.mark.parametrize("rounds", [4, 8, 12])
+def test_round_order_balances_drift_without_back_to_back_samples(configs, rounds):
+    targets = [f"c{i}" for i in range(configs)]
+    orders = [run.round_order(targets, r, rounds) for r in range(rounds)]
+    assert all(sorted(order) == targets for order in orders)  # every config once a round
+    positions = {t: sum(order.index(t) for order in orders) for t in targets}
+    assert len(set(positions.values())) == 1, positions  # the same mean position for every config
+    assert all(a[-1] != b[0] for a, b in zip(orders, orders[1:]))  # no config ends one round and starts the next
+    assert orders[0] == targets  # the baseline listed first runs first
+
+
+def test_round_order_in_pairs_when_rounds_are_not_a_multiple_of_four():
+    targets = ["none", "suffix", "hybrid"]
+    assert [run.round_order(targets, r, 2) for r in range(2)] == [targets, targets[::-1]]
+    six = [run.round_order(targets, r, 6) for r in range(6)]
+    assert six[4:] == [["suffix", "hybrid", "none"], ["none", "hybrid", "suffix"]]  # the left-over pair, rotated
+    assert six[3][-1] != six[4][0]
+    assert [run.round_order(["none", "x"], r, 4) for r in range(4)] == [["none", "x"], ["x", "none"]] * 2

@@ -100,3 +100,46 @@ def test_the_bar_moves_in_the_step_the_load_does():
     # The burst is over: the next step alone is priced as it was before.
     drive(policy, batch=1, steps=1, rng=rng, max_draft=8)
     assert policy.token_cost(rows=1) < 0.25
+
+
+def shaped_steps(policy, seconds_of, sizes, rounds=20):
+    """Observe ``rounds`` steps of every size in ``sizes``, each taking ``seconds_of(size)``."""
+    for _ in range(rounds):
+        for t in sizes:
+            policy.observe_step(t, 1, seconds_of(t))
+
+
+def cpu_shape(t):
+    """The shape measured on the CPU here (results/step-shape): 1 token 51 ms, 2 tokens 55, 5 tokens 44, 9 57."""
+    return {1: 0.051, 2: 0.055, 3: 0.047, 4: 0.046, 5: 0.044}.get(t, 0.044 + 0.003 * (t - 5))
+
+
+def test_padding_goes_to_the_fastest_measured_step_size():
+    policy = GoodputPolicy()
+    shaped_steps(policy, cpu_shape, range(1, 10))
+    assert policy.padded(1, 9) == 5 and policy.padded(2, 9) == 5 and policy.padded(3, 9) == 5
+    assert policy.padded(5, 9) == 5 and policy.padded(6, 9) == 6  # never fewer tokens than drafted
+    assert policy.padded(1, 3) == 3  # within the room given (K, the model length)
+    assert policy.padded(1, 1) == 1
+
+
+def test_no_padding_where_step_time_grows_with_tokens_or_the_gain_is_within_the_margin():
+    policy = GoodputPolicy()
+    shaped_steps(policy, lambda t: 0.020 + 0.002 * t, range(1, 10))
+    assert [policy.padded(t, 9) for t in range(1, 10)] == list(range(1, 10))
+    flat = GoodputPolicy()
+    shaped_steps(flat, lambda t: 0.050 - 0.0002 * t, range(1, 10))  # 9 tokens 3.2% faster than 1: padded
+    assert flat.padded(1, 9) == 9
+    close = GoodputPolicy()
+    shaped_steps(close, lambda t: 0.050 - 0.0001 * t, range(1, 10))  # 1.6% faster: within the margin
+    assert close.padded(1, 9) == 1
+
+
+def test_padding_explores_sizes_not_measured_enough_and_only_those():
+    policy = GoodputPolicy()
+    shaped_steps(policy, cpu_shape, [1, 2])  # sizes 3 to 9 never seen
+    answers = [policy.padded(1, 9) for _ in range(32)]
+    assert answers.count(1) == 30 and answers[15] == 3 and answers[31] == 3  # one call in 16, the least measured
+    shaped_steps(policy, cpu_shape, range(1, 10))
+    assert [policy.padded(1, 9) for _ in range(32)] == [5] * 32  # all measured: no more exploring
+    assert policy.padded(40, 60) == 40  # sizes above 32 share buckets: never padded

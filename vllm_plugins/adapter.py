@@ -32,6 +32,7 @@ import numpy as np
 
 from freespec import settings
 from freespec.proposers.base import EngineInfo, Row
+from freespec.proposers.padding import context_padding
 from freespec.proposers.registry import load_proposer_class
 from freespec.vllm_plugins.request_tracker import RequestTracker
 from freespec.scorers.policy import GoodputPolicy
@@ -60,6 +61,8 @@ class ProposerStats:
         self.overruns = 0  # steps over step_budget_ms
         self.skipped_steps = 0  # steps the circuit breaker kept the plugin out of
         self.steps_without_ids = 0  # steps whose rows were told apart by fingerprint: vLLM's ids unreadable
+        self.padded_tokens = 0  # filler tokens added to drafts to reach a faster step size ("pad")
+        self.padding_accepted = 0  # of those, accepted by the target
         self.propose_seconds = 0.0
 
     def as_dict(self) -> dict:
@@ -94,6 +97,10 @@ class FreespecProposer:
         logger.info("freespec: %s: plugin %r runs here (%s)", where.rank, self.plugin, where.why)
         # Load-aware draft length (scorers/policy.py): "policy": "goodput", the default; "fixed" turns it off.
         self.policy = GoodputPolicy() if cfg.get("policy", "goodput") == "goodput" else None
+        # Drafts padded to the step size measured fastest (GoodputPolicy.padded): "pad": "auto", the default
+        # with the goodput policy; "off" turns it off.
+        self.pad = self.policy is not None and cfg.get("pad", "auto") == "auto"
+        self._last_padding: dict = {}
         self._last_step_at: float | None = None
         self._last_plugin_s = 0.0  # the last step's plugin time, left out of the policy's fit (prices_own_time)
         spec = vllm_config.speculative_config
@@ -161,6 +168,8 @@ class FreespecProposer:
         keys, departed = self.tracker.update(views, ids)
         prev = [None if key in self._prefilling else self._last_drafts.get(key) for key in keys]
         accepted = accepted_tokens(views, prev)
+        if self._last_padding:
+            self.stats.padding_accepted += padding_accepted(views, prev, [self._last_padding.get(k, 0) for k in keys])
         accepted_by = (accepted_by_source(views, prev, [self._last_sources.get(key) for key in keys], self.plugin)
                        if self._last_sources else None)
         if not self.breaker.allow():
@@ -182,6 +191,8 @@ class FreespecProposer:
             if len(drafts) != n_rows:
                 raise ValueError(f"plugin returned {len(drafts)} drafts for {n_rows} rows")
             drafts = [self._safe(d, int(lengths[i]), views[i][1]) for i, d in enumerate(drafts)]
+            if self.pad:
+                drafts, padding = self._pad(drafts, views, lengths)
         except Exception as e:
             failure = f"{type(e).__name__}: {e}"
             self.stats.errors += 1
@@ -190,6 +201,7 @@ class FreespecProposer:
                 logger.exception("freespec: plugin %r failed; this step drafts nothing (logged once)", self.plugin)
             drafts = [[] for _ in range(n_rows)]
         self._last_drafts = dict(zip(keys, drafts))
+        self._last_padding = dict(zip(keys, padding)) if failure is None and self.pad else {}
         sources = self._draft_sources(n_rows) if failure is None else None
         seconds_by = self._source_seconds() if failure is None else None
         self._last_sources = dict(zip(keys, sources)) if sources is not None else {}
@@ -322,6 +334,28 @@ class FreespecProposer:
             return bool(self.proposer.wants_target_topk())
         except Exception:
             return True  # capture as before; the failing proposer is already counted by propose()
+
+    def _pad(self, drafts: list[list[int]], views, lengths) -> tuple[list[list[int]], list[int]]:
+        """The drafts padded to the step size the policy measured fastest, and each row's padding tokens.
+
+        The padding goes one token at a time to the row with the shortest draft that has room (K, and the
+        model length); steps with a row prefilling are left as they are (their size is not known here).
+        """
+        padding = [0] * len(drafts)
+        if any(num_new == 0 for _, num_new in views):
+            return drafts, padding
+        rooms = [max(0, min(self.k, self.max_model_len - 1 - int(n))) for n in lengths[: len(drafts)]]
+        scored = sum(1 + len(d) for d in drafts)
+        extra = self.policy.padded(scored, sum(1 + max(len(d), room) for d, room in zip(drafts, rooms))) - scored
+        while extra > 0:
+            open_rows = [i for i, d in enumerate(drafts) if len(d) + padding[i] < rooms[i]]
+            if not open_rows:
+                break
+            padding[min(open_rows, key=lambda i: len(drafts[i]) + padding[i])] += 1
+            extra -= 1
+        self.stats.padded_tokens += sum(padding)
+        return [d + context_padding(views[i][0], d, padding[i]) if padding[i] else d
+                for i, d in enumerate(drafts)], padding
 
     def _safe(self, draft, num_tokens: int, num_new: int) -> list[int]:
         if num_new == 0:
@@ -495,6 +529,15 @@ def accepted_by_source(views, prev_drafts, prev_sources, default: str) -> dict[s
             name = source or default
             by[name] = by.get(name, 0) + min(len(draft), num_new - 1)
     return by
+
+
+def padding_accepted(views, prev_drafts, prev_padding) -> int:
+    """Accepted draft tokens that were padding: those beyond each row's own draft (padding comes last)."""
+    accepted = 0
+    for (_, num_new), draft, pad in zip(views, prev_drafts, prev_padding):
+        if draft and pad and num_new > 0:
+            accepted += max(0, min(len(draft), num_new - 1) - (len(draft) - pad))
+    return accepted
 
 
 def accepted_tokens(views, prev_drafts) -> int:

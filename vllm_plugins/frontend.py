@@ -79,7 +79,10 @@ REFUSED_KEYS = {
 # step's bar for one more draft token from measured step times (scorers/policy.py); "fixed" uses each
 # plugin's own threshold, for experiments. Goodput is the default: in the load sweep (docs/policy.md)
 # it was as fast or faster than "fixed" at every load, and within 4% of no speculation at 39 requests.
-ADAPTER_KEYS = {"policy": ("goodput", "fixed")}
+# ``pad``: "auto" pads a step's drafts to the step size the policy measured fastest, when one is
+# measurably faster (GoodputPolicy.padded; on the CPU here a step scoring 5 tokens was faster than one
+# scoring 1); "off" never pads. Padding needs the goodput policy's step times: with "fixed" there is none.
+ADAPTER_KEYS = {"policy": ("goodput", "fixed"), "pad": ("auto", "off")}
 # The adapter's numeric keys: (default, lowest, highest). ``step_budget_ms``: a plugin step (everything the
 # adapter calls on the plugin in one engine step) that takes longer counts as a bad step for the circuit
 # breaker (adapter.CircuitBreaker: 3 bad steps in a row, or one over 10x the budget, switch the plugin off

@@ -156,9 +156,32 @@ def _measure_session(
                   file=sys.stderr, flush=True)
 
 
-def round_order(targets: list, round_index: int) -> list:
-    """The configs in the order round ``round_index`` serves them: as listed, backwards in odd rounds."""
-    return list(targets) if round_index % 2 == 0 else list(reversed(targets))
+def round_order(targets: list, round_index: int, rounds: int) -> list:
+    """The configs in the order round ``round_index`` of ``rounds`` serves them.
+
+    Every config must have the same mean position over the run (a machine that drifts slows every config
+    alike), and no config may run the last server of one round and the first of the next (one slow
+    spell would take two of its samples). Rounds come in blocks of 4, each over the list rotated by the
+    block's number (so no block ends with the config the next one starts with): as listed, with its last
+    two swapped, backwards, backwards with its first two swapped. Each config's positions sum to the same
+    over a block, and no two rounds of it meet at the same config (for 3 configs or more). Rounds left
+    over (``rounds`` not a multiple of 4, or fewer than 3 configs) go forwards then backwards, which is
+    balanced over each pair but runs the pair's middle config twice in a row.
+    """
+    targets = list(targets)
+    block, within = divmod(round_index, 4)
+    shift = block % len(targets) if targets else 0
+    base = targets[shift:] + targets[:shift]
+    if len(targets) < 3 or rounds - 4 * block < 4:
+        return base if within % 2 == 0 else base[::-1]
+    if within == 1:
+        return base[:-2] + [base[-1], base[-2]]
+    if within == 2:
+        return base[::-1]
+    if within == 3:
+        backwards = base[::-1]
+        return [backwards[1], backwards[0]] + backwards[2:]
+    return base
 
 
 def bench_config(
@@ -359,11 +382,10 @@ def _run(options: BenchOptions, argv: list[str]) -> int:
     exit_code = 0
     try:
         # --rounds: the whole config list again on fresh servers, so the samples of a config are spread
-        # over time and servers like the other configs' (one round: each config once, as before). Odd
-        # rounds run the list backwards, so a machine that drifts during the run (a neighbour, heat)
-        # slows every config alike over a pair of rounds instead of always the ones listed last.
+        # over time and servers like the other configs' (one round: each config once, as before), in an
+        # order that balances drift over the run (a neighbour, heat) across configs: round_order.
         for round_index in range(options.rounds):
-            for target in round_order(targets, round_index):
+            for target in round_order(targets, round_index, options.rounds):
                 info = bench_config(target, selected_per_level, warmup, options, out, state, round_index, cpu)
                 if info["status"] != "ok":
                     exit_code = 1
