@@ -85,8 +85,9 @@ def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "spread, and the ratio to none gets an interval")
     p.add_argument("--rounds", type=_positive_int,
                    help="run the whole config list R times, fresh servers each round, so that the samples "
-                        "of each config interleave in time with the others'; odd rounds run the list "
-                        "backwards, so drift over the run falls on every config alike (default %(default)s)")
+                        "of each config interleave in time with the others', in blocks of 4 that give every "
+                        "config the same mean position and never run one config twice in a row; use 4 or 8 "
+                        "(default %(default)s)")
     p.add_argument("--new-questions-per-level", action="store_true",
                    help="each concurrency level gets the next --per-category questions of each category "
                         "(with --reuse-server: a load sweep on one warm server that never sees a measured "

@@ -43,9 +43,9 @@ MIN_LOCAL_WEIGHT = 8.0  # step-equivalents near the load asked about before its 
 # 51 ms and one that scores 5 about 44 ms, interleaved step by step (results/step-shape). A step is padded
 # up to the size whose measured steps are fastest, when that is at least PAD_MARGIN faster than its own.
 PAD_MAX_TOKENS = 32  # step sizes with a bucket of their own: padding looks no further
-PAD_MIN_WEIGHT = 8.0  # step-equivalents a step size needs before its mean time is trusted
+PAD_MIN_STEPS = 8  # steps of a size observed before its mean time is trusted
 PAD_MARGIN = 0.03
-PAD_EXPLORE_EVERY = 16  # one call in this many pads to a size not yet measured enough, to measure it
+PAD_EXPLORE_EVERY = 16  # one call in this many pads to a size observed fewer times, to measure it
 
 
 def _decay(steps_since: int) -> float:
@@ -71,6 +71,7 @@ class StepTimeModel:
 
     def __post_init__(self) -> None:
         self._buckets: dict[int, tuple[list[float], int]] = {}  # bucket -> (sums, step of last update)
+        self._seen: dict[int, int] = {}  # bucket -> steps observed, ever
 
     def observe(self, tokens: float, seconds: float) -> None:
         key = _bucket(tokens)
@@ -78,16 +79,19 @@ class StepTimeModel:
         keep = _decay(self.steps - stamp)
         new = (1.0, tokens, seconds, tokens * tokens, tokens * seconds)
         self._buckets[key] = ([keep * a + b for a, b in zip(sums, new)], self.steps)
+        self._seen[key] = self._seen.get(key, 0) + 1
         self.steps += 1
 
-    def mean_seconds(self, tokens: int) -> tuple[float, float]:
-        """(mean seconds, step-equivalents of evidence) of steps that scored exactly ``tokens`` tokens (sizes
-        up to 32 have a bucket each; evidence 0 when none was seen)."""
-        entry = self._buckets.get(_bucket(tokens)) if tokens <= PAD_MAX_TOKENS else None
+    def mean_seconds(self, tokens: int) -> tuple[float, int]:
+        """(mean seconds, steps observed) of steps that scored exactly ``tokens`` tokens (sizes up to 32 have
+        a bucket each). The mean weighs each step by its age (half-life ``HALFLIFE_STEPS`` steps observed);
+        the count is of every step ever, so a size measured once is not measured again only because time
+        passed."""
+        key = _bucket(tokens)
+        entry = self._buckets.get(key) if tokens <= PAD_MAX_TOKENS else None
         if entry is None or entry[0][0] <= 0:
-            return 0.0, 0.0
-        sums, stamp = entry
-        return sums[2] / sums[0], sums[0] * _decay(self.steps - stamp)
+            return 0.0, 0
+        return entry[0][2] / entry[0][0], self._seen[key]
 
     def fit(self, at: Optional[float] = None) -> Optional[tuple[float, float]]:
         """(base seconds, seconds per token), or None while the slope is not identified.
@@ -185,9 +189,9 @@ class GoodputPolicy:
         ``PAD_MARGIN`` faster than ``scored``'s own; else ``scored``. Padding tokens cost nothing there, and
         the target's verification keeps the output what it would have been.
 
-        Every ``PAD_EXPLORE_EVERY``-th call, while some size in range has less than ``PAD_MIN_WEIGHT``
-        step-equivalents of evidence (its measurements age like the fit's), it returns the least measured
-        one, so every size gets measured and a size that became slow is noticed.
+        Every ``PAD_EXPLORE_EVERY``-th call, while some size in range was observed fewer than
+        ``PAD_MIN_STEPS`` times, it returns the least observed one, so every size gets measured (once:
+        after that a size is observed again when it is the one padded to, or drafted to).
         """
         most = min(most, PAD_MAX_TOKENS)
         if most <= scored:
@@ -196,11 +200,11 @@ class GoodputPolicy:
         sizes = {t: self.model.mean_seconds(t) for t in range(scored, most + 1)}
         if self._pad_calls % PAD_EXPLORE_EVERY == 0:
             unknown = min(sizes, key=lambda t: (sizes[t][1], t))
-            if sizes[unknown][1] < PAD_MIN_WEIGHT:
+            if sizes[unknown][1] < PAD_MIN_STEPS:
                 return unknown
-        own, evidence = sizes[scored]
-        if evidence < PAD_MIN_WEIGHT:
+        own, seen = sizes[scored]
+        if seen < PAD_MIN_STEPS:
             return scored
-        known = [(seconds, t) for t, (seconds, weight) in sizes.items() if weight >= PAD_MIN_WEIGHT]
+        known = [(seconds, t) for t, (seconds, seen) in sizes.items() if seen >= PAD_MIN_STEPS]
         seconds, best = min(known)
         return best if seconds <= (1.0 - PAD_MARGIN) * own else scored

@@ -143,3 +143,8 @@ def test_padding_explores_sizes_not_measured_enough_and_only_those():
     shaped_steps(policy, cpu_shape, range(1, 10))
     assert [policy.padded(1, 9) for _ in range(32)] == [5] * 32  # all measured: no more exploring
     assert policy.padded(40, 60) == 40  # sizes above 32 share buckets: never padded
+    many = GoodputPolicy()
+    shaped_steps(many, cpu_shape, range(1, 10))
+    for _ in range(5000):  # thousands of steps of one size later, the others are not measured again
+        many.observe_step(5, 1, 0.044)
+    assert [many.padded(1, 9) for _ in range(64)] == [5] * 64

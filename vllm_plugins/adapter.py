@@ -338,24 +338,18 @@ class FreespecProposer:
     def _pad(self, drafts: list[list[int]], views, lengths) -> tuple[list[list[int]], list[int]]:
         """The drafts padded to the step size the policy measured fastest, and each row's padding tokens.
 
-        The padding goes one token at a time to the row with the shortest draft that has room (K, and the
-        model length); steps with a row prefilling are left as they are (their size is not known here).
+        Only steps of one request, decoding: the step shape was measured there (docs/policy.md); a batch's
+        steps are larger, and its padding would spread over requests whose acceptance vLLM reports together.
         """
-        padding = [0] * len(drafts)
-        if any(num_new == 0 for _, num_new in views):
-            return drafts, padding
-        rooms = [max(0, min(self.k, self.max_model_len - 1 - int(n))) for n in lengths[: len(drafts)]]
-        scored = sum(1 + len(d) for d in drafts)
-        extra = self.policy.padded(scored, sum(1 + max(len(d), room) for d, room in zip(drafts, rooms))) - scored
-        while extra > 0:
-            open_rows = [i for i, d in enumerate(drafts) if len(d) + padding[i] < rooms[i]]
-            if not open_rows:
-                break
-            padding[min(open_rows, key=lambda i: len(drafts[i]) + padding[i])] += 1
-            extra -= 1
-        self.stats.padded_tokens += sum(padding)
-        return [d + context_padding(views[i][0], d, padding[i]) if padding[i] else d
-                for i, d in enumerate(drafts)], padding
+        if len(drafts) != 1 or views[0][1] == 0:
+            return drafts, [0] * len(drafts)
+        draft = drafts[0]
+        room = max(len(draft), min(self.k, self.max_model_len - 1 - int(lengths[0])))
+        extra = self.policy.padded(1 + len(draft), 1 + room) - 1 - len(draft)
+        if extra <= 0:
+            return drafts, [0]
+        self.stats.padded_tokens += extra
+        return [draft + context_padding(views[0][0], draft, extra)], [extra]
 
     def _safe(self, draft, num_tokens: int, num_new: int) -> list[int]:
         if num_new == 0:
