@@ -46,6 +46,7 @@ PAD_MAX_TOKENS = 32  # step sizes with a bucket of their own: padding looks no f
 PAD_MIN_STEPS = 8  # steps of a size observed before its mean time is trusted
 PAD_MARGIN = 0.03
 PAD_EXPLORE_EVERY = 16  # one call in this many pads to a size observed fewer times, to measure it
+PAD_REFRESH_EVERY = 64  # one call in this many is not padded, so the unpadded size's time stays current
 
 
 def _decay(steps_since: int) -> float:
@@ -191,12 +192,16 @@ class GoodputPolicy:
 
         Every ``PAD_EXPLORE_EVERY``-th call, while some size in range was observed fewer than
         ``PAD_MIN_STEPS`` times, it returns the least observed one, so every size gets measured (once:
-        after that a size is observed again when it is the one padded to, or drafted to).
+        after that a size is observed again when it is the one padded to, or drafted to). Every
+        ``PAD_REFRESH_EVERY``-th call returns ``scored``, so that the step's own size, which padding would
+        otherwise never let run again, is measured as the context grows.
         """
         most = min(most, PAD_MAX_TOKENS)
         if most <= scored:
             return scored
         self._pad_calls += 1
+        if self._pad_calls % PAD_REFRESH_EVERY == 0:
+            return scored
         sizes = {t: self.model.mean_seconds(t) for t in range(scored, most + 1)}
         if self._pad_calls % PAD_EXPLORE_EVERY == 0:
             unknown = min(sizes, key=lambda t: (sizes[t][1], t))
