@@ -71,8 +71,10 @@ def test_counters_move_as_drafts_are_accepted(serve, model_path):
     def delta(name: str, **labels: str) -> float:
         return value(after, name, **labels) - value(before, name, **labels)
 
-    drafted = delta("freespec:draft_tokens_total", plugin="copy", source="copy")
-    accepted = delta("freespec:accepted_tokens_total", plugin="copy", source="copy")
+    # Padding ("pad", docs/policy.md) is counted as its own source; vLLM counts it with the rest.
+    drafted = delta("freespec:draft_tokens_total", plugin="copy")
+    accepted = delta("freespec:accepted_tokens_total", plugin="copy")
+    assert delta("freespec:draft_tokens_total", plugin="copy", source="copy") > 0
     vllm_accepted = delta("vllm:spec_decode_num_accepted_tokens_total")
     print(f"freespec drafted {drafted:.0f} accepted {accepted:.0f}; vLLM accepted {vllm_accepted:.0f}")
     assert drafted > 0 and accepted > 0 and accepted <= drafted

@@ -168,3 +168,27 @@ def test_padding_copies_what_followed_the_last_token_and_repeats_it_where_that_r
     assert context_padding(tokens, [], 2) == [3, 3]  # the last token, 3, never occurred before: repeated
     assert context_padding(np.array([4, 1, 2, 4], dtype=np.int32), [], 2) == [1, 2]
     assert context_padding(tokens, [5], 0) == []
+
+
+def test_accepted_tokens_of_padding_are_counted_apart_from_the_source_that_drafted():
+    from freespec.vllm_plugins.adapter import PADDING, accepted_by_source
+
+    views = [(seq(20), 6), (seq(20), 2), (seq(20), 4)]  # 5, 1 and 3 draft tokens accepted
+    drafts = [[1] * 6, [1] * 4, [1] * 3]
+    by = accepted_by_source(views, drafts, ["suffix", None, "suffix"], "hybrid", [2, 0, 3])
+    # row 1: 4 own tokens, 1 of its 2 padding accepted; row 2: 1 own; row 3: all 3 were padding
+    assert by == {"suffix": 4, "hybrid": 1, PADDING: 4}
+
+
+PADDING_NAME = adapter_module.PADDING
+
+
+def test_padding_is_its_own_source_in_the_metrics(monkeypatch):
+    adapter = make_adapter("goodput")
+    counted = []
+    monkeypatch.setattr(adapter.metrics, "step", lambda *a: counted.append(a))
+    drive_shaped(adapter, monkeypatch)
+    drafted = sum(a[4].get(PADDING_NAME, 0) for a in counted if a[4])
+    accepted = sum(a[5].get(PADDING_NAME, 0) for a in counted if a[5])
+    assert drafted == adapter.stats.padded_tokens > 0 and accepted == adapter.stats.padding_accepted
+    assert all(a[4].get("copy", 0) + a[4].get(PADDING_NAME, 0) == a[0] for a in counted if a[4])

@@ -43,6 +43,7 @@ from freespec.vllm_plugins.target_topk import TargetTopK
 
 logger = logging.getLogger("freespec")
 
+PADDING = "padding"  # the metrics' source name for padding tokens (docs/policy.md)
 # Seconds between exports of the policy's step-time fit (a loop over a few dozen buckets; the bar itself is
 # exported whenever it changes).
 FIT_EVERY_S = 1.0
@@ -168,10 +169,11 @@ class FreespecProposer:
         keys, departed = self.tracker.update(views, ids)
         prev = [None if key in self._prefilling else self._last_drafts.get(key) for key in keys]
         accepted = accepted_tokens(views, prev)
-        if self._last_padding:
-            self.stats.padding_accepted += padding_accepted(views, prev, [self._last_padding.get(k, 0) for k in keys])
-        accepted_by = (accepted_by_source(views, prev, [self._last_sources.get(key) for key in keys], self.plugin)
-                       if self._last_sources else None)
+        accepted_by = None
+        if self._last_sources or self._last_padding:
+            accepted_by = accepted_by_source(views, prev, [self._last_sources.get(key) for key in keys], self.plugin,
+                                             [self._last_padding.get(key, 0) for key in keys])
+            self.stats.padding_accepted += accepted_by.get(PADDING, 0)
         if not self.breaker.allow():
             return self._skip(keys, departed, n_rows, accepted, accepted_by)
         start = time.perf_counter()
@@ -214,7 +216,7 @@ class FreespecProposer:
             self.stats.overruns += 1
         if self.breaker.record(failure, seconds):
             self._opened(keys, forget=failure is not None)
-        self._count(drafts, seconds, accepted, accepted_by, sources, seconds_by)
+        self._count(drafts, seconds, accepted, accepted_by, sources, seconds_by, padding if self._last_padding else None)
         return drafts
 
     def _draft_sources(self, n_rows: int) -> list | None:
@@ -363,10 +365,10 @@ class FreespecProposer:
 
     def _count(self, drafts: list[list[int]], seconds: float | None, accepted: int,
                accepted_by: dict[str, int] | None = None, sources: list | None = None,
-               seconds_by: dict[str, float] | None = None) -> None:
+               seconds_by: dict[str, float] | None = None, padding: list[int] | None = None) -> None:
         """Account one step (``seconds``: the plugin's time, None when the breaker kept it out; ``accepted_by``,
         ``sources`` and ``seconds_by``: the accepted tokens, this step's drafts and its seconds by source, for
-        plugins that name them)."""
+        plugins that name them; ``padding``: each row's padding tokens, counted under the source ``padding``)."""
         s = self.stats
         drafted = sum(1 for d in drafts if d)
         tokens = sum(len(d) for d in drafts)
@@ -377,12 +379,14 @@ class FreespecProposer:
         s.accepted_tokens += accepted
         s.propose_seconds += seconds or 0.0
         draft_by = None
-        if sources is not None:
+        if sources is not None or padding is not None:
             draft_by = {}
-            for draft, source in zip(drafts, sources):
-                if draft:
+            for draft, source, pad in zip(drafts, sources or [None] * len(drafts), padding or [0] * len(drafts)):
+                if len(draft) > pad:
                     name = source or self.plugin
-                    draft_by[name] = draft_by.get(name, 0) + len(draft)
+                    draft_by[name] = draft_by.get(name, 0) + len(draft) - pad
+                if pad:
+                    draft_by[PADDING] = draft_by.get(PADDING, 0) + pad
         self.metrics.step(tokens, accepted, drafted > 0, seconds, draft_by, accepted_by, seconds_by)
         enabled = self.breaker.state != "open"
         if enabled != self._enabled:
@@ -515,23 +519,19 @@ class CircuitBreaker:
         }
 
 
-def accepted_by_source(views, prev_drafts, prev_sources, default: str) -> dict[str, int]:
-    """``accepted_tokens`` split by the source each row's draft came from (``default`` where none was named)."""
+def accepted_by_source(views, prev_drafts, prev_sources, default: str, prev_padding) -> dict[str, int]:
+    """``accepted_tokens`` split by the source each row's draft came from (``default`` where none was named),
+    and ``padding`` for accepted tokens of the padding that ended a draft (``prev_padding``: its length)."""
     by: dict[str, int] = {}
-    for (_, num_new), draft, source in zip(views, prev_drafts, prev_sources):
+    for (_, num_new), draft, source, pad in zip(views, prev_drafts, prev_sources, prev_padding):
         if draft and num_new > 0:
+            accepted = min(len(draft), num_new - 1)
+            of_padding = max(0, accepted - (len(draft) - pad))
             name = source or default
-            by[name] = by.get(name, 0) + min(len(draft), num_new - 1)
+            by[name] = by.get(name, 0) + accepted - of_padding
+            if of_padding:
+                by[PADDING] = by.get(PADDING, 0) + of_padding
     return by
-
-
-def padding_accepted(views, prev_drafts, prev_padding) -> int:
-    """Accepted draft tokens that were padding: those beyond each row's own draft (padding comes last)."""
-    accepted = 0
-    for (_, num_new), draft, pad in zip(views, prev_drafts, prev_padding):
-        if draft and pad and num_new > 0:
-            accepted += max(0, min(len(draft), num_new - 1) - (len(draft) - pad))
-    return accepted
 
 
 def accepted_tokens(views, prev_drafts) -> int:
