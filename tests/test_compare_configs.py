@@ -1,19 +1,10 @@
 """scripts/compare_configs.py: one config against another from a results.json, per category and round."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def load():
-    spec = importlib.util.spec_from_file_location("compare_configs", ROOT / "scripts" / "compare_configs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from script_loader import load_script
 
 
 def test_ratios_per_category_pooled_and_by_round(tmp_path, monkeypatch, capsys):
@@ -30,7 +21,7 @@ def test_ratios_per_category_pooled_and_by_round(tmp_path, monkeypatch, capsys):
     path = tmp_path / "results.json"
     path.write_text(json.dumps({"requests": requests, "blocks": blocks}))
     monkeypatch.setattr(sys, "argv", ["compare_configs.py", str(path), "a", "b"])
-    load().main()
+    load_script("compare_configs").main()
     out = capsys.readouterr().out
     assert "| x | 2.000 | 1.000–4.000 | 2.000 2.000 |" in out  # (10+5)/(5+2.5); slowest a 5 over fastest b 5
     assert "| all | 2.000 | 1.000–4.000 | 2.000 2.000 |" in out

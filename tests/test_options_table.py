@@ -1,22 +1,15 @@
 """docs/options.md is exactly what scripts/options_table.py generates, and the generator misses nothing."""
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+from script_loader import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load_generator():
-    spec = importlib.util.spec_from_file_location("options_table", ROOT / "scripts" / "options_table.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-gen = _load_generator()
+gen = load_script("options_table")
 
 
 def test_docs_options_md_equals_the_generators_output():

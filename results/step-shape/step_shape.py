@@ -36,7 +36,8 @@ def main() -> None:
         by_category.setdefault(q["category"], []).append(q)
     prompts = [qs[5]["turns"][0] for qs in by_category.values()]
     llm = LLM(model=args.model, dtype=args.dtype, gpu_memory_utilization=0.3, max_model_len=2048, seed=0,
-              speculative_config={"plugin": "wrong_drafts:CycleWrong", "num_speculative_tokens": 8})
+              speculative_config={"plugin": "wrong_drafts:CycleWrong", "num_speculative_tokens": 8,
+                                  "pad": "off"})  # the sizes as drafted, not padded
     params = SamplingParams(max_tokens=128, temperature=0)
     started, tokens = time.perf_counter(), 0
     for prompt in prompts:
