@@ -3,32 +3,30 @@ by round, with the slowest-fastest pairing of rounds as `freespec bench` gives i
 
     python scripts/compare_configs.py bench_results/run-ag/results.json hybrid suffix [--concurrency 1]
 
-A round's speed is the config's completion tokens over its blocks' wall time, per category or pooled.
+A round's speed is the one `freespec bench` wrote for that sample (``aggregates[].per_sample``): completion
+tokens over the block's wall time, per category or pooled (``all``).
 """
 from __future__ import annotations
 
 import argparse
 import json
-from collections import defaultdict
 
 
 def speeds(result: dict, concurrency: int) -> tuple[dict, list, list]:
-    """{(config, category, round): tok/s}, the categories in order, the rounds."""
-    tokens: dict = defaultdict(int)
-    wall: dict = defaultdict(float)
-    for r in result["requests"]:
-        if r["concurrency"] == concurrency:
-            tokens[(r["config"], r["category"], r["round"])] += r["completion_tokens"] or 0
-    for b in result["blocks"]:
-        if b["concurrency"] == concurrency:
-            wall[(b["config"], b["category"], b["round"])] += b["wall_s"]
-    categories = list(dict.fromkeys(k[1] for k in tokens))
-    rounds = sorted({k[2] for k in tokens})
-    for config in {k[0] for k in tokens}:
-        for rd in rounds:
-            tokens[(config, "all", rd)] = sum(tokens[(config, c, rd)] for c in categories)
-            wall[(config, "all", rd)] = sum(wall[(config, c, rd)] for c in categories)
-    return {k: tokens[k] / wall[k] for k in tokens if wall.get(k)}, categories + ["all"], rounds
+    """{(config, category, sample): tok/s}, the categories in order (``all`` last), the samples ((round,
+    repeat) pairs): the per-sample speeds `freespec bench` wrote under ``aggregates``."""
+    speed, categories, samples = {}, [], set()
+    for row in result["aggregates"]:
+        if row["concurrency"] != concurrency:
+            continue
+        if row["category"] not in categories:
+            categories.append(row["category"])
+        for sample in row["per_sample"]:
+            key = (sample["round"], sample["repeat"])
+            speed[(row["config"], row["category"], key)] = sample["tok_per_s"]
+            samples.add(key)
+    categories.sort(key=lambda c: c == "all")
+    return speed, categories, sorted(samples)
 
 
 def main() -> None:

@@ -8,18 +8,16 @@ from script_loader import load_script
 
 
 def test_ratios_per_category_pooled_and_by_round(tmp_path, monkeypatch, capsys):
-    requests, blocks = [], []
     # a: 100 tokens a block; b: 50; block walls differ by round, so the ratio's interval is not a point.
-    for config, tokens in (("a", 100), ("b", 50)):
-        for rd, wall in ((0, 10.0), (1, 20.0)):
-            for category in ("x", "y"):
-                requests.append({"config": config, "category": category, "round": rd, "concurrency": 1,
-                                 "completion_tokens": tokens})
-                blocks.append({"config": config, "category": category, "round": rd, "concurrency": 1,
-                               "wall_s": wall})
-    requests.append({"config": "a", "category": "x", "round": 0, "concurrency": 4, "completion_tokens": 999})
+    def row(config, category, concurrency, speeds):
+        return {"config": config, "category": category, "concurrency": concurrency,
+                "per_sample": [{"round": rd, "repeat": 0, "tok_per_s": v} for rd, v in enumerate(speeds)]}
+
+    aggregates = [row(config, category, 1, [tokens / 10.0, tokens / 20.0])
+                  for config, tokens in (("a", 100), ("b", 50)) for category in ("all", "x", "y")]
+    aggregates.append(row("a", "x", 4, [999.0]))
     path = tmp_path / "results.json"
-    path.write_text(json.dumps({"requests": requests, "blocks": blocks}))
+    path.write_text(json.dumps({"aggregates": aggregates}))
     monkeypatch.setattr(sys, "argv", ["compare_configs.py", str(path), "a", "b"])
     load_script("compare_configs").main()
     out = capsys.readouterr().out
