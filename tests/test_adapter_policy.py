@@ -125,8 +125,8 @@ def test_the_adapter_tells_the_proposer_how_long_each_step_s_top_k_capture_took(
 
 
 def drive_shaped(adapter, monkeypatch, steps=300):
-    """Decode steps timed as the CPU here measured them (results/step-shape): 1 scored token 51 ms, 5 tokens
-    44 ms; returns the last drafts handed to vLLM."""
+    """Decode steps timed with a shape like the one measured on the CPU here (results/step-shape): 1 scored
+    token slower than 3 to 5; returns the last drafts handed to vLLM."""
     clock = {"t": 0.0}
     monkeypatch.setattr(adapter_module.time, "perf_counter", lambda: clock["t"])
     shape = {1: 0.051, 2: 0.055, 3: 0.047, 4: 0.046, 5: 0.044}
