@@ -142,6 +142,12 @@ class Proposer(ABC):
         None when the plugin is its own one source."""
         return None
 
+    def draft_chances(self) -> Optional[list[list[float]]]:
+        """For the last ``propose``: per row, the chance that each draft token and all before it are
+        accepted, as the plugin estimates it (the adapter may then drop a draft's last tokens where a
+        smaller step pays better: ``GoodputPolicy.step_size``); None when the plugin does not estimate it."""
+        return None
+
     def source_seconds(self) -> Optional[dict[str, float]]:
         """For the last ``propose``: the seconds each of the plugin's sources took (metrics, the benchmark's
         per-source time); None when the plugin is its own one source."""

@@ -226,6 +226,7 @@ class HybridProposer(Proposer):
         self._paused: list[str] = []
         self._steps = 0
         self._sources: Optional[list[Optional[str]]] = None
+        self._chances: Optional[list[list[float]]] = None
         self._seconds: Optional[dict[str, float]] = None
 
     def bind(self, info: EngineInfo) -> None:
@@ -311,7 +312,7 @@ class HybridProposer(Proposer):
             if paused != self._paused:
                 self._paused = paused
                 logger.info("freespec: hybrid sources paused %s (%s)", paused, self.pricing.describe())
-        drafts, sources = [], []
+        drafts, sources, chances = [], [], []
         for i, row in enumerate(rows):
             fused = fuse_sources({name: found[i] for name, found in offered.items()}, self.weights, self.k,
                                  self.options.min_support, self.token_cost)
@@ -322,11 +323,15 @@ class HybridProposer(Proposer):
                 own = {c.name: _own_chain(c, self.k) for c in fused.sources}
                 self._offered[row.key] = (len(row.tokens), own, list(fused.tokens), dict(fused.supported))
             drafts.append(fused.tokens)
-        self._sources = sources
+            chances.append(fused.chances)
+        self._sources, self._chances = sources, chances
         return drafts
 
     def draft_sources(self) -> Optional[list[Optional[str]]]:
         return self._sources
+
+    def draft_chances(self) -> Optional[list[list[float]]]:
+        return self._chances
 
     def source_seconds(self) -> Optional[dict[str, float]]:
         return self._seconds

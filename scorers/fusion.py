@@ -97,12 +97,21 @@ def _one_chain(s: Candidates, max_len: int, min_support: float,
     return draft, support[: len(draft)], supported
 
 
-def paying_prefix(support: list[float], token_cost: float) -> int:
-    """Tokens of a fused draft worth verifying: while the chance the prefix is accepted (the product of
-    per-token supports, each capped at 1) is at least the policy's per-token cost."""
-    p, n = 1.0, 0
+def prefix_chances(support: list[float]) -> list[float]:
+    """The chance that each draft token and all before it are accepted: the product of the per-token
+    supports, each capped at 1."""
+    p, out = 1.0, []
     for s in support:
-        p *= min(1.0, s)
+        p *= min(1.0, max(0.0, s))
+        out.append(p)
+    return out
+
+
+def paying_prefix(support: list[float], token_cost: float) -> int:
+    """Tokens of a fused draft worth verifying: while the chance the prefix is accepted is at least the
+    policy's per-token cost."""
+    n = 0
+    for p in prefix_chances(support):
         if p < token_cost:
             break
         n += 1
@@ -113,6 +122,7 @@ class FusedDraft(NamedTuple):
     tokens: list[int]
     supported: dict[str, int]  # source -> leading draft tokens it supported
     sources: list[Candidates]  # the candidates fused, named and weighted
+    chances: list[float]  # per draft token: the chance it and the tokens before it are accepted
 
 
 def fuse_sources(offered: dict[str, Optional[Candidates]], weights: SourceWeights, max_len: int,
@@ -129,7 +139,7 @@ def fuse_sources(offered: dict[str, Optional[Candidates]], weights: SourceWeight
     if token_cost is not None:
         draft = draft[: paying_prefix(support, token_cost)]
         supported = {name: min(n, len(draft)) for name, n in supported.items()}
-    return FusedDraft(draft, supported, sources)
+    return FusedDraft(draft, supported, sources, prefix_chances(support[: len(draft)]))
 
 
 @dataclass

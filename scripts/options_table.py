@@ -144,9 +144,11 @@ def config_keys() -> list[tuple[str, str, str, str, str]]:
         "policy": '`"goodput"`: every step, draft only tokens whose expected gain pays for verifying them at '
                   'the measured load (docs/policy.md); `"fixed"`: each plugin\'s own fixed threshold, for '
                   "experiments",
-        "pad": '`"auto"`: with the goodput policy, pad a step\'s drafts to the step size measured fastest when '
-               'it is at least 3% faster (on some CPUs a step scoring 5 tokens is faster than one scoring 1; '
-               'docs/policy.md); `"off"`: never pad',
+        "pad": '`"auto"`: with the goodput policy and one request decoding, score the step size with the most '
+               'expected output per measured second, 3% more than the draft\'s own: pad the draft, or drop '
+               'its last tokens where the plugin estimates their chances (`hybrid`; on some CPUs a step '
+               'scoring 5 tokens is faster than one scoring 1 or 9; docs/policy.md); `"longer"`: only pad; '
+               '`"off"`: neither',
     }
     for key, allowed in ADAPTER_KEYS.items():
         rows.append((f"`{key}`", _cell(" or ".join(json.dumps(a) for a in allowed)), f"`{json.dumps(allowed[0])}`",

@@ -124,12 +124,12 @@ def test_the_adapter_tells_the_proposer_how_long_each_step_s_top_k_capture_took(
     assert seen == pytest.approx([0.003, 0.0, 0.002])
 
 
-def drive_shaped(adapter, monkeypatch, steps=300):
+def drive_shaped(adapter, monkeypatch, steps=300, shape=None):
     """Decode steps timed with a shape like the one measured on the CPU here (results/step-shape): 1 scored
     token slower than 3 to 5; returns the last drafts handed to vLLM."""
     clock = {"t": 0.0}
     monkeypatch.setattr(adapter_module.time, "perf_counter", lambda: clock["t"])
-    shape = {1: 0.051, 2: 0.055, 3: 0.047, 4: 0.046, 5: 0.044}
+    shape = shape or {1: 0.051, 2: 0.055, 3: 0.047, 4: 0.046, 5: 0.044}
     tokens = np.random.default_rng(0).integers(0, 50, size=(1, 2000)).astype(np.int32)
     length = np.array([100], dtype=np.int32)
     drafts = adapter.propose([[int(tokens[0, 99])]], length, tokens)
@@ -152,11 +152,39 @@ def test_drafts_are_padded_to_the_fastest_measured_step_size(monkeypatch):
     assert off.stats.padded_tokens == 0 and len(drafts[0]) < 4
 
 
+def test_a_draft_s_unlikely_last_tokens_are_dropped_where_a_smaller_step_pays_better(monkeypatch):
+    """A plugin that always drafts 4 tokens, each half as likely as the one before, on a CPU where a step
+    scoring 5 tokens is slow: 3 draft tokens a step (1.875 expected tokens in 46 ms against 1.94 in 60)."""
+    shape = {1: 0.051, 2: 0.055, 3: 0.047, 4: 0.046, 5: 0.060}
+    for pad, length in (("auto", 3), ("longer", 4)):
+        adapter = make_adapter("goodput")
+        adapter.trim = pad == "auto"
+        monkeypatch.setattr(adapter.proposer, "propose", lambda rows: [[7, 7, 7, 7] for _ in rows])
+        monkeypatch.setattr(adapter.proposer, "draft_chances", lambda: [[0.5, 0.25, 0.125, 0.0625]])
+        drafts, _ = drive_shaped(adapter, monkeypatch, steps=800, shape=shape)
+        assert len(drafts[0]) == length, pad
+        assert (adapter.stats.trimmed_tokens > 150) == (pad == "auto") and adapter.stats.padded_tokens == 0
+        if pad == "auto":  # the chances of the tokens handed to vLLM, summed
+            assert 0.875 * 700 < adapter.stats.expected_accepted < 1.875 * 800
+
+
+def test_drafts_are_never_cut_without_the_plugin_s_chances(monkeypatch):
+    shape = {1: 0.051, 2: 0.055, 3: 0.047, 4: 0.046, 5: 0.060}
+    adapter = make_adapter("goodput")
+    monkeypatch.setattr(adapter.proposer, "propose", lambda rows: [[7, 7, 7, 7] for _ in rows])
+    for chances in (lambda: None, lambda: [[0.5, 0.25]], lambda: 1 / 0):  # none, too few, failing
+        monkeypatch.setattr(adapter.proposer, "draft_chances", chances)
+        drafts, _ = drive_shaped(adapter, monkeypatch, steps=600, shape=shape)
+        assert len(drafts[0]) == 4 and adapter.stats.trimmed_tokens == 0 and adapter.stats.errors == 0
+
+
 def test_pad_is_an_adapter_key_checked_at_start():
     _, extra = translate({"plugin": "copy", "num_speculative_tokens": 4, "pad": "off"}, None)
     assert next(iter(v for v in extra.values()))["pad"] == "off"
     with pytest.raises(Exception, match="'pad' must be one of"):
         translate({"plugin": "copy", "num_speculative_tokens": 4, "pad": "yes"}, None)
+    _, extra = translate({"plugin": "copy", "num_speculative_tokens": 4, "pad": "longer"}, None)
+    assert next(iter(v for v in extra.values()))["pad"] == "longer"
     assert not make_adapter("fixed").pad  # padding needs the goodput policy's step times
 
 

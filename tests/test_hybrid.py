@@ -187,6 +187,18 @@ def test_token_probs_stand_in_for_the_source_weight():
     assert draft == [1, 2] and support == pytest.approx([0.9, 0.8])
 
 
+def test_each_draft_token_comes_with_the_chance_it_and_the_ones_before_are_accepted():
+    sure = Candidates("suffix", np.array([[1, 2, 3, 4]]), np.ones(1), token_probs=np.array([[0.9, 0.8, 0.5, 0.1]]))
+    fused = fusion.fuse_sources({"suffix": sure}, fusion.SourceWeights(), 4, 0.05, 0.3)
+    assert fused.tokens == [1, 2, 3] and fused.chances == pytest.approx([0.9, 0.72, 0.36])  # 0.036 < 0.3: cut
+    p = make()
+    assert p.draft_chances() is None  # before the first step
+    drafts = p.propose([row(0, [5, 6, 7, 8, 9, 10, 11, 5, 6, 7]), row(1, [1, 2, 3])])
+    chances = p.draft_chances()
+    assert [len(c) for c in chances] == [len(d) for d in drafts] and len(drafts[0]) > 0
+    assert all(1 >= a >= b > 0 for a, b in zip(chances[0], chances[0][1:]))
+
+
 def test_one_chain_fuses_as_the_general_descent_does():
     """A single offered chain takes a shortcut; a second source that offers only padding forces the
     general descent, which must give the same draft and supports."""

@@ -118,36 +118,69 @@ def cpu_shape(t):
 def test_padding_goes_to_the_fastest_measured_step_size():
     policy = GoodputPolicy()
     shaped_steps(policy, cpu_shape, range(1, 10))
-    assert policy.padded(1, 9) == 5 and policy.padded(2, 9) == 5 and policy.padded(3, 9) == 5
-    assert policy.padded(5, 9) == 5 and policy.padded(6, 9) == 6  # never fewer tokens than drafted
-    assert policy.padded(1, 3) == 3  # within the room given (K, the model length)
-    assert policy.padded(1, 1) == 1
+    assert policy.step_size(1, 9) == 5 and policy.step_size(2, 9) == 5 and policy.step_size(3, 9) == 5
+    assert policy.step_size(5, 9) == 5 and policy.step_size(6, 9) == 6  # never fewer tokens than drafted
+    assert policy.step_size(1, 3) == 3  # within the room given (K, the model length)
+    assert policy.step_size(1, 1) == 1
 
 
 def test_no_padding_where_step_time_grows_with_tokens_or_the_gain_is_within_the_margin():
     policy = GoodputPolicy()
     shaped_steps(policy, lambda t: 0.020 + 0.002 * t, range(1, 10))
-    assert [policy.padded(t, 9) for t in range(1, 10)] == list(range(1, 10))
+    assert [policy.step_size(t, 9) for t in range(1, 10)] == list(range(1, 10))
     flat = GoodputPolicy()
     shaped_steps(flat, lambda t: 0.050 - 0.0002 * t, range(1, 10))  # 9 tokens 3.2% faster than 1: padded
-    assert flat.padded(1, 9) == 9
+    assert flat.step_size(1, 9) == 9
     close = GoodputPolicy()
     shaped_steps(close, lambda t: 0.050 - 0.0001 * t, range(1, 10))  # 1.6% faster: within the margin
-    assert close.padded(1, 9) == 1
+    assert close.step_size(1, 9) == 1
 
 
 def test_padding_explores_sizes_not_measured_enough_and_only_those():
     policy = GoodputPolicy()
     shaped_steps(policy, cpu_shape, [1, 2])  # sizes 3 to 9 never seen
-    answers = [policy.padded(1, 9) for _ in range(32)]
+    answers = [policy.step_size(1, 9) for _ in range(32)]
     assert answers.count(1) == 30 and answers[15] == 3 and answers[31] == 3  # one call in 16, the least measured
     shaped_steps(policy, cpu_shape, range(1, 10))
-    assert [policy.padded(1, 9) for _ in range(32)] == [5] * 31 + [1]  # all measured: no more exploring;
+    assert [policy.step_size(1, 9) for _ in range(32)] == [5] * 31 + [1]  # all measured: no more exploring;
     # the 64th call is left unpadded, to keep the unpadded size measured
-    assert policy.padded(40, 60) == 40  # sizes above 32 share buckets: never padded
+    assert policy.step_size(40, 60) == 40  # sizes above 32 share buckets: never padded
     many = GoodputPolicy()
     shaped_steps(many, cpu_shape, range(1, 10))
     for _ in range(5000):  # thousands of steps of one size later, the others are not measured again
         many.observe_step(5, 1, 0.044)
-    answers = [many.padded(1, 9) for _ in range(64)]
+    answers = [many.step_size(1, 9) for _ in range(64)]
     assert answers.count(5) == 63 and answers.count(1) == 1
+
+
+def cpu_shape_nine(t):
+    """The shape of the float32 steps measured here (results/step-shape): 2 scored tokens slower than 1,
+    3 to 6 fastest, 7 to 9 slower than 3 to 6 again."""
+    return {1: 0.0477, 2: 0.0534, 3: 0.0410, 4: 0.0405, 5: 0.0415, 6: 0.0427, 7: 0.0493, 8: 0.0510,
+            9: 0.0525}[t]
+
+
+def test_a_draft_s_unlikely_last_tokens_are_dropped_where_a_smaller_step_pays_better():
+    policy = GoodputPolicy()
+    shaped_steps(policy, cpu_shape_nine, range(1, 10))
+    halving = [0.5 ** (i + 1) for i in range(8)]  # 0.5, 0.25, ...: about 1 token expected in all
+    assert policy.step_size(9, 9, halving) == 5  # (1 + 0.94) / 41.5 ms beats (1 + 1.0) / 52.5 ms
+    sure = [0.98 ** (i + 1) for i in range(8)]
+    assert policy.step_size(9, 9, sure) == 9  # 8.2 expected tokens are worth the slower step
+    assert policy.step_size(9, 9) == 9  # without chances: never cut
+    assert policy.step_size(2, 9, [0.3]) == 4  # a short draft is still padded to a faster size
+    expected_with = [1.0 + sum(halving[:n]) for n in range(9)]
+    rates = [expected_with[t - 1] / cpu_shape_nine(t) for t in range(1, 10)]
+    assert max(range(1, 10), key=lambda t: rates[t - 1]) == 5  # the choice is the best rate, computed apart
+
+
+def test_a_cut_needs_the_margin_and_measured_sizes():
+    policy = GoodputPolicy()
+    shaped_steps(policy, lambda t: 0.020 + 0.002 * t, range(1, 10))
+    # linear: dropping the 8th token (0.3 of the 7.95 expected tokens, for 5.3% of the step) would pay 1.6%,
+    # within the 3% margin; with a last chance of 0.05 it pays 4.9%
+    assert policy.step_size(9, 9, [0.95] * 7 + [0.3]) == 9
+    assert policy.step_size(9, 9, [0.95] * 7 + [0.05]) == 8
+    young = GoodputPolicy()
+    shaped_steps(young, cpu_shape_nine, range(9, 10))  # only the draft's own size measured
+    assert young.step_size(9, 9, [0.5 ** (i + 1) for i in range(8)]) == 9

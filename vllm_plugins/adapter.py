@@ -64,6 +64,8 @@ class ProposerStats:
         self.steps_without_ids = 0  # steps whose rows were told apart by fingerprint: vLLM's ids unreadable
         self.padded_tokens = 0  # filler tokens added to drafts to reach a faster step size ("pad")
         self.padding_accepted = 0  # of those, accepted by the target
+        self.trimmed_tokens = 0  # draft tokens dropped for a step size that pays better ("pad": "auto")
+        self.expected_accepted = 0.0  # draft tokens (not padding) the plugin expected accepted, where it says
         self.propose_seconds = 0.0
 
     def as_dict(self) -> dict:
@@ -98,9 +100,11 @@ class FreespecProposer:
         logger.info("freespec: %s: plugin %r runs here (%s)", where.rank, self.plugin, where.why)
         # Load-aware draft length (scorers/policy.py): "policy": "goodput", the default; "fixed" turns it off.
         self.policy = GoodputPolicy() if cfg.get("policy", "goodput") == "goodput" else None
-        # Drafts padded to the step size measured fastest (GoodputPolicy.padded): "pad": "auto", the default
-        # with the goodput policy; "off" turns it off.
-        self.pad = self.policy is not None and cfg.get("pad", "auto") == "auto"
+        # Each one-request step scores the size with the most expected output per measured second
+        # (GoodputPolicy.step_size): "pad": "auto", the default with the goodput policy, pads a draft or drops
+        # its last tokens (where the plugin estimates its tokens' chances); "longer" only pads; "off".
+        pad = cfg.get("pad", "auto") if self.policy is not None else "off"
+        self.pad, self.trim = pad != "off", pad == "auto"
         self._last_padding: dict = {}
         self._last_step_at: float | None = None
         self._last_plugin_s = 0.0  # the last step's plugin time, left out of the policy's fit (prices_own_time)
@@ -194,7 +198,7 @@ class FreespecProposer:
                 raise ValueError(f"plugin returned {len(drafts)} drafts for {n_rows} rows")
             drafts = [self._safe(d, int(lengths[i]), views[i][1]) for i, d in enumerate(drafts)]
             if self.pad:
-                drafts, padding = self._pad(drafts, views, lengths)
+                drafts, padding = self._sized(drafts, views, lengths)
         except Exception as e:
             failure = f"{type(e).__name__}: {e}"
             self.stats.errors += 1
@@ -337,8 +341,8 @@ class FreespecProposer:
         except Exception:
             return True  # capture as before; the failing proposer is already counted by propose()
 
-    def _pad(self, drafts: list[list[int]], views, lengths) -> tuple[list[list[int]], list[int]]:
-        """The drafts padded to the step size the policy measured fastest, and each row's padding tokens.
+    def _sized(self, drafts: list[list[int]], views, lengths) -> tuple[list[list[int]], list[int]]:
+        """The drafts padded, or cut, to the step size the policy expects to pay best, and each row's padding.
 
         Only steps of one request, decoding: the step shape was measured there (docs/policy.md); a batch's
         steps are larger, and its padding would spread over requests whose acceptance vLLM reports together.
@@ -346,12 +350,29 @@ class FreespecProposer:
         if len(drafts) != 1 or views[0][1] == 0:
             return drafts, [0] * len(drafts)
         draft = drafts[0]
+        chances = self._chances(len(draft)) if self.trim else None
         room = max(len(draft), min(self.k, self.max_model_len - 1 - int(lengths[0])))
-        extra = self.policy.padded(1 + len(draft), 1 + room) - 1 - len(draft)
+        extra = self.policy.step_size(1 + len(draft), 1 + room, chances) - 1 - len(draft)
+        if extra < 0:
+            self.stats.trimmed_tokens -= extra
+            draft = draft[:extra]
+        if chances is not None:
+            self.stats.expected_accepted += sum(chances[: len(draft)])
         if extra <= 0:
-            return drafts, [0]
+            return [draft], [0]
         self.stats.padded_tokens += extra
         return [draft + context_padding(views[0][0], draft, extra)], [extra]
+
+    def _chances(self, n: int) -> list[float] | None:
+        """The plugin's chances for a one-row draft of ``n`` tokens (``Proposer.draft_chances``); None when it
+        gives none, or not one per token."""
+        try:
+            chances = self.proposer.draft_chances()
+        except Exception:
+            return None
+        if not chances or len(chances) != 1 or len(chances[0]) < n:
+            return None
+        return [float(c) for c in chances[0][:n]]
 
     def _safe(self, draft, num_tokens: int, num_new: int) -> list[int]:
         if num_new == 0:

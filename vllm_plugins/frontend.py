@@ -82,7 +82,7 @@ REFUSED_KEYS = {
 # ``pad``: "auto" pads a step's drafts to the step size the policy measured fastest, when one is
 # measurably faster (GoodputPolicy.padded; on the CPU here a step scoring 5 tokens was faster than one
 # scoring 1); "off" never pads. Padding needs the goodput policy's step times: with "fixed" there is none.
-ADAPTER_KEYS = {"policy": ("goodput", "fixed"), "pad": ("auto", "off")}
+ADAPTER_KEYS = {"policy": ("goodput", "fixed"), "pad": ("auto", "longer", "off")}
 # The adapter's numeric keys: (default, lowest, highest). ``step_budget_ms``: a plugin step (everything the
 # adapter calls on the plugin in one engine step) that takes longer counts as a bad step for the circuit
 # breaker (adapter.CircuitBreaker: 3 bad steps in a row, or one over 10x the budget, switch the plugin off
