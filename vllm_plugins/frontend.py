@@ -79,9 +79,10 @@ REFUSED_KEYS = {
 # step's bar for one more draft token from measured step times (scorers/policy.py); "fixed" uses each
 # plugin's own threshold, for experiments. Goodput is the default: in the load sweep (docs/policy.md)
 # it was as fast or faster than "fixed" at every load, and within 4% of no speculation at 39 requests.
-# ``pad``: "auto" pads a step's drafts to the step size the policy measured fastest, when one is
-# measurably faster (GoodputPolicy.padded; on the CPU here a step scoring 5 tokens was faster than one
-# scoring 1); "off" never pads. Padding needs the goodput policy's step times: with "fixed" there is none.
+# ``pad``: "auto" gives a one-request step the size with the most expected output per measured second
+# (GoodputPolicy.step_size; on the CPU here a step scoring 5 tokens was faster than one scoring 1 or 9): the
+# draft is padded, or its last tokens dropped where the plugin estimates their chances; "longer" only pads;
+# "off" neither. It needs the goodput policy's step times: with "fixed" there are none.
 ADAPTER_KEYS = {"policy": ("goodput", "fixed"), "pad": ("auto", "longer", "off")}
 # The adapter's numeric keys: (default, lowest, highest). ``step_budget_ms``: a plugin step (everything the
 # adapter calls on the plugin in one engine step) that takes longer counts as a bad step for the circuit
