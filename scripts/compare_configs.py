@@ -4,7 +4,11 @@ by round, with the slowest-fastest pairing of rounds as `freespec bench` gives i
     python scripts/compare_configs.py bench_results/run-ag/results.json hybrid suffix [--concurrency 1]
 
 A round's speed is the one `freespec bench` wrote for that sample (``aggregates[].per_sample``): completion
-tokens over the block's wall time, per category or pooled (``all``).
+tokens over the block's wall time, per category or pooled (``all``). The last column counts each config's
+outputs that are the same text as `none`'s for the same question and round: in bfloat16 a speculative
+config's greedy text may differ from `none`'s (and from the other's), and a config that happens to write a
+more repetitive text drafts it more easily, so a category where the two wrote different texts compares texts
+as well as methods.
 """
 from __future__ import annotations
 
@@ -29,6 +33,23 @@ def speeds(result: dict, concurrency: int) -> tuple[dict, list, list]:
     return speed, categories, sorted(samples)
 
 
+def same_as_none(result: dict, concurrency: int) -> dict[tuple[str, str], tuple[int, int]]:
+    """{(config, category): (outputs the same text as none's for that question and sample, outputs)}, with
+    ``all`` for every category; empty without `none`'s requests."""
+    requests = [q for q in result.get("requests", []) if q["concurrency"] == concurrency and not q.get("error")]
+    sample = lambda q: (q["question_id"], q["round"], q["repeat"])  # noqa: E731
+    reference = {sample(q): q["output"] for q in requests if q["config"] == "none"}
+    counts: dict[tuple[str, str], tuple[int, int]] = {}
+    for q in requests:
+        if q["config"] == "none" or sample(q) not in reference:
+            continue
+        same = int(q["output"] == reference[sample(q)])
+        for category in (q["category"], "all"):
+            a, n = counts.get((q["config"], category), (0, 0))
+            counts[(q["config"], category)] = (a + same, n + 1)
+    return counts
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("results")
@@ -36,14 +57,19 @@ def main() -> None:
     p.add_argument("against")
     p.add_argument("--concurrency", type=int, default=1)
     args = p.parse_args()
-    speed, categories, rounds = speeds(json.load(open(args.results)), args.concurrency)
-    print(f"| category | {args.config} / {args.against} | slowest–fastest pairing | by round |\n|---|---:|---:|---|")
+    result = json.load(open(args.results))
+    speed, categories, rounds = speeds(result, args.concurrency)
+    same = same_as_none(result, args.concurrency)
+    print(f"| category | {args.config} / {args.against} | slowest–fastest pairing | by round | same text as none |"
+          "\n|---|---:|---:|---|---|")
     for category in categories:
         a = [speed[(args.config, category, rd)] for rd in rounds]
         b = [speed[(args.against, category, rd)] for rd in rounds]
         ratio = (sum(a) / len(a)) / (sum(b) / len(b))
         by_round = " ".join(f"{x / y:.3f}" for x, y in zip(a, b))
-        print(f"| {category} | {ratio:.3f} | {min(a) / max(b):.3f}–{max(a) / min(b):.3f} | {by_round} |")
+        texts = ", ".join("%d/%d" % same[(c, category)] if (c, category) in same else "–"
+                          for c in (args.config, args.against))
+        print(f"| {category} | {ratio:.3f} | {min(a) / max(b):.3f}–{max(a) / min(b):.3f} | {by_round} | {texts} |")
 
 
 if __name__ == "__main__":

@@ -17,9 +17,20 @@ def test_ratios_per_category_pooled_and_by_round(tmp_path, monkeypatch, capsys):
                   for config, tokens in (("a", 100), ("b", 50)) for category in ("all", "x", "y")]
     aggregates.append(row("a", "x", 4, [999.0]))
     path = tmp_path / "results.json"
-    path.write_text(json.dumps({"aggregates": aggregates}))
+    def request(config, category, qid, rd, output):
+        return {"config": config, "category": category, "question_id": qid, "round": rd, "repeat": 0,
+                "concurrency": 1, "output": output, "error": None}
+
+    requests = [request("none", "x", 1, rd, "loop loop") for rd in (0, 1)]
+    requests += [request("none", "y", 2, rd, "plain") for rd in (0, 1)]
+    requests += [request("a", "x", 1, 0, "loop loop"), request("a", "x", 1, 1, "other")]
+    requests += [request("a", "y", 2, rd, "plain") for rd in (0, 1)]
+    requests += [request("b", "x", 1, rd, "else") for rd in (0, 1)]
+    path.write_text(json.dumps({"aggregates": aggregates, "requests": requests}))
     monkeypatch.setattr(sys, "argv", ["compare_configs.py", str(path), "a", "b"])
     load_script("compare_configs").main()
     out = capsys.readouterr().out
-    assert "| x | 2.000 | 1.000–4.000 | 2.000 2.000 |" in out  # (10+5)/(5+2.5); slowest a 5 over fastest b 5
-    assert "| all | 2.000 | 1.000–4.000 | 2.000 2.000 |" in out
+    # (10+5)/(5+2.5); slowest a 5 over fastest b 5; a wrote none's text in 1 of 2 samples of x, b in none
+    assert "| x | 2.000 | 1.000–4.000 | 2.000 2.000 | 1/2, 0/2 |" in out
+    assert "| y | 2.000 | 1.000–4.000 | 2.000 2.000 | 2/2, – |" in out  # b has no outputs for y
+    assert "| all | 2.000 | 1.000–4.000 | 2.000 2.000 | 3/4, 0/2 |" in out
