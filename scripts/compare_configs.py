@@ -4,11 +4,11 @@ by round, with the slowest-fastest pairing of rounds as `freespec bench` gives i
     python scripts/compare_configs.py bench_results/run-ag/results.json hybrid suffix [--concurrency 1]
 
 A round's speed is the one `freespec bench` wrote for that sample (``aggregates[].per_sample``): completion
-tokens over the block's wall time, per category or pooled (``all``). The last column counts each config's
-outputs that are the same text as `none`'s for the same question and round: in bfloat16 a speculative
-config's greedy text may differ from `none`'s (and from the other's), and a config that happens to write a
-more repetitive text drafts it more easily, so a category where the two wrote different texts compares texts
-as well as methods.
+tokens over the block's wall time, per category or pooled (``all``). The last column is each config's
+outputs that are the same text as `none`'s, as `freespec bench` counted them (``text_identical``): in
+bfloat16 a speculative config's greedy text may differ from `none`'s (and from the other's), and a config that
+happens to write a more repetitive text drafts it more easily, so a category where the two wrote different
+texts compares texts as well as methods.
 """
 from __future__ import annotations
 
@@ -34,20 +34,11 @@ def speeds(result: dict, concurrency: int) -> tuple[dict, list, list]:
 
 
 def same_as_none(result: dict, concurrency: int) -> dict[tuple[str, str], tuple[int, int]]:
-    """{(config, category): (outputs the same text as none's for that question and sample, outputs)}, with
-    ``all`` for every category; empty without `none`'s requests."""
-    requests = [q for q in result.get("requests", []) if q["concurrency"] == concurrency and not q.get("error")]
-    sample = lambda q: (q["question_id"], q["round"], q["repeat"])  # noqa: E731
-    reference = {sample(q): q["output"] for q in requests if q["config"] == "none"}
-    counts: dict[tuple[str, str], tuple[int, int]] = {}
-    for q in requests:
-        if q["config"] == "none" or sample(q) not in reference:
-            continue
-        same = int(q["output"] == reference[sample(q)])
-        for category in (q["category"], "all"):
-            a, n = counts.get((q["config"], category), (0, 0))
-            counts[(q["config"], category)] = (a + same, n + 1)
-    return counts
+    """{(config, category): (outputs the same text as none's, outputs compared)}: the counts `freespec bench`
+    wrote under ``aggregates`` (``text_identical``, ``text_compared``), where it compared any."""
+    return {(row["config"], row["category"]): (row["text_identical"], row["text_compared"])
+            for row in result["aggregates"]
+            if row["concurrency"] == concurrency and row.get("text_compared")}
 
 
 def main() -> None:
