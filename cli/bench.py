@@ -58,7 +58,8 @@ def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--configs", nargs="+",
                    help="configs to compare: none, ngram, suffix, or a freespec plugin, optionally with JSON "
                         "options, e.g. --configs none ngram 'copy:{\"min_match\":3}' "
-                        "(comma-separated also works); "
+                        "(comma-separated also works), or a whole plugin config as JSON, e.g. "
+                        "'{\"plugin\": \"mypackage.drafts:MyProposer\"}'; "
                         "none is always run as the baseline")
     p.add_argument("--num-speculative-tokens", type=_positive_int,
                    help="K for every speculative config (default %(default)s)")

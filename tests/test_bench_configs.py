@@ -38,6 +38,15 @@ def test_parse_config_spec_plugin_with_options():
     assert plain.speculative_config == {"plugin": "copy", "num_speculative_tokens": 8}
 
 
+def test_a_plugin_named_by_its_import_path_is_a_whole_json_config():
+    spec = '{"plugin": "freespec.proposers.copy:CopyProposer", "min_match": 3}'
+    config = configs.parse_config_spec(spec, 8)
+    assert config.label == spec and config.name == "freespec.proposers.copy:CopyProposer"
+    assert config.speculative_config == {"plugin": "freespec.proposers.copy:CopyProposer",
+                                         "num_speculative_tokens": 8, "min_match": 3}
+    assert [c.label for c in configs.parse_config_list([spec, "copy"], 8)][-2:] == [spec, "copy"]
+
+
 @pytest.mark.parametrize(
     "spec, message",
     [
@@ -55,6 +64,10 @@ def test_parse_config_spec_plugin_with_options():
         ('copy:{"num_speculative_tokens": 0}', r"'num_speculative_tokens' must be an integer in \[1, 64\]"),
         ('copy:{"policy": "greedy"}', r"'policy' must be one of"),
         ("telepathy", r"unknown freespec plugin 'telepathy'.*copy"),
+        ('{"plugin": "copy"', r"not valid JSON"),
+        ('{"min_match": 3}', r"names its 'plugin'"),
+        ('{"plugin": "nowhere.at_all:Drafter"}', r"cannot be loaded"),
+        ('{"plugin": "freespec.proposers.copy:CopyProposer", "colour": "red"}', r"unknown option 'colour'"),
     ],
 )
 def test_parse_config_spec_errors_name_the_config(spec, message):

@@ -98,9 +98,12 @@ def parse_config_spec(spec: str, num_speculative_tokens: int) -> BenchConfig:
     ``none``: no speculation. ``ngram`` / ``suffix`` / ``draft_model``: vLLM's methods. Anything else names
     a freespec plugin, checked by the front-end's rules. Options follow a colon as a JSON object
     (``copy:{"min_match":3}``) and are merged into the speculative config; they may override
-    ``num_speculative_tokens``. The name chooses the method: options cannot name another.
+    ``num_speculative_tokens``. The name chooses the method: options cannot name another. A spec that is a
+    JSON object is a whole plugin config (``{"plugin": "package.module:Class"}``).
     """
     spec = spec.strip()
+    if spec.startswith("{"):
+        return _whole_plugin_config(spec, num_speculative_tokens)
     name, sep, options_text = spec.partition(":")
     name = name.strip()
     if not name or not _NAME_RE.match(name):
@@ -128,6 +131,24 @@ def parse_config_spec(spec: str, num_speculative_tokens: int) -> BenchConfig:
         except (FreespecConfigError, UnknownPluginError) as exc:
             raise ConfigSpecError(f"config {spec!r}: {exc}") from None
     return BenchConfig(label=spec, name=name, speculative_config=sc)
+
+
+def _whole_plugin_config(spec: str, num_speculative_tokens: int) -> BenchConfig:
+    """A whole freespec speculative config as JSON, ``{"plugin": "package.module:Class", ...}``: how a plugin
+    named by its import path is compared (the colon of ``module:Class`` cannot go in ``name:{options}``)."""
+    example = '{"plugin": "mypackage.drafts:MyProposer"}'
+    try:
+        options = json.loads(spec)
+    except json.JSONDecodeError as exc:
+        raise ConfigSpecError(f"config {spec!r}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(options, dict) or not isinstance(options.get("plugin"), str):
+        raise ConfigSpecError(f"config {spec!r}: a JSON config names its 'plugin', e.g. {example}")
+    sc: dict[str, Any] = {"num_speculative_tokens": num_speculative_tokens, **options}
+    try:
+        translate(sc, None)
+    except (FreespecConfigError, UnknownPluginError) as exc:
+        raise ConfigSpecError(f"config {spec!r}: {exc}") from None
+    return BenchConfig(label=spec, name=options["plugin"], speculative_config=sc)
 
 
 def parse_config_list(entries: Iterable[str], num_speculative_tokens: int) -> list[BenchConfig]:
