@@ -21,8 +21,7 @@ common prefix (``scorers.fusion``): a token's support is the sum
 over sources of the source's chance for that token (``suffix``) or its learned per-token acceptance
 rate (the others) times the share of its candidates that agree up to it; the draft follows the
 best-supported token while that support is at least ``min_support`` and, with the goodput policy, while
-the chance that the whole prefix is accepted pays for verifying it. Those chances are corrected by the
-ratio of accepted to expected draft tokens over recent drafts (``scorers.calibration``).
+the chance that the whole prefix is accepted pays for verifying it.
 
 Learning is counterfactual: a step's new tokens are the target's own continuation, so every source's
 chain is scored against them (``suffix_tree.matched_prefix``), whichever chain was verified.
@@ -45,7 +44,6 @@ from freespec.proposers.base import EngineInfo, Proposer, Row, ScoredPositions
 from freespec.proposers.registry import CopySourceOptions, build_proposer, load_options
 from freespec.proposers.suffix_tree import available as suffix_available
 from freespec.proposers.suffix_tree import matched_prefix
-from freespec.scorers.calibration import ChanceCalibration
 from freespec.scorers.fusion import PROBE_EVERY, Candidates, SourcePricing, SourceWeights, fuse, fuse_sources
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
@@ -220,10 +218,9 @@ class HybridProposer(Proposer):
         self.weights = SourceWeights()
         self.pricing = SourcePricing(tuple(self.sources)) if options.price_sources and len(self.sources) > 1 else None
         self.prices_own_time = self.pricing is not None  # the policy's step-time fit leaves the sources' time out
-        self.calibration = ChanceCalibration()  # corrects the fused drafts' chances by what was accepted
         # key -> (sequence length when drafted, each source's own chain then, the fused draft, tokens each
-        # source supported, the draft's uncorrected prefix chances)
-        self._offered: dict[int, tuple[int, dict[str, list[int]], list[int], dict[str, int], list[float]]] = {}
+        # source supported)
+        self._offered: dict[int, tuple[int, dict[str, list[int]], list[int], dict[str, int]]] = {}
         self._capture_seconds = 0.0  # the adapter's capture of the target's top-k in the last step (for recycle)
         self._last_call: Optional[float] = None
         self._paused: list[str] = []
@@ -268,12 +265,11 @@ class HybridProposer(Proposer):
             offered = self._offered.pop(row.key, None)
             if offered is None or row.num_new == 0:
                 continue
-            start, chains, draft, supported, draft_chances = offered
+            start, chains, draft, supported = offered
             produced_total += len(row.tokens) - start
             # a chain is at most k tokens: only that much of the output is compared (as a list: a few
             # tokens, where numpy's per-call cost would dominate)
             produced = row.tokens[start : start + self.k + 1].tolist()
-            self.calibration.observe(draft_chances, *matched_prefix(draft, produced))
             got = {}
             for name, chain in chains.items():
                 matched, compared = matched_prefix(chain, produced)
@@ -317,19 +313,17 @@ class HybridProposer(Proposer):
                 self._paused = paused
                 logger.info("freespec: hybrid sources paused %s (%s)", paused, self.pricing.describe())
         drafts, sources, chances = [], [], []
-        factor = self.calibration.factor
         for i, row in enumerate(rows):
             fused = fuse_sources({name: found[i] for name, found in offered.items()}, self.weights, self.k,
-                                 self.options.min_support, self.token_cost, factor)
+                                 self.options.min_support, self.token_cost)
             # metrics: the source that supported most of the draft (the first named, on a tie)
             sources.append(max(fused.supported, key=fused.supported.get) if fused.tokens and fused.supported
                            else None)
             if row.num_new > 0:
                 own = {c.name: _own_chain(c, self.k) for c in fused.sources}
-                self._offered[row.key] = (len(row.tokens), own, list(fused.tokens), dict(fused.supported),
-                                          fused.chances)
+                self._offered[row.key] = (len(row.tokens), own, list(fused.tokens), dict(fused.supported))
             drafts.append(fused.tokens)
-            chances.append(self.calibration.scale(fused.chances))
+            chances.append(fused.chances)
         self._sources, self._chances = sources, chances
         return drafts
 

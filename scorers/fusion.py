@@ -107,12 +107,12 @@ def prefix_chances(support: list[float]) -> list[float]:
     return out
 
 
-def paying_prefix(support: list[float], token_cost: float, scale: float = 1.0) -> int:
-    """Tokens of a fused draft worth verifying: while the chance the prefix is accepted (times ``scale``, the
-    calibration's factor, at most 1) is at least the policy's per-token cost."""
+def paying_prefix(support: list[float], token_cost: float) -> int:
+    """Tokens of a fused draft worth verifying: while the chance the prefix is accepted is at least the
+    policy's per-token cost."""
     n = 0
     for p in prefix_chances(support):
-        if min(1.0, p * scale) < token_cost:
+        if p < token_cost:
             break
         n += 1
     return n
@@ -122,15 +122,14 @@ class FusedDraft(NamedTuple):
     tokens: list[int]
     supported: dict[str, int]  # source -> leading draft tokens it supported
     sources: list[Candidates]  # the candidates fused, named and weighted
-    chances: list[float]  # per draft token: the chance it and the tokens before it are accepted (uncorrected)
+    chances: list[float]  # per draft token: the chance it and the tokens before it are accepted
 
 
 def fuse_sources(offered: dict[str, Optional[Candidates]], weights: SourceWeights, max_len: int,
-                 min_support: float, token_cost: Optional[float], calibration: float = 1.0) -> FusedDraft:
+                 min_support: float, token_cost: Optional[float]) -> FusedDraft:
     """One request's draft from its sources' candidates (None: the source has none): each named and
     weighted by its learned acceptance, fused, and cut where, under the goodput policy (``token_cost``),
-    the prefix stops paying for its verification, its chances corrected by ``calibration``
-    (``ChanceCalibration.factor``)."""
+    the prefix stops paying for its verification."""
     sources = []
     for name, found in offered.items():
         if found is not None:
@@ -138,7 +137,7 @@ def fuse_sources(offered: dict[str, Optional[Candidates]], weights: SourceWeight
             sources.append(found)
     draft, support, supported = fuse(sources, max_len, min_support)
     if token_cost is not None:
-        draft = draft[: paying_prefix(support, token_cost, calibration)]
+        draft = draft[: paying_prefix(support, token_cost)]
         supported = {name: min(n, len(draft)) for name, n in supported.items()}
     return FusedDraft(draft, supported, sources, prefix_chances(support[: len(draft)]))
 
