@@ -126,11 +126,16 @@ def parse_config_spec(spec: str, num_speculative_tokens: int) -> BenchConfig:
         )
     sc.update(options)
     if chooser == "plugin":
-        try:
-            translate(sc, None)
-        except (FreespecConfigError, UnknownPluginError) as exc:
-            raise ConfigSpecError(f"config {spec!r}: {exc}") from None
+        _check_plugin_config(spec, sc)
     return BenchConfig(label=spec, name=name, speculative_config=sc)
+
+
+def _check_plugin_config(spec: str, sc: dict[str, Any]) -> None:
+    """A plugin's config checked by the front-end's rules, as `vllm serve` would check it, before any server."""
+    try:
+        translate(sc, None)
+    except (FreespecConfigError, UnknownPluginError) as exc:
+        raise ConfigSpecError(f"config {spec!r}: {exc}") from None
 
 
 def _whole_plugin_config(spec: str, num_speculative_tokens: int) -> BenchConfig:
@@ -144,10 +149,7 @@ def _whole_plugin_config(spec: str, num_speculative_tokens: int) -> BenchConfig:
     if not isinstance(options, dict) or not isinstance(options.get("plugin"), str):
         raise ConfigSpecError(f"config {spec!r}: a JSON config names its 'plugin', e.g. {example}")
     sc: dict[str, Any] = {"num_speculative_tokens": num_speculative_tokens, **options}
-    try:
-        translate(sc, None)
-    except (FreespecConfigError, UnknownPluginError) as exc:
-        raise ConfigSpecError(f"config {spec!r}: {exc}") from None
+    _check_plugin_config(spec, sc)
     return BenchConfig(label=spec, name=options["plugin"], speculative_config=sc)
 
 
