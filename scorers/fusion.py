@@ -183,12 +183,6 @@ EVIDENCE_STEPS = 8.0
 FEW_EVIDENCE = 16
 PROBE_SHARE = 0.02
 RESUME_MARGIN = 1.25  # a paused source resumes only when clearly paying, so one at the margin does not flap
-# A source whose own time is under CHEAP_SHARE of an engine step costs less than the noise of its value (its
-# unique tokens less those it displaced hover around 0 where another source knows the same): it is paused
-# only for harm, a value below -CHEAP_SHARE of a step, and resumed at a value of 0. Paused for a value of
-# -0.2 ms against 0.1 ms of its own time, the `suffix` source missed whole `extraction` answers until its
-# next probe (run AP: 0.80x vLLM `suffix` there, with the datastore).
-CHEAP_SHARE = 0.01
 PRICE_KEEP = 1.0 - 1.0 / 64  # exponential weighting of the per-step averages (half-life about 44 steps)
 
 
@@ -212,8 +206,7 @@ class SourcePricing:
     token takes (step seconds / tokens produced per step). A source whose value stays below its cost
     after ``MIN_EVIDENCE`` steps (fewer for a source slow next to the step: ``_evidence``) is paused, except
     the last one running; a paused source runs one step in ``PROBE_EVERY`` (more for a slow one:
-    ``_probe_every``), and is resumed once its value is back above ``RESUME_MARGIN`` times its cost. A
-    source cheaper than ``CHEAP_SHARE`` of a step is judged against a bar of its own (``_bars``).
+    ``_probe_every``), and is resumed once its value is back above ``RESUME_MARGIN`` times its cost.
     """
 
     def __init__(self, names: tuple[str, ...]) -> None:
@@ -292,23 +285,12 @@ class SourcePricing:
         self._last_run = ran
         self.step += 1
 
-    def _bars(self, p: _Price) -> tuple[float, float]:
-        """(the value below which a running source is paused, the value at which a paused one resumes).
-
-        Its own time and ``RESUME_MARGIN`` times it; for a source cheaper than ``CHEAP_SHARE`` of a step,
-        ``-CHEAP_SHARE`` of a step and 0: pausing it saves next to nothing, so only harm pauses it."""
-        cheap = CHEAP_SHARE * self.step_seconds
-        if p.seconds < cheap:
-            return -cheap, 0.0
-        return p.seconds, RESUME_MARGIN * p.seconds
-
     def _judge(self) -> None:
         for name in self._last_run:
             p = self.prices[name]
             value = self.value(name)
-            pause_below, resume_at = self._bars(p)
-            pays = value >= pause_below
-            if p.paused_at is not None and value >= resume_at:
+            pays = value >= p.seconds
+            if p.paused_at is not None and value >= RESUME_MARGIN * p.seconds:
                 p.paused_at = None
             elif (p.paused_at is None and not pays and p.steps >= self._evidence(p)
                   and any(q.paused_at is None for other, q in self.prices.items() if other != name)):

@@ -335,33 +335,6 @@ def test_pricing_does_not_flap_for_a_source_at_the_margin():
     assert pricing.paused() == ["b"]  # and a running one stops as soon as it does not pay
 
 
-def test_a_cheap_source_is_paused_only_for_harm():
-    """A source whose own time is under 1% of a step (0.1 ms of 50 ms, as `suffix`) keeps running while its
-    value hovers just below 0 (it displaced slightly more than only it got right), is paused when its
-    displacements cost more than 1% of a step, and resumes at a value of 0."""
-    pricing = SourcePricing(("a", "b"))
-    pricing.step_seconds, pricing.produced = 0.05, 1.0  # one output token is worth 50 ms
-    pricing._last_run = ("a", "b")
-    for name in ("a", "b"):
-        price = pricing.prices[name]
-        price.steps, price.seconds, price.right = fusion.MIN_EVIDENCE, 0.0001, 0.02
-    pricing.prices["b"].right = -0.004  # worth -0.2 ms for 0.1 ms: it would be paused at a bar of its time
-    pricing._judge()
-    assert pricing.paused() == []
-    pricing.prices["b"].right = -0.012  # -0.6 ms: harm beyond 1% of the step (0.5 ms)
-    pricing._judge()
-    assert pricing.paused() == ["b"]
-    pricing.prices["b"].right = -0.002
-    pricing._judge()
-    assert pricing.paused() == ["b"]  # still below 0
-    pricing.prices["b"].right = 0.0
-    pricing._judge()
-    assert pricing.paused() == []
-    pricing.prices["b"].seconds = 0.001  # 2% of the step: judged against its time again
-    pricing._judge()
-    assert pricing.paused() == ["b"]
-
-
 def test_a_source_is_charged_the_right_tokens_its_wrong_draft_displaced():
     produced = np.array([5, 6, 7, 8, 9])
     # The draft followed recycle (supported 3 tokens, wrong at the 2nd) where suffix's own chain had 4 right.
