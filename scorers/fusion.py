@@ -183,6 +183,10 @@ EVIDENCE_STEPS = 8.0
 FEW_EVIDENCE = 16
 PROBE_SHARE = 0.02
 RESUME_MARGIN = 1.25  # a paused source resumes only when clearly paying, so one at the margin does not flap
+# A source whose own time is below this share of an engine step is never paused (and resumes at its next
+# probe): it can cost at most 1% of the throughput, while pausing it loses every token only it knows until
+# its next probe (the `suffix` source, 0.1 ms a step, paused in runs AP and AR with a datastore).
+CHEAP_SHARE = 0.01
 PRICE_KEEP = 1.0 - 1.0 / 64  # exponential weighting of the per-step averages (half-life about 44 steps)
 
 
@@ -205,7 +209,7 @@ class SourcePricing:
     (``observe_tokens``). A source's value is its unique tokens per step times the seconds one output
     token takes (step seconds / tokens produced per step). A source whose value stays below its cost
     after ``MIN_EVIDENCE`` steps (fewer for a source slow next to the step: ``_evidence``) is paused, except
-    the last one running; a paused source runs one step in ``PROBE_EVERY`` (more for a slow one:
+    the last one running and one cheaper than ``CHEAP_SHARE`` of a step; a paused source runs one step in ``PROBE_EVERY`` (more for a slow one:
     ``_probe_every``), and is resumed once its value is back above ``RESUME_MARGIN`` times its cost.
     """
 
@@ -289,8 +293,9 @@ class SourcePricing:
         for name in self._last_run:
             p = self.prices[name]
             value = self.value(name)
-            pays = value >= p.seconds
-            if p.paused_at is not None and value >= RESUME_MARGIN * p.seconds:
+            cheap = p.seconds < CHEAP_SHARE * self.step_seconds
+            pays = cheap or value >= p.seconds
+            if p.paused_at is not None and (cheap or value >= RESUME_MARGIN * p.seconds):
                 p.paused_at = None
             elif (p.paused_at is None and not pays and p.steps >= self._evidence(p)
                   and any(q.paused_at is None for other, q in self.prices.items() if other != name)):

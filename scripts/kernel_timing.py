@@ -1,9 +1,10 @@
 """Time freespec's Triton kernels (kernels/topk.py, kernels/tree.py) against their torch references on a GPU.
 
-Run from anywhere; it needs only torch and triton (freespec need not be installed: the kernel modules are
-loaded by file path from this checkout):
+Run from anywhere; it needs only torch and triton (freespec need not be installed: this checkout's kernels
+are loaded, under a bare `freespec` package over its folders):
 
     python scripts/kernel_timing.py --out kernel_timing.json
+    python scripts/kernel_timing.py --graph --out kernel_timing_graph.json   # device time alone
     python scripts/kernel_timing.py --smoke          # CPU, Triton interpreter, tiny shapes: checks the script
 
 What it does, in order:
@@ -12,8 +13,9 @@ What it does, in order:
    expansion with unknown entries. Any mismatch aborts before timing (exit status 1).
 2. Row top-k, k=8, vocab 49152 and 151936, rows 1..256, bf16 and fp32 logits: torch reference vs the
    Triton kernel (each stage-1 block size of --block-v), and topk_scatter (reference vs fused kernel).
-   Times come from CUDA events around --reps calls after --warmup calls; each call reads a different
-   logits buffer (the buffers together are twice the L2 size), so the bandwidth is HBM's, not L2's.
+   Times come from CUDA events around --reps calls after --warmup calls (with --graph: around one replay
+   of a CUDA graph holding the --reps calls, so the host's launch time is left out); each call reads a
+   different logits buffer (the buffers together are twice the L2 size), so the bandwidth is HBM's, not L2's.
    Achieved bandwidth = logits bytes read / time, next to the card's peak.
 3. Tree expansion with the default widths (4,2,2,1,1,1,1,1) over a 151936 x 8 matrix, B = 1, 32, 256.
 
@@ -22,13 +24,13 @@ Prints markdown tables; --out also writes everything as JSON.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
 import platform
 import sys
 import time
+import types
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,13 +38,16 @@ DEFAULT_WIDTHS = (4, 2, 2, 1, 1, 1, 1, 1)
 PEAK_TBPS = (("H200", None, 4.8), ("H100", "PCIE", 2.0), ("H100", "SXM", 3.35), ("H100", "HBM3", 3.35))
 
 
-def load_kernel(name: str):
-    """kernels/<name>.py as a module, without importing freespec (it may not be installed here)."""
-    spec = importlib.util.spec_from_file_location(f"freespec_kernels_{name}", REPO / "kernels" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+def load_kernels():
+    """freespec.kernels.topk and .tree from this checkout, whether or not freespec is installed: a bare
+    ``freespec`` package over this checkout's folders stands in for the installed one (whose ``__init__``
+    reads the distribution's metadata), so the kernel modules' own ``freespec.*`` imports resolve here."""
+    package = types.ModuleType("freespec")
+    package.__path__ = [str(REPO / "freespec"), str(REPO)]  # freespec.settings; freespec.kernels -> kernels/
+    sys.modules["freespec"] = package
+    from freespec.kernels import topk, tree
+
+    return topk, tree
 
 
 def peak_tbps(device_name: str):
@@ -54,9 +59,11 @@ def peak_tbps(device_name: str):
     return None
 
 
-def timer(torch, device, warmup: int, reps: int):
+def timer(torch, device, warmup: int, reps: int, graph: bool = False):
     def timed(fn, inputs) -> float:
         """Mean microseconds per call of fn(x), x cycling through inputs (a different buffer each call)."""
+        if device.type == "cuda" and graph:
+            return graph_us(torch, fn, inputs, warmup, reps)
         for i in range(warmup):
             fn(inputs[i % len(inputs)])
         if device.type == "cuda":
@@ -74,6 +81,34 @@ def timer(torch, device, warmup: int, reps: int):
         return (time.perf_counter() - t0) * 1e6 / reps
 
     return timed
+
+
+def graph_us(torch, fn, inputs, warmup: int, reps: int) -> float:
+    """Mean microseconds per call on the device alone: ``reps`` calls captured into one CUDA graph and
+    replayed, so the host's launch time is not counted. NaN where the call cannot be captured (it waits
+    for the host)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i in range(warmup):
+            fn(inputs[i % len(inputs)])
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(g):
+            for i in range(reps):
+                fn(inputs[i % len(inputs)])
+    except Exception:  # noqa: BLE001 - a host sync inside fn: not capturable
+        torch.cuda.synchronize()
+        return float("nan")
+    g.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    g.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / reps
 
 
 def bind(fn, *rest, **kwargs):
@@ -251,6 +286,9 @@ def main(argv=None) -> int:
     parser.add_argument("--tree-vocab", type=int, default=151936)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--reps", type=int, default=50)
+    parser.add_argument("--graph", action="store_true",
+                        help="time on the device alone: each case's calls replayed from one CUDA graph, so the "
+                             "host's launch time is left out")
     parser.add_argument("--smoke", action="store_true",
                         help="CPU + Triton interpreter with tiny shapes: exercises this script without a GPU")
     args = parser.parse_args(argv)
@@ -264,7 +302,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    topk, tree = load_kernel("topk"), load_kernel("tree")
+    topk, tree = load_kernels()
     if not topk._have_triton():
         print("triton is not importable", file=sys.stderr)
         return 2
@@ -283,7 +321,9 @@ def main(argv=None) -> int:
     result = {"device": name, "peak_tbps": peak_tbps(name), "torch": torch.__version__,
               "triton": triton.__version__,
               "k": args.k, "default_block_v": topk.DEFAULT_BLOCK_V, "warmup": args.warmup, "reps": args.reps,
-              "timing": "CUDA events, L2 cold" if device.type == "cuda" else "interpreter: not a speed"}
+              "timing": ("interpreter: not a speed" if device.type != "cuda" else
+                         "CUDA graph replay, device time alone, L2 cold" if args.graph else
+                         "CUDA events, L2 cold, the host's launch time included")}
     print(f"{name}: checking parity ...", flush=True)
     failures = parity(torch, topk, tree, device, args.vocabs)
     result["parity"] = failures or "ok"
@@ -292,7 +332,7 @@ def main(argv=None) -> int:
         if args.out:
             Path(args.out).write_text(json.dumps(result, indent=2))
         return 1
-    timed = timer(torch, device, args.warmup, args.reps)
+    timed = timer(torch, device, args.warmup, args.reps, args.graph)
     print("timing row top-k ...", flush=True)
     result["topk"] = time_topk(torch, topk, device, timed, args, l2_bytes)
     print("timing tree expansion ...", flush=True)

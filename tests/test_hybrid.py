@@ -348,11 +348,11 @@ def test_a_source_is_charged_the_right_tokens_its_wrong_draft_displaced():
 
 
 def run_rival(monkeypatch, steps: int):
-    """suffix is right 4 tokens deep on 7 steps in 8, with low confidence; a rival ("copy") is right 4 deep
-    on the 8th step, where suffix has nothing, and on the other 7 wins the fusion and is wrong at its 2nd
-    token. Its own tokens (4 per 8 steps) are worth more than its cost; what it displaces is worth more:
-    on each of the 7 steps suffix was right at the token the rival got wrong (the counterfactual sees only
-    the tokens the target produced, so 1 token a step)."""
+    """suffix is right 4 tokens deep on 7 steps in 8, with low confidence; a rival ("copy", 1 ms a step,
+    too dear to be exempt as cheap) is right 4 deep on the 8th step, where suffix has nothing, and on the
+    other 7 wins the fusion and is wrong at its 2nd token. Its own tokens (4 per 8 steps) are worth more than
+    its cost; what it displaces is worth more: on each of the 7 steps suffix was right at the token the
+    rival got wrong (the counterfactual sees only the tokens the target produced, so 1 token a step)."""
     import time
 
     p = HybridProposer(HybridOptions(sources=("suffix", "copy")), 4)
@@ -364,6 +364,7 @@ def run_rival(monkeypatch, steps: int):
         return [int(r.tokens[-1]) + j + 1 for j in range(4)]
 
     def rival(rows):
+        clock[0] += 0.001
         chain = (lambda r: truth(r)) if step[0] % 8 == 0 else (lambda r: truth(r)[:1] + [998, 997, 996])
         return [Candidates("copy", np.array([chain(r)]), np.ones(1)) for r in rows]
 
@@ -426,3 +427,24 @@ def test_a_start_up_spike_in_a_sources_cost_gives_way_to_its_probes():
             resumed_at = step
     assert paused_seen and resumed_at is not None and resumed_at < 500
     assert pricing.paused() == [] and pricing.prices["b"].seconds < 0.001
+
+
+def test_pricing_never_pauses_a_source_cheaper_than_one_percent_of_a_step():
+    """A source at 0.1 ms a step (vLLM-suffix-like, against a 40 ms step) whose worth is below zero (its wrong
+    chains displace another source's right ones) keeps running; the same source at 1 ms a step is paused.
+    A cheap source paused before its cost fell resumes at its next probe."""
+    def run(cost_b, steps=fusion.MIN_EVIDENCE + 1, pricing=None):
+        pricing = pricing or SourcePricing(("a", "b"))
+        for _ in range(steps):
+            pricing.observe_step(0.04)
+            pricing.observe_tokens({"a": 1, "b": -1}, 2)
+            for name in ("a", "b"):
+                if pricing.runs(name):
+                    pricing.observe_cost(name, cost_b if name == "b" else 0.002)
+            pricing.step_done(tuple(n for n in ("a", "b") if pricing.runs(n)))
+        return pricing
+
+    assert run(0.0001).paused() == []
+    dear = run(0.001)
+    assert dear.paused() == ["b"]
+    assert run(0.0001, 4 * fusion.PROBE_EVERY, dear).paused() == []
