@@ -209,8 +209,9 @@ class SourcePricing:
     (``observe_tokens``). A source's value is its unique tokens per step times the seconds one output
     token takes (step seconds / tokens produced per step). A source whose value stays below its cost
     after ``MIN_EVIDENCE`` steps (fewer for a source slow next to the step: ``_evidence``) is paused, except
-    the last one running and one cheaper than ``CHEAP_SHARE`` of a step; a paused source runs one step in ``PROBE_EVERY`` (more for a slow one:
-    ``_probe_every``), and is resumed once its value is back above ``RESUME_MARGIN`` times its cost.
+    the last one running and one cheaper than ``CHEAP_SHARE`` of a step; a paused source runs one step in
+    ``PROBE_EVERY`` (more for a slow one: ``_probe_every``), and is resumed once its value is back above
+    ``RESUME_MARGIN`` times its cost (or its cost below ``CHEAP_SHARE`` of a step).
     """
 
     def __init__(self, names: tuple[str, ...]) -> None:

@@ -287,8 +287,8 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--reps", type=int, default=50)
     parser.add_argument("--graph", action="store_true",
-                        help="time on the device alone: each case's calls replayed from one CUDA graph, so the "
-                             "host's launch time is left out")
+                        help="time on the device alone: each case's calls replayed from one CUDA graph, "
+                             "so the host's launch time is left out")
     parser.add_argument("--smoke", action="store_true",
                         help="CPU + Triton interpreter with tiny shapes: exercises this script without a GPU")
     args = parser.parse_args(argv)
