@@ -37,24 +37,19 @@ from __future__ import annotations
 import logging
 import math
 import time
-from bisect import bisect_right
 from collections import OrderedDict, deque
 from importlib import metadata
 from typing import Optional, Sequence
 
 import numpy as np
 from freespec.proposers.base import EngineInfo, Proposer, ProposerOptions, Row
+from freespec.scorers.calibration import TokenCalibration
 from freespec.scorers.fusion import Candidates
 from pydantic import Field, model_validator
 
 logger = logging.getLogger("freespec")
 
 SUPPORTED = ((0, 1, 1), (0, 2, 0))  # arctic-inference >=0.1.1,<0.2
-PROB_EDGES = (0.2, 0.35, 0.5, 0.7, 0.9, 0.999)  # tree-probability buckets (conditional, per token)
-MATCH_EDGES = (2, 3, 4, 6, 9, 13, 19)  # match-length buckets
-DEPTH_EDGES = (1, 2, 4)  # position in the draft: 0, 1, 2-3, 4+
-PRIOR_STRENGTH = 2.0  # pseudo-observations behind each cell's starting guess
-WINDOW = 2000.0  # evidence kept per cell before it is halved
 ONE_CHAIN = np.ones(1)  # the weight of the one chain offered (shared, read-only)
 ONE_CHAIN.flags.writeable = False
 SEED_PER_STEP = 32  # responses merged from replicas put into the global tree per engine step
@@ -132,51 +127,6 @@ class SuffixOptions(ProposerOptions):
         if self.merge_from and self.responses_path is None:
             raise ValueError("merge_from needs responses_path (this replica's own file)")
         return self
-
-
-class TokenCalibration:
-    """Chance that a drafted token is accepted, given the previous ones were, per (probability, match, depth) cell.
-
-    A Beta estimate per cell, starting from the tree's own probability (``PRIOR_STRENGTH``
-    pseudo-observations), so a fresh server drafts like SuffixDecoding and then follows what it sees.
-    Cells are flat indices into plain lists: a draft has a few tokens, and this runs every engine step
-    right after the forward pass has flushed the CPU's caches, where each numpy call on a tiny array
-    costs more than the Python it replaces.
-    """
-
-    def __init__(self) -> None:
-        mids = [0.15] + [(a + b) / 2 for a, b in zip(PROB_EDGES, PROB_EDGES[1:])] + [1.0]
-        per_prob = (len(MATCH_EDGES) + 1) * (len(DEPTH_EDGES) + 1)
-        prior = [min(mid, 0.9) for mid in mids for _ in range(per_prob)]
-        self.successes = [PRIOR_STRENGTH * x for x in prior]
-        self.failures = [PRIOR_STRENGTH * (1.0 - x) for x in prior]
-
-    @staticmethod
-    def cells(cond: Sequence[float], match_len: int) -> list[int]:
-        """Each draft token's cell, from its conditional tree probability, the match length and its depth."""
-        match = bisect_right(MATCH_EDGES, match_len)
-        out = []
-        for depth, c in enumerate(cond):
-            cell = bisect_right(PROB_EDGES, c) * (len(MATCH_EDGES) + 1) + match
-            out.append(cell * (len(DEPTH_EDGES) + 1) + bisect_right(DEPTH_EDGES, depth))
-        return out
-
-    def estimate(self, cells: Sequence[int]) -> list[float]:
-        s, f = self.successes, self.failures
-        return [s[c] / (s[c] + f[c]) for c in cells]
-
-    def observe(self, cells: Sequence[int], matched: int, compared: int) -> None:
-        """Tokens 0..matched-1 were right; token ``matched`` was wrong if ``matched < compared``."""
-        if compared <= 0:
-            return
-        for c in cells[:matched]:
-            self.successes[c] += 1.0
-        if matched < compared:
-            wrong = cells[matched]
-            self.failures[wrong] += 1.0
-            if self.successes[wrong] + self.failures[wrong] > WINDOW:
-                self.successes[wrong] *= 0.5
-                self.failures[wrong] *= 0.5
 
 
 class _Live:

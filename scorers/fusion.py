@@ -1,18 +1,20 @@
 """Fuse candidate chains from several sources into one draft by longest common prefix (RASD-style).
 
-Each source offers chains (token sequences) with a weight per chain. Chains that share a
-prefix support it together: the support of a prefix is the sum, over sources, of the
-source's weight times the fraction of that source's chain weight that continues with that
-prefix. The draft descends from the empty prefix, at each depth taking the next token with
-the largest support, and stops when the best support falls below ``min_support`` (so it
-may be empty). With retrieval alone (weight 1) this is REST's choice: follow the
-continuation most occurrences agree on, while enough of them agree. A request's own
-context (the ``copy`` proposer's chain) adds its weight along its chain, so where the
-datastore and the context agree the draft is confident, and where only one source knows
+Each source offers chains (token sequences) with a weight per chain. The draft descends from
+the empty prefix; at each depth a source supports each next token with its chance of being
+accepted given the draft so far: the share of its chains still on the draft's path that go on
+with that token (their weight among those chains), times the source's learned per-token
+acceptance. Sources add their support, the token with the most is drafted, and the descent stops
+when the best support falls below ``min_support`` (so a draft may be empty). With retrieval
+alone this is REST's choice: follow the continuation most occurrences agree on, while enough of
+them agree. Where two sources agree the draft is confident, and where only one source knows
 something, that source decides.
 
-Source weights are learned (``SourceWeights``): the acceptance rate of tokens each source
-supported, so a source that is often wrong for this workload counts for less.
+A source's per-token acceptance is, in order: its own per-token chances (``token_probs``: the
+``suffix`` source's calibrated tree probabilities), its ``calibration`` (a ``TokenCalibration``
+that turns the share and the match length into a learned chance: the ``retrieval`` source), or
+its learned acceptance rate (``SourceWeights``: the rate at which tokens it supported were
+accepted, so a source that is often wrong for this workload counts for less).
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 from freespec.scorers.acceptance import AcceptanceEstimate
+from freespec.scorers.calibration import TokenCalibration
 
 
 @dataclass
@@ -30,7 +33,9 @@ class Candidates:
 
     ``token_probs[i, d]``, when the source knows it, is the chance that chain i's token at depth d is
     accepted given the tokens before it were (``suffix``: learned per tree probability and match
-    length); it then stands in for ``source_weight`` at that token.
+    length); it then stands in for ``source_weight`` at that token. ``calibration``, when given instead,
+    turns a token's share of the chains on the draft's path, at its depth, with ``match_len`` (the
+    length of the context match that found the chains) into that chance.
     """
 
     name: str
@@ -38,6 +43,8 @@ class Candidates:
     weights: np.ndarray  # float64 [n]
     source_weight: float = 1.0
     token_probs: Optional[np.ndarray] = None  # float64 [n, L]
+    calibration: Optional[TokenCalibration] = None
+    match_len: int = 0
 
 
 def fuse(sources: list[Candidates], max_len: int, min_support: float) -> tuple[list[int], list[float], dict[str, int]]:
@@ -57,13 +64,8 @@ def fuse(sources: list[Candidates], max_len: int, min_support: float) -> tuple[l
     for depth in range(max_len):
         scores: dict[int, float] = {}
         for s, mask, w in alive:
-            if depth >= s.chains.shape[1]:
-                continue
-            col = s.chains[mask, depth]
-            ww = w[mask] * (s.token_probs[mask, depth] if s.token_probs is not None else s.source_weight)
-            for token, weight in zip(col.tolist(), ww.tolist()):
-                if token >= 0:
-                    scores[token] = scores.get(token, 0.0) + weight
+            if depth < s.chains.shape[1] and mask.any():
+                _support(s, mask, w, depth, scores)
         if not scores:
             break
         token, best = max(scores.items(), key=lambda kv: (kv[1], -kv[0]))
@@ -81,13 +83,65 @@ def fuse(sources: list[Candidates], max_len: int, min_support: float) -> tuple[l
     return draft, supports, supported
 
 
+def _support(s: Candidates, mask: np.ndarray, w: np.ndarray, depth: int, scores: dict[int, float]) -> None:
+    """Add source ``s``'s support of each token at ``depth`` to ``scores``: the share of its chains still on the
+    draft's path (``mask``) that go on with the token, times its chance of being accepted."""
+    col = s.chains[mask, depth].tolist()
+    share = w[mask]
+    share = (share / share.sum()).tolist()
+    if s.calibration is not None:
+        by_token: dict[int, float] = {}
+        for token, x in zip(col, share):
+            if token >= 0:
+                by_token[token] = by_token.get(token, 0.0) + x
+        for token, x in by_token.items():
+            scores[token] = scores.get(token, 0.0) + s.calibration.chance(x, s.match_len, depth)
+        return
+    chance = s.token_probs[mask, depth].tolist() if s.token_probs is not None else [s.source_weight] * len(col)
+    for token, x, p in zip(col, share, chance):
+        if token >= 0:
+            scores[token] = scores.get(token, 0.0) + x * p
+
+
+def descend(s: Candidates, max_len: int) -> tuple[list[int], list[float]]:
+    """What source ``s`` would draft alone, uncut: at each depth the token most of its chains on the path go on
+    with (the smallest on a tie), and that token's share of them."""
+    rows = [_unpadded(chain) for chain in s.chains[:, :max_len].tolist()]
+    weights = s.weights.tolist()
+    alive = [i for i, w in enumerate(weights) if w > 0]
+    chain: list[int] = []
+    shares: list[float] = []
+    for depth in range(max_len):
+        total = sum(weights[i] for i in alive)
+        by_token: dict[int, float] = {}
+        for i in alive:
+            if depth < len(rows[i]):
+                by_token[rows[i][depth]] = by_token.get(rows[i][depth], 0.0) + weights[i]
+        if not by_token or total <= 0:
+            break
+        token, best = max(by_token.items(), key=lambda kv: (kv[1], -kv[0]))
+        chain.append(token)
+        shares.append(best / total)
+        alive = [i for i in alive if depth < len(rows[i]) and rows[i][depth] == token]
+    return chain, shares
+
+
+def _unpadded(chain: list[int]) -> list[int]:
+    return chain[: chain.index(-1)] if -1 in chain else chain
+
+
 def _one_chain(s: Candidates, max_len: int, min_support: float,
                supported: dict[str, int]) -> tuple[list[int], list[float], dict[str, int]]:
-    """``fuse`` when a single chain is offered: its tokens while each one's support (its token chance, or
-    the source's weight) is at least ``min_support``, up to the first padding."""
+    """``fuse`` when a single chain is offered: its tokens while each one's support (its token chance, its
+    calibrated chance, or the source's weight) is at least ``min_support``, up to the first padding."""
     n = min(max_len, s.chains.shape[1])
     chain = s.chains[0, :n].tolist()
-    support = s.token_probs[0, :n].tolist() if s.token_probs is not None else [s.source_weight] * n
+    if s.token_probs is not None:
+        support = s.token_probs[0, :n].tolist()
+    elif s.calibration is not None:
+        support = [s.calibration.chance(1.0, s.match_len, depth) for depth in range(n)]
+    else:
+        support = [s.source_weight] * n
     draft: list[int] = []
     for token, weight in zip(chain, support):
         if token < 0 or weight < min_support:

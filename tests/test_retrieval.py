@@ -9,7 +9,8 @@ from freespec.proposers.base import EngineInfo, Row
 from freespec.proposers.retrieval.datastore import FORMAT, SEPARATOR, VERSION, Datastore, DatastoreError, file_sha256
 from freespec.proposers.retrieval.proposer import RetrievalOptions, RetrievalProposer
 from freespec.proposers.retrieval.search import continuations, longest_match, sa_range
-from freespec.scorers.fusion import Candidates, SourceWeights, fuse
+from freespec.scorers.calibration import TokenCalibration
+from freespec.scorers.fusion import Candidates, SourceWeights, descend, fuse
 
 FP = "sha256:test"
 
@@ -86,13 +87,51 @@ def test_continuations_are_sampled_evenly_and_stop_at_document_ends():
 
 def test_fuse_follows_the_majority_and_stops_where_support_falls():
     chains = np.array([[5, 6, 7], [5, 6, 8], [5, 9, -1], [4, 1, 1]])
-    draft, support, supported = fuse([Candidates("r", chains, np.ones(4))], 3, 0.4)
-    assert draft == [5, 6] and support == [0.75, 0.5] and supported == {"r": 2}
+    # Support is conditional: the share of the chains still on the draft's path (3 of 4 go on with 5; of
+    # those, 2 of 3 with 6; of those, 1 of 2 with 7 or 8).
+    draft, support, supported = fuse([Candidates("r", chains, np.ones(4))], 3, 0.6)
+    assert draft == [5, 6] and support == pytest.approx([0.75, 2 / 3]) and supported == {"r": 2}
+    draft, support, _ = fuse([Candidates("r", chains, np.ones(4))], 3, 0.4)
+    assert draft == [5, 6, 7] and support == pytest.approx([0.75, 2 / 3, 0.5])  # a tie: the smaller token
     # The request's own context agrees with the minority: together they win at depth 2.
     copy = Candidates("copy", np.array([[5, 6, 8, 3]]), np.ones(1), source_weight=0.5)
     draft, _, supported = fuse([Candidates("r", chains, np.ones(4)), copy], 4, 0.4)
     assert draft == [5, 6, 8, 3] and supported == {"r": 3, "copy": 4}
     assert fuse([], 4, 0.1)[0] == []
+
+
+def test_calibrated_chains_are_weighed_by_their_learned_chance_and_the_descent_is_the_majority():
+    chains = np.array([[5, 6, 7], [5, 6, 8], [5, 9, -1], [4, 1, 1]])
+    calibration = TokenCalibration()
+    found = Candidates("r", chains, np.ones(4), calibration=calibration, match_len=12)
+    assert descend(found, 3) == ([5, 6, 7], pytest.approx([0.75, 2 / 3, 0.5]))
+    draft, support, _ = fuse([found], 3, 0.0)
+    assert draft == [5, 6, 7]
+    assert support == pytest.approx([calibration.chance(share, 12, depth) for depth, share in enumerate([0.75, 2 / 3, 0.5])])
+    # Learning that tokens found by a 12-token match are always right raises the chance of each one.
+    before = calibration.chance(0.75, 12, 0)
+    for _ in range(50):
+        calibration.observe(TokenCalibration.cells([0.75, 2 / 3, 0.5], 12), 3, 3)
+    assert calibration.chance(0.75, 12, 0) > max(before, 0.95)
+    assert calibration.chance(0.75, 2, 0) == TokenCalibration().chance(0.75, 2, 0)  # another match length's cell
+    # A source whose chance (here calibrated) is higher wins over one that disagrees with a lower one.
+    suffix = Candidates("suffix", np.array([[5, 9, 4]]), np.ones(1), token_probs=np.array([[0.9, 0.6, 0.6]]))
+    draft, _, supported = fuse([found, suffix], 3, 0.05)
+    assert draft == [5, 6, 7] and supported == {"r": 3, "suffix": 1}
+
+
+def test_the_retrieval_source_learns_the_chance_of_its_tokens_from_what_the_target_produced(tmp_path):
+    """Served as hybrid's source: its chain at one step is scored at the next against the tokens produced."""
+    p = make(tmp_path, [[1, 2, 3, 4, 5, 6]], fuse_copy=False)
+    (found,) = p.candidates([Row(key=0, tokens=np.array([9, 1, 2, 3]), num_new=1)])
+    assert found.match_len == 3 and found.calibration is p.calibration
+    cells = TokenCalibration.cells([1.0, 1.0], 3)
+    before = p.calibration.estimate(cells)
+    p.candidates([Row(key=0, tokens=np.array([9, 1, 2, 3, 4, 7]), num_new=2)])  # 4 right, then 7 not 5
+    after = p.calibration.estimate(cells)
+    assert after[0] > before[0] and after[1] < before[1]
+    p.release(0)
+    assert not p._chains
 
 
 def test_source_weights_learn_acceptance():

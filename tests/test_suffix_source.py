@@ -7,7 +7,8 @@ from freespec.proposers import hybrid as hybrid_module
 from freespec.proposers import suffix_tree
 from freespec.proposers.base import Row
 from freespec.proposers.hybrid import DEFAULT_SOURCES, HybridOptions
-from freespec.proposers.suffix_tree import SuffixOptions, SuffixTreeProposer, TokenCalibration, matched_prefix
+from freespec.proposers.suffix_tree import SuffixOptions, SuffixTreeProposer, matched_prefix
+from freespec.scorers.calibration import TokenCalibration
 from pydantic import ValidationError
 
 pytestmark = pytest.mark.skipif(not suffix_tree.available()[0], reason="arctic-inference not installed")
@@ -150,7 +151,7 @@ def test_the_token_count_forgets_responses_evicted_by_count():
 
 
 def test_calibration_cells_are_the_probability_match_and_depth_buckets():
-    from freespec.proposers.suffix_tree import DEPTH_EDGES, MATCH_EDGES, PROB_EDGES
+    from freespec.scorers.calibration import DEPTH_EDGES, MATCH_EDGES, PROB_EDGES
 
     rng = np.random.default_rng(0)
     for _ in range(200):

@@ -13,7 +13,8 @@ is read into the drafting process's own memory, so a file changed in place under
 server cannot harm it; a larger one is memory-mapped read-only (``datastore``), so it lives in
 the page cache, shared by every worker on the host, and must be replaced only by rename
 (docs/reliability.md); every step drops a mapped shard whose file changed size. Per request only
-the copy proposer's state (see docs/copy.md) and the last draft's bookkeeping.
+the copy proposer's state (see docs/copy.md) and the last draft's bookkeeping (its own chain: at most k
+tokens).
 """
 from __future__ import annotations
 
@@ -26,7 +27,9 @@ from freespec.proposers.base import EngineInfo, Proposer, Row
 from freespec.proposers.registry import CopySourceOptions, build_proposer
 from freespec.proposers.retrieval.datastore import SEPARATOR, Datastore, read_manifest
 from freespec.proposers.retrieval.search import continuations, longest_match
-from freespec.scorers.fusion import Candidates, SourceWeights, fuse_sources
+from freespec.proposers.suffix_tree import matched_prefix
+from freespec.scorers.calibration import TokenCalibration
+from freespec.scorers.fusion import Candidates, SourceWeights, descend, fuse_sources
 from pydantic import Field, field_validator, model_validator
 
 logger = logging.getLogger("freespec")
@@ -73,7 +76,9 @@ class RetrievalProposer(Proposer):
         self.copy = build_proposer("copy", options.copy or {}, num_speculative_tokens) if options.fuse_copy \
             else None
         self.weights = SourceWeights()
+        self.calibration = TokenCalibration()
         self._supported: dict[int, dict[str, int]] = {}  # key -> leading draft tokens each source supported
+        self._chains: dict[int, tuple[int, list[int], list[int]]] = {}  # key -> (length then, own chain, cells)
 
     def bind(self, info: EngineInfo) -> None:
         fingerprint = info.tokenizer_fingerprint() if info.tokenizer_fingerprint else None
@@ -130,7 +135,22 @@ class RetrievalProposer(Proposer):
                 samples = max(1, round(o.max_continuations * (hi - lo) / total))
                 parts.append(continuations(np.asarray(shard.tokens), np.asarray(shard.sa), lo, hi, m, self.k, samples, SEPARATOR))
         chains = np.concatenate(parts)
-        return Candidates("retrieval", chains, np.ones(len(chains)))
+        return Candidates("retrieval", chains, np.ones(len(chains)), calibration=self.calibration, match_len=best)
+
+    def _lookup_learning(self, row: Row) -> Optional[Candidates]:
+        """``lookup`` for ``row``, first scoring its last chain against the tokens the target produced since (the
+        calibration learns), then keeping the new one's chain to score at its next step."""
+        last = self._chains.pop(row.key, None)
+        if last is not None:
+            start, chain, cells = last
+            matched, compared = matched_prefix(chain, row.tokens[start : start + len(chain)].tolist())
+            self.calibration.observe(cells, matched, compared)
+        found = self.lookup(row.tokens)
+        if found is not None:
+            chain, shares = descend(found, self.k)
+            if chain:
+                self._chains[row.key] = (len(row.tokens), chain, TokenCalibration.cells(shares, found.match_len))
+        return found
 
     def propose(self, rows: Sequence[Row]) -> list[list[int]]:
         if self.store is None:
@@ -151,7 +171,7 @@ class RetrievalProposer(Proposer):
             from_copy = None
             if copy_draft:
                 from_copy = Candidates("copy", np.asarray([copy_draft], dtype=np.int64), np.ones(1))
-            offered = {"retrieval": self.lookup(row.tokens) if ask_store else None, "copy": from_copy}
+            offered = {"retrieval": self._lookup_learning(row) if ask_store else None, "copy": from_copy}
             fused = fuse_sources(offered, self.weights, self.k, self.options.min_support, self.token_cost)
             if fused.tokens:
                 self._supported[row.key] = fused.supported
@@ -165,11 +185,12 @@ class RetrievalProposer(Proposer):
         if self.store is None:
             raise RuntimeError("retrieval proposer used before bind()")
         self.check_files()
-        return [self.lookup(row.tokens) if row.num_new and len(row.tokens) >= self.options.min_match else None
+        return [self._lookup_learning(row) if row.num_new and len(row.tokens) >= self.options.min_match else None
                 for row in rows]
 
     def release(self, key: int) -> None:
         self._supported.pop(key, None)
+        self._chains.pop(key, None)
         if self.copy is not None:
             self.copy.release(key)
 

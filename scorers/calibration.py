@@ -1,0 +1,70 @@
+"""Learned acceptance chances of draft tokens, per (the source's own probability, match length, depth).
+
+A source's own probabilities are counts (how often a continuation followed the matched context), not
+acceptance rates; ``TokenCalibration`` learns, online, how often a token with that probability, found by a
+match of that length at that depth of the draft, is accepted. The ``suffix`` and ``retrieval`` sources
+each keep one, so ``hybrid`` weighs their tokens on one scale.
+"""
+from __future__ import annotations
+
+from bisect import bisect_right
+from typing import Sequence
+
+PROB_EDGES = (0.2, 0.35, 0.5, 0.7, 0.9, 0.999)  # tree-probability buckets (conditional, per token)
+MATCH_EDGES = (2, 3, 4, 6, 9, 13, 19)  # match-length buckets
+DEPTH_EDGES = (1, 2, 4)  # position in the draft: 0, 1, 2-3, 4+
+PRIOR_STRENGTH = 2.0  # pseudo-observations behind each cell's starting guess
+WINDOW = 2000.0  # evidence kept per cell before it is halved
+
+
+class TokenCalibration:
+    """Chance that a drafted token is accepted, given the previous ones were, per (probability, match, depth) cell.
+
+    The probability is the source's own conditional estimate: a suffix tree's frequency of the token after
+    the tokens before it (``suffix``), or the share of a datastore's continuations that go on with it
+    (``retrieval``). A Beta estimate per cell, starting from that probability (``PRIOR_STRENGTH``
+    pseudo-observations), so a fresh server drafts like SuffixDecoding and then follows what it sees.
+    Cells are flat indices into plain lists: a draft has a few tokens, and this runs every engine step
+    right after the forward pass has flushed the CPU's caches, where each numpy call on a tiny array
+    costs more than the Python it replaces.
+    """
+
+    def __init__(self) -> None:
+        mids = [0.15] + [(a + b) / 2 for a, b in zip(PROB_EDGES, PROB_EDGES[1:])] + [1.0]
+        per_prob = (len(MATCH_EDGES) + 1) * (len(DEPTH_EDGES) + 1)
+        prior = [min(mid, 0.9) for mid in mids for _ in range(per_prob)]
+        self.successes = [PRIOR_STRENGTH * x for x in prior]
+        self.failures = [PRIOR_STRENGTH * (1.0 - x) for x in prior]
+
+    @staticmethod
+    def cell(cond: float, match_len: int, depth: int) -> int:
+        """A draft token's cell, from its conditional probability, the match length and its depth."""
+        prob = bisect_right(PROB_EDGES, cond) * (len(MATCH_EDGES) + 1) + bisect_right(MATCH_EDGES, match_len)
+        return prob * (len(DEPTH_EDGES) + 1) + bisect_right(DEPTH_EDGES, depth)
+
+    @classmethod
+    def cells(cls, cond: Sequence[float], match_len: int) -> list[int]:
+        """Each token's cell of a draft whose tokens have these conditional probabilities."""
+        return [cls.cell(c, match_len, depth) for depth, c in enumerate(cond)]
+
+    def chance(self, cond: float, match_len: int, depth: int) -> float:
+        """The learned chance of one token."""
+        cell = self.cell(cond, match_len, depth)
+        return self.successes[cell] / (self.successes[cell] + self.failures[cell])
+
+    def estimate(self, cells: Sequence[int]) -> list[float]:
+        s, f = self.successes, self.failures
+        return [s[c] / (s[c] + f[c]) for c in cells]
+
+    def observe(self, cells: Sequence[int], matched: int, compared: int) -> None:
+        """Tokens 0..matched-1 were right; token ``matched`` was wrong if ``matched < compared``."""
+        if compared <= 0:
+            return
+        for c in cells[:matched]:
+            self.successes[c] += 1.0
+        if matched < compared:
+            wrong = cells[matched]
+            self.failures[wrong] += 1.0
+            if self.successes[wrong] + self.failures[wrong] > WINDOW:
+                self.successes[wrong] *= 0.5
+                self.failures[wrong] *= 0.5
