@@ -44,7 +44,7 @@ from freespec.proposers.base import EngineInfo, Proposer, Row, ScoredPositions
 from freespec.proposers.registry import CopySourceOptions, build_proposer, load_options
 from freespec.proposers.suffix_tree import available as suffix_available
 from freespec.proposers.suffix_tree import matched_prefix
-from freespec.scorers.fusion import PROBE_EVERY, Candidates, SourcePricing, SourceWeights, descend, fuse_sources
+from freespec.scorers.fusion import PROBE_EVERY, Candidates, SourcePricing, SourceWeights, fuse_sources
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 logger = logging.getLogger("freespec")
@@ -182,7 +182,7 @@ def _own_chain(found: Candidates, k: int) -> list[int]:
     """What the source would draft alone: its one chain, or the majority descent through its chains."""
     if len(found.chains) == 1:
         return [t for t in found.chains[0].tolist() if t >= 0]
-    return descend(found, k)[0]
+    return found.descent[0][:k]
 
 
 def displaced(draft: Sequence[int], supported: dict[str, int], got: dict[str, int],

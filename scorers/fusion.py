@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import NamedTuple, Optional
 
 import numpy as np
@@ -45,6 +46,12 @@ class Candidates:
     token_probs: Optional[np.ndarray] = None  # float64 [n, L]
     calibration: Optional[TokenCalibration] = None
     match_len: int = 0
+
+    @cached_property
+    def descent(self) -> tuple[list[int], list[float]]:
+        """``descend`` through the whole chains, worked out once: the source (to learn) and ``hybrid`` (to
+        price it) both ask for it each step."""
+        return descend(self, self.chains.shape[1])
 
 
 def fuse(sources: list[Candidates], max_len: int, min_support: float) -> tuple[list[int], list[float], dict[str, int]]:

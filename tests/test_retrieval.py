@@ -104,7 +104,7 @@ def test_calibrated_chains_are_weighed_by_their_learned_chance_and_the_descent_i
     chains = np.array([[5, 6, 7], [5, 6, 8], [5, 9, -1], [4, 1, 1]])
     calibration = TokenCalibration()
     found = Candidates("r", chains, np.ones(4), calibration=calibration, match_len=12)
-    assert descend(found, 3) == ([5, 6, 7], pytest.approx([0.75, 2 / 3, 0.5]))
+    assert descend(found, 3) == ([5, 6, 7], pytest.approx([0.75, 2 / 3, 0.5])) == found.descent
     draft, support, _ = fuse([found], 3, 0.0)
     assert draft == [5, 6, 7]
     assert support == pytest.approx([calibration.chance(share, 12, depth) for depth, share in enumerate([0.75, 2 / 3, 0.5])])

@@ -29,7 +29,7 @@ from freespec.proposers.retrieval.datastore import SEPARATOR, Datastore, read_ma
 from freespec.proposers.retrieval.search import continuations, longest_match
 from freespec.proposers.suffix_tree import matched_prefix
 from freespec.scorers.calibration import TokenCalibration
-from freespec.scorers.fusion import Candidates, SourceWeights, descend, fuse_sources
+from freespec.scorers.fusion import Candidates, SourceWeights, fuse_sources
 from pydantic import Field, field_validator, model_validator
 
 logger = logging.getLogger("freespec")
@@ -147,7 +147,7 @@ class RetrievalProposer(Proposer):
             self.calibration.observe(cells, matched, compared)
         found = self.lookup(row.tokens)
         if found is not None:
-            chain, shares = descend(found, self.k)
+            chain, shares = found.descent
             if chain:
                 self._chains[row.key] = (len(row.tokens), chain, TokenCalibration.cells(shares, found.match_len))
         return found
