@@ -11,14 +11,14 @@ import argparse
 import sys
 
 from freespec import __version__
-from freespec.cli import bench, datastore, doctor, models, recycle, serve
+from freespec.cli import bench, datastore, doctor, models, recycle, responses, serve
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="freespec", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True)
-    for module in (models, bench, doctor, datastore, recycle, serve):
+    for module in (models, bench, doctor, datastore, responses, recycle, serve):
         module.add_parser(subparsers)
     return parser
 

@@ -1,11 +1,16 @@
 """The default plugin learns across restarts: one engine saves its responses at exit, the next loads them.
 
 Real vLLM CPU engine and SmolLM2. The second engine meets the same prompts again (repeated traffic, the case
-persistence is for), so its drafts come from the first engine's answers from the first request on.
+persistence is for), so its drafts come from the first engine's answers from the first request on. A file
+written by ``freespec responses build`` (the model's own answers, offline) starts an engine warm the same way.
 """
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -53,3 +58,24 @@ def test_responses_are_saved_at_exit_and_a_restart_drafts_from_them(cold_run, en
     # Greedy: the warm engine's answers are the cold one's, which its global tree already holds.
     assert warm["pass"]["token_ids"] == cold_run[0]["pass"]["token_ids"]
     assert again > cold + 0.2, f"accepted per output token: cold start {cold:.3f}, warm start {again:.3f}"
+
+
+def test_a_file_from_responses_build_starts_a_server_warm(cold_run, engines, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"messages": [{"role": "user", "content": p}]}) + "\n" for p in PROMPTS))
+    built = engines.workdir / "built-responses.bin"
+    proc = subprocess.run(
+        [str(Path(sys.executable).with_name("freespec")), "responses", "build", "--model", engines.model,
+         "--prompts", str(prompts), "--out", str(built), "--max-tokens", str(TOKENS), "--dtype", "float32",
+         "--max-model-len", "2048"],
+        capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == str(built)
+    assert f"{len(PROMPTS)} responses" in proc.stderr
+    warm, log = engines.run("hybrid_built_warm", spec(str(built)),
+                            [{"name": "pass", "prompts": PROMPTS, "max_tokens": TOKENS}])
+    assert f"response store loaded {len(PROMPTS)} responses" in log, log[-3000:]
+    # The built answers are the model's greedy answers to these prompts: drafted from the first request on.
+    assert warm["pass"]["token_ids"] == cold_run[0]["pass"]["token_ids"]
+    cold, again = accepted_per_token(cold_run[0]["pass"]), accepted_per_token(warm["pass"])
+    assert again > cold + 0.2, f"accepted per output token: cold start {cold:.3f}, built warm start {again:.3f}"

@@ -520,6 +520,10 @@ class ResponseStore:
         waits for ``take_merged``; False when one waits, or after ``timeout`` seconds."""
         return True if self._files is None else self._files.wait(timeout)
 
+    def save(self) -> None:
+        """Write the store now, in this thread (a tool's final write); unlike the server's saves, an error is raised."""
+        write_store(self.path, self._snapshot(), fingerprint=self.fingerprint, vocab_size=self.vocab_size)
+
     def close(self, timeout: float = 10.0) -> None:
         """Stop the background thread and save a last time, in this thread (at exit; idempotent; never raises)."""
         if self._closed:

@@ -32,8 +32,18 @@ def main() -> int:
     p.add_argument("--groups", type=int, default=20, help="groups of one question per category (default 20)")
     p.add_argument("--token-cost", type=float, default=0.05, help="the goodput bar handed to hybrid (default 0.05)")
     p.add_argument("--vllm-suffix", action="store_true", help="replay vLLM's suffix method instead")
+    p.add_argument("--seed", metavar="FILE", help="a response store file (`freespec responses build`) loaded into "
+                   "each group's `suffix` source at its start, as responses_path would, but never written")
     args = p.parse_args()
     model, data = read_greedy(Path(args.greedy))
+    seed = []
+    if args.seed:
+        from freespec.cli.responses import MAX_RESPONSES, MAX_STORE_TOKENS
+        from freespec.proposers.response_store import read_store
+        from freespec.vllm_plugins.adapter import tokenizer_fingerprint
+
+        seed = [e.tokens for e in read_store(args.seed, fingerprint=tokenizer_fingerprint(model), vocab_size=49152,
+                                             max_responses=MAX_RESPONSES, max_tokens=MAX_STORE_TOKENS).entries]
     by_category = collections.defaultdict(list)
     for item in data:
         by_category[item[0]].append(item)
@@ -69,6 +79,8 @@ def main() -> int:
             proposer = HybridProposer(HybridProposer.Options(**options), 8)
             proposer.bind(EngineInfo(vocab_size=49152, model=model or ""))
             proposer.token_cost = args.token_cost
+            if seed:
+                proposer.sources["suffix"]._seed(seed)
         for category, prompt, output in group:
             key += 1
             tokens, steps, _ = replay(proposer, key, prompt, output, 0.033)
