@@ -11,7 +11,8 @@ answers each greedily with the model (an offline vLLM, batched, with a progress 
 as a response store file. A server loads it with ``"suffix": {"responses_path": FILE}`` (docs/hybrid.md) and
 drafts from those answers from its first request; it then adds its own responses to the same file.
 Bounds: at most ``--limit`` answers (10,000 at most, the server's default ``max_saved_responses``) of at most
-``--max-tokens`` tokens each; 4 bytes a token on disk. Exit code 2: bad arguments or inputs.
+``--max-tokens`` tokens each, the newest 2,000,000 tokens kept (its default ``max_saved_tokens``); 4 bytes a
+token on disk. Exit code 2: bad arguments or inputs.
 """
 from __future__ import annotations
 

@@ -2,9 +2,11 @@
 
 ``freespec responses build`` stores them as a response store file (``proposers.response_store``), which the
 ``suffix`` source loads at start (``responses_path``): a new server then drafts from its model's own phrasing
-from its first request, as one that has already served that traffic would. Only public vLLM API is used
-(``LLM``, ``SamplingParams``, ``LLM.chat``); the tokenizer's identity is the one the plugin checks when
-it loads the file (``vllm_plugins.adapter.tokenizer_fingerprint``).
+from its first request, as one that has already served that traffic would. vLLM's offline API only
+(``LLM``, ``SamplingParams``, ``LLM.chat``, ``LLM.get_tokenizer``, ``LLM.llm_engine.model_config``); the
+tokenizer's identity is the one the plugin checks when it loads the file
+(``vllm_plugins.adapter.tokenizer_fingerprint``). Memory: the prompts and every answer's token ids, at most
+``len(prompts) * max_tokens`` ids, until the caller stores them.
 """
 from __future__ import annotations
 
