@@ -34,10 +34,12 @@ def greedy_answers(
     dtype: str,
     max_model_len: int,
     log: Callable[[str], None],
+    memory: float | None = None,
 ) -> Answers:
     """Answer every prompt (one user turn, the model's chat template) greedily, batched by vLLM, with a progress bar.
 
     A prompt whose templated tokens plus ``max_tokens`` exceed ``max_model_len`` is skipped (counted).
+    ``memory``: vLLM's ``gpu_memory_utilization`` (None: vLLM's default).
     """
     # One process: the caller's top level need not be spawn-safe, and the engine's memory is this process's.
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -45,7 +47,8 @@ def greedy_answers(
 
     from freespec.vllm_plugins.adapter import tokenizer_fingerprint
 
-    llm = LLM(model=model, dtype=dtype, max_model_len=max_model_len, seed=0)
+    extra = {} if memory is None else {"gpu_memory_utilization": memory}
+    llm = LLM(model=model, dtype=dtype, max_model_len=max_model_len, seed=0, **extra)
     tokenizer = llm.get_tokenizer()
     room = max_model_len - max_tokens
 
