@@ -8,7 +8,7 @@
 build``; a chat record gives its ``--roles`` messages, by default the user's), keeps the first ``--limit``
 distinct ones of at least 20 characters (and none sharing a run of 12 words with an ``--exclude`` file),
 answers each greedily with the model (an offline vLLM, batched, with a progress bar) and writes the answers
-as a response store file. A server loads it with ``"suffix": {"responses_path": FILE}`` (docs/hybrid.md) and
+as a response store file (its path the last line of stdout). A server loads it with ``"suffix": {"responses_path": FILE}`` (docs/hybrid.md) and
 drafts from those answers from its first request; it then adds its own responses to the same file.
 Bounds: at most ``--limit`` answers (10,000 at most, the server's default ``max_saved_responses``) of at most
 ``--max-tokens`` tokens each, the newest 2,000,000 tokens kept (its default ``max_saved_tokens``); 4 bytes a
