@@ -17,14 +17,16 @@ token on disk. Exit code 2: bad arguments or inputs.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from freespec.proposers.suffix_tree import SuffixOptions
+
 MIN_PROMPT_CHARS = 20
-MAX_RESPONSES = 10_000  # the suffix source's default max_saved_responses: a bigger file is refused at load
-MAX_STORE_TOKENS = 2_000_000  # its default max_saved_tokens
+# The suffix source's default bounds on its responses file: a file beyond them is refused at load.
+MAX_RESPONSES = SuffixOptions.model_fields["max_saved_responses"].default
+MAX_STORE_TOKENS = SuffixOptions.model_fields["max_saved_tokens"].default
 
 
 def _log(message: str) -> None:
@@ -128,9 +130,7 @@ def run_build(args: argparse.Namespace) -> int:
                           max_responses=MAX_RESPONSES, max_tokens=MAX_STORE_TOKENS)
     for tokens in answers.outputs:
         store.add(tokens)
-    if out.exists():
-        os.remove(out)  # --force: written anew, not merged with the old file
-    store.save()
+    store.save()  # with --force, the old file is replaced atomically, not merged
     _log(f"{out}: {len(store):,} responses, {store.num_tokens:,} tokens; serve with "
          f"'\"suffix\": {{\"responses_path\": \"{out}\"}}' (hybrid)")
     print(out)

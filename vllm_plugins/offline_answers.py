@@ -17,13 +17,12 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Answers:
-    """The answers (output token ids, in prompt order) and what a response store file must record."""
+    """The answers (output token ids, in the order of the prompts that fit) and what a response store file must
+    record."""
 
-    prompts: list[str]  # the prompts answered (those that fit the model's context), in order
     outputs: list[list[int]]
     vocab_size: int
     fingerprint: str
-    skipped: int  # prompts left out: with the answer, longer than max_model_len
 
 
 def greedy_answers(
@@ -38,7 +37,7 @@ def greedy_answers(
 ) -> Answers:
     """Answer every prompt (one user turn, the model's chat template) greedily, batched by vLLM, with a progress bar.
 
-    A prompt whose templated tokens plus ``max_tokens`` exceed ``max_model_len`` is skipped (counted).
+    A prompt whose templated tokens plus ``max_tokens`` exceed ``max_model_len`` is skipped (logged with a count).
     ``memory``: vLLM's ``gpu_memory_utilization`` (None: vLLM's default).
     """
     # One process: the caller's top level need not be spawn-safe, and the engine's memory is this process's.
@@ -66,9 +65,7 @@ def greedy_answers(
                     SamplingParams(max_tokens=max_tokens, temperature=0.0), use_tqdm=True)
     model_config = llm.llm_engine.model_config
     return Answers(
-        prompts=kept,
         outputs=[list(o.outputs[0].token_ids) for o in outs],
         vocab_size=int(model_config.get_vocab_size()),
         fingerprint=tokenizer_fingerprint(model_config.tokenizer),
-        skipped=skipped,
     )
