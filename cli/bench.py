@@ -8,7 +8,10 @@ import sys
 
 from freespec.bench.options import BenchOptions
 from freespec.bench.run import run as run_bench
+from freespec.cli.arguments import int_in
 from freespec.questions import BUILTIN, ENV_PATH, SPEC_BENCH_URL
+
+POSITIVE = int_in(1)
 
 
 def options_from_args(args: argparse.Namespace) -> BenchOptions:
@@ -27,26 +30,19 @@ DESCRIPTION = (
 )
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
 def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--questions",
                    help=f"a Spec-Bench-style question.jsonl, or '{BUILTIN}' for freespec's own prompt "
                         f"set (default: ${ENV_PATH}, else Spec-Bench cached under ~/.cache/freespec, else "
                         f"downloaded there from {SPEC_BENCH_URL}, else the built-in set)")
     p.add_argument("--categories", help="comma-separated categories (default: all in the file)")
-    p.add_argument("--per-category", type=_positive_int, nargs="+",
+    p.add_argument("--per-category", type=POSITIVE, nargs="+",
                    help="questions per category, the first ones in file order (default: all); one value, "
                         "or one per concurrency level (e.g. --concurrency 1 4 16 39 --per-category 1 2 3 3)")
-    p.add_argument("--max-tokens", type=_positive_int, help="completion tokens per request (default %(default)s)")
+    p.add_argument("--max-tokens", type=POSITIVE, help="completion tokens per request (default %(default)s)")
     p.add_argument("--temperature", type=float, help="0 = greedy (default)")
     p.add_argument("--seed", type=int, help="server --seed and per-request seed")
-    p.add_argument("--concurrency", type=_positive_int, nargs="+",
+    p.add_argument("--concurrency", type=POSITIVE, nargs="+",
                    help="one or more numbers of requests in flight, e.g. --concurrency 1 8")
     p.add_argument("--dtype",
                    help="the model's dtype (default: what fits this machine: on a CPU build of vLLM, "
@@ -61,14 +57,14 @@ def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "(comma-separated also works), or a whole plugin config as JSON, e.g. "
                         "'{\"plugin\": \"mypackage.drafts:MyProposer\"}'; "
                         "none is always run as the baseline")
-    p.add_argument("--num-speculative-tokens", type=_positive_int,
+    p.add_argument("--num-speculative-tokens", type=POSITIVE,
                    help="K for every speculative config (default %(default)s)")
     p.add_argument("--warmup", type=int,
                    help="warm-up requests per server before measuring, "
                         "from questions that are not measured (default %(default)s)")
     p.add_argument("--out", help="output folder (default: bench_results/<timestamp>)")
     p.add_argument("--port", type=int, help="server port (default: a free one)")
-    p.add_argument("--max-model-len", type=_positive_int, help="the servers' --max-model-len (default %(default)s)")
+    p.add_argument("--max-model-len", type=POSITIVE, help="the servers' --max-model-len (default %(default)s)")
     p.add_argument("--gpu-memory-utilization", type=float,
                    help="share of GPU memory each server may take; on a CPU build of vLLM, the share of RAM "
                         "(default: on a CPU build 0.3, or 0.8 of the free share of RAM where less is free; "
@@ -80,11 +76,11 @@ def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--reuse-server", action="store_true",
                    help="one server per config for all concurrency levels (faster; proposers that remember "
                         "earlier requests then see every prompt again) instead of a fresh one per level")
-    p.add_argument("--repeats", type=_positive_int,
+    p.add_argument("--repeats", type=POSITIVE,
                    help="measure each concurrency level N times back to back on the same server, after the "
                         "warm-up, with the same questions (default %(default)s); tok/s is then the mean, with the "
                         "spread, and the ratio to none gets an interval")
-    p.add_argument("--rounds", type=_positive_int,
+    p.add_argument("--rounds", type=POSITIVE,
                    help="run the whole config list R times, fresh servers each round, so that the samples "
                         "of each config interleave in time with the others', in blocks of 4 that give every "
                         "config the same mean position and never run one config twice in a row; use 4 or 8 "

@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from freespec.cli.arguments import int_in
+
 DEFAULT_SHARD_TOKENS = 1 << 26
 
 
@@ -31,16 +33,6 @@ def _log(message: str) -> None:
 def _error(message: str, code: int = 2) -> int:
     print(f"freespec: error: {message}", file=sys.stderr, flush=True)
     return code
-
-
-def _shard_tokens(value: str) -> int:
-    try:
-        n = int(value.replace("_", ""))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
-    if not 2 <= n < 2**32:
-        raise argparse.ArgumentTypeError(f"must be between 2 and {2**32 - 1}, not {n}")
-    return n
 
 
 def _size(nbytes: int) -> str:
@@ -72,7 +64,7 @@ def add_parser(subparsers) -> None:
                        help="drop every document that shares a run of 12 words with a document of these "
                             "files (keep evaluation questions out, e.g. Spec-Bench's question.jsonl)")
     build.add_argument("--out", required=True, metavar="DIR", help="datastore directory to create")
-    build.add_argument("--shard-tokens", type=_shard_tokens, default=DEFAULT_SHARD_TOKENS, metavar="N",
+    build.add_argument("--shard-tokens", type=int_in(2, 2**32 - 1), default=DEFAULT_SHARD_TOKENS, metavar="N",
                        help=f"tokens per shard (default {DEFAULT_SHARD_TOKENS:,}; building needs about "
                             "20 bytes of memory per shard token)")
     build.add_argument("--force", action="store_true", help="replace an existing datastore in DIR")

@@ -21,6 +21,7 @@ import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from freespec.cli.arguments import int_in
 from freespec.proposers.suffix_tree import SuffixOptions
 
 MIN_PROMPT_CHARS = 20
@@ -38,18 +39,6 @@ def _error(message: str) -> int:
     return 2
 
 
-def _bounded_int(low: int, high: int):
-    def parse(value: str) -> int:
-        try:
-            n = int(value.replace("_", ""))
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
-        if not low <= n <= high:
-            raise argparse.ArgumentTypeError(f"must be between {low:,} and {high:,}, not {n:,}")
-        return n
-    return parse
-
-
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("responses", help="write a response store of the model's own answers (a warm start)",
                               description=__doc__.splitlines()[0])
@@ -62,14 +51,14 @@ def add_parser(subparsers) -> None:
     build.add_argument("--out", required=True, metavar="FILE", help="the response store file to write")
     build.add_argument("--roles", nargs="+", default=["user"],
                        help="which messages of a chat record are prompts (default: user)")
-    build.add_argument("--limit", type=_bounded_int(1, MAX_RESPONSES), default=2000,
+    build.add_argument("--limit", type=int_in(1, MAX_RESPONSES), default=2000,
                        help=f"answers to generate, at most {MAX_RESPONSES:,} (default %(default)s)")
-    build.add_argument("--max-tokens", type=_bounded_int(1, 4096), default=256,
+    build.add_argument("--max-tokens", type=int_in(1, 4096), default=256,
                        help="tokens per answer at most (default %(default)s)")
     build.add_argument("--exclude", nargs="+", default=[], metavar="PATH",
                        help="files of evaluation data: a prompt sharing a run of 12 words with one is left out")
     build.add_argument("--dtype", default="auto", help="the model's dtype, as vLLM's --dtype (default auto)")
-    build.add_argument("--max-model-len", type=_bounded_int(16, 1 << 20), default=4096,
+    build.add_argument("--max-model-len", type=int_in(16, 1 << 20), default=4096,
                        help="the engine's context length; longer prompts are skipped (default %(default)s)")
     build.add_argument("--memory", type=float, default=None, metavar="SHARE",
                        help="vLLM's --gpu-memory-utilization (default: as freespec bench, 0.3 of RAM at most on a "

@@ -24,7 +24,7 @@ best-supported token while that support is at least ``min_support`` and, with th
 the chance that the whole prefix is accepted pays for verifying it.
 
 Learning is counterfactual: a step's new tokens are the target's own continuation, so every source's
-chain is scored against them (``suffix_tree.matched_prefix``), whichever chain was verified.
+chain is scored against them (``acceptance.matched_prefix``), whichever chain was verified.
 
 Pricing (``scorers.fusion.SourcePricing``): each source's own seconds per step are weighed against the
 tokens only it got right (beyond the best other source), less the right tokens the fused draft lost by
@@ -43,7 +43,7 @@ from typing import Any, Optional, Sequence
 from freespec.proposers.base import EngineInfo, Proposer, Row, ScoredPositions
 from freespec.proposers.registry import CopySourceOptions, build_proposer, load_options
 from freespec.proposers.suffix_tree import available as suffix_available
-from freespec.proposers.suffix_tree import matched_prefix
+from freespec.scorers.acceptance import matched_prefix
 from freespec.scorers.fusion import PROBE_EVERY, Candidates, SourcePricing, SourceWeights, fuse_sources
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 

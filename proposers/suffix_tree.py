@@ -43,6 +43,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 from freespec.proposers.base import EngineInfo, Proposer, ProposerOptions, Row
+from freespec.scorers.acceptance import matched_prefix
 from freespec.scorers.calibration import TokenCalibration
 from freespec.scorers.fusion import Candidates
 from pydantic import Field, model_validator
@@ -139,17 +140,6 @@ class _Live:
         self.cells: Optional[list[int]] = None
         # the output so far, in pieces, when responses are persisted (4 bytes a token, freed at release)
         self.output: Optional[list[np.ndarray]] = [] if keep_output else None
-
-
-def matched_prefix(chain: Sequence[int], produced: Sequence[int]) -> tuple[int, int]:
-    """(leading chain tokens equal to what the target produced, tokens that could be compared).
-
-    Plain lists are fastest here (a chain has at most k tokens); numpy arrays work too."""
-    compared = min(len(chain), len(produced))
-    for i in range(compared):
-        if chain[i] != produced[i]:
-            return i, compared
-    return compared, compared
 
 
 class SuffixTreeProposer(Proposer):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Sequence
 
 
 @dataclass
@@ -51,3 +52,14 @@ def draft_length(alpha: float, k: int, min_token_gain: float) -> int:
     if alpha >= 1.0 or min_token_gain <= 0.0:
         return k
     return max(0, min(k, int(math.floor(math.log(min_token_gain) / math.log(alpha) + 1e-9))))
+
+
+def matched_prefix(chain: Sequence[int], produced: Sequence[int]) -> tuple[int, int]:
+    """(leading chain tokens equal to what the target produced, tokens that could be compared).
+
+    Plain lists are fastest here (a chain has at most k tokens); numpy arrays work too."""
+    compared = min(len(chain), len(produced))
+    for i in range(compared):
+        if chain[i] != produced[i]:
+            return i, compared
+    return compared, compared

@@ -1,7 +1,8 @@
 """Acceptance estimates and the draft length they choose."""
+import numpy as np
 import pytest
 
-from freespec.scorers.acceptance import AcceptanceEstimate, draft_length
+from freespec.scorers.acceptance import AcceptanceEstimate, draft_length, matched_prefix
 
 
 def test_estimate_converges_to_per_token_acceptance():
@@ -23,3 +24,10 @@ def test_fully_accepted_drafts_count_no_failure():
 )
 def test_draft_length(alpha, gain, k, want):
     assert draft_length(alpha, k, gain) == want
+
+
+def test_matched_prefix():
+    assert matched_prefix([1, 2, 3], [1, 2, 9, 4]) == (2, 3)
+    assert matched_prefix(np.array([1, 2, 3]), np.array([1, 2, 9, 4])) == (2, 3)
+    assert matched_prefix(np.array([1, 2, 3]), np.array([1])) == (1, 1)
+    assert matched_prefix(np.array([1, 2]), np.array([], dtype=np.int64)) == (0, 0)

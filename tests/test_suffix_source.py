@@ -7,7 +7,7 @@ from freespec.proposers import hybrid as hybrid_module
 from freespec.proposers import suffix_tree
 from freespec.proposers.base import Row
 from freespec.proposers.hybrid import DEFAULT_SOURCES, HybridOptions
-from freespec.proposers.suffix_tree import SuffixOptions, SuffixTreeProposer, matched_prefix
+from freespec.proposers.suffix_tree import SuffixOptions, SuffixTreeProposer
 from freespec.scorers.calibration import TokenCalibration
 from pydantic import ValidationError
 
@@ -107,13 +107,6 @@ def test_a_high_bar_cuts_the_draft_and_a_low_one_keeps_it():
     p = make()
     p.token_cost = 0.0
     assert len(p.propose([row(0, prompt)])[0]) >= 2
-
-
-def test_matched_prefix():
-    assert matched_prefix([1, 2, 3], [1, 2, 9, 4]) == (2, 3)
-    assert matched_prefix(np.array([1, 2, 3]), np.array([1, 2, 9, 4])) == (2, 3)
-    assert matched_prefix(np.array([1, 2, 3]), np.array([1])) == (1, 1)
-    assert matched_prefix(np.array([1, 2]), np.array([], dtype=np.int64)) == (0, 0)
 
 
 def test_global_cache_is_bounded_by_max_cached_tokens_oldest_first():

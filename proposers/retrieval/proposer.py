@@ -27,7 +27,7 @@ from freespec.proposers.base import EngineInfo, Proposer, Row
 from freespec.proposers.registry import CopySourceOptions, build_proposer
 from freespec.proposers.retrieval.datastore import SEPARATOR, Datastore, read_manifest
 from freespec.proposers.retrieval.search import continuations, longest_match
-from freespec.proposers.suffix_tree import matched_prefix
+from freespec.scorers.acceptance import matched_prefix
 from freespec.scorers.calibration import TokenCalibration
 from freespec.scorers.fusion import Candidates, SourceWeights, fuse_sources
 from pydantic import Field, field_validator, model_validator

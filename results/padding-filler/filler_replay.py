@@ -31,7 +31,7 @@ import freespec.proposers.hybrid as hybrid_module
 from freespec.proposers.base import EngineInfo, Row, ScoredPositions
 from freespec.proposers.padding import context_padding
 from freespec.proposers.registry import build_proposer
-from freespec.proposers.suffix_tree import matched_prefix
+from freespec.scorers.acceptance import matched_prefix
 from freespec.scorers.fusion import fuse
 
 FILLERS = ("copy", "tail", "tail+copy", "recycle")

@@ -22,7 +22,7 @@ from replay_drafts import VllmSuffix, read_greedy, replay  # noqa: E402
 
 from freespec.proposers.base import EngineInfo  # noqa: E402
 from freespec.proposers.hybrid import HybridProposer  # noqa: E402
-from freespec.proposers.suffix_tree import matched_prefix  # noqa: E402
+from freespec.scorers.acceptance import matched_prefix  # noqa: E402
 
 
 def main() -> int:
