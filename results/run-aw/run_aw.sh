@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Run AW: hybrid started warm from `freespec responses build` against a cold hybrid, vLLM suffix and none,
 # bfloat16, concurrency 1, one round per `freespec bench` so every warm server starts from the same file.
-#   usage: bash results/run-aw/run_aw.sh QUESTIONS_JSONL OUT_DIR [ROUNDS]
+#   usage: bash results/run-aw/run_aw.sh QUESTIONS_JSONL OUT_DIR [ROUNDS [DTYPE]]   (DTYPE: bfloat16 by default)
+# The responses file is built in bfloat16 whatever DTYPE the benches run in.
 set -euo pipefail
-Q=$1 OUT=$2 ROUNDS=${3:-2}
+Q=$1 OUT=$2 ROUNDS=${3:-2} DTYPE=${4:-bfloat16}
 CACHE=${FREESPEC_CACHE:-$HOME/.cache/freespec}
 BASE=$CACHE/responses/sharegpt-1000-smollm2-135m-instruct.bin
 mkdir -p "$OUT"
@@ -18,5 +19,5 @@ for r in $(seq 1 "$ROUNDS"); do
   cp "$BASE" "$OUT/warm.bin"  # the server adds its answers to the file: each round starts from the built one
   freespec bench --questions "$Q" --configs none suffix hybrid \
     "hybrid:{\"suffix\":{\"responses_path\":\"$OUT/warm.bin\"}}" --per-category 1 --max-tokens 128 \
-    --dtype bfloat16 --rounds 1 --out "$OUT/r$r"
+    --dtype "$DTYPE" --rounds 1 --out "$OUT/r$r"
 done
