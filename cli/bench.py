@@ -76,6 +76,11 @@ def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--reuse-server", action="store_true",
                    help="one server per config for all concurrency levels (faster; proposers that remember "
                         "earlier requests then see every prompt again) instead of a fresh one per level")
+    p.add_argument("--interleave", action="store_true",
+                   help="start every config's server at once (each with its share of the memory) and run each "
+                        "block (a category at concurrency 1, all questions above it) on every config in turn, so "
+                        "the configs' samples are seconds apart and a machine whose speed drifts slows them "
+                        "alike; one server per config for all levels, as with --reuse-server")
     p.add_argument("--repeats", type=POSITIVE,
                    help="measure each concurrency level N times back to back on the same server, after the "
                         "warm-up, with the same questions (default %(default)s); tok/s is then the mean, with the "

@@ -179,6 +179,62 @@ def test_run_with_repeats_and_rounds_against_a_fake_server(tmp_path, questions_f
     assert (out / "results.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_interleaved_run_measures_each_block_on_every_config_in_turn(tmp_path, questions_file, monkeypatch,
+                                                                     capsys, fake_server):
+    started = []
+
+    def fake_command(model, port, config, options, cpu):
+        started.append((config.label, options.gpu_memory_utilization))
+        return [sys.executable, str(fake_server), str(port), "plain" if config.is_baseline else "spec"]
+
+    monkeypatch.setattr(run, "server_command", fake_command)
+    monkeypatch.setattr(server, "available_ram_fraction", lambda: 0.9)
+    out = tmp_path / "out"
+    args = parse_bench_args(
+        "--questions", str(questions_file), "--model", "fake-model", "--per-category", "1", "--max-tokens", "8",
+        "--concurrency", "1", "2", "--configs", "none,ngram,copy", "--warmup", "1", "--interleave",
+        "--out", str(out), "--server-timeout", "60",
+    )
+    assert bench.run(args) == 0
+    # One server per config for both levels, all up at once, each with a third of one server's memory share.
+    share = server.interleaved_options(run.BenchOptions(), 3, cpu=run.is_cpu_vllm()).gpu_memory_utilization
+    assert started == [("none", share), ("ngram", share), ("copy", share)]
+    result = json.loads((out / "results.json").read_text())
+    assert result["status"] == "complete"
+    assert [(c["label"], len(c["servers"]), c["servers"][0]["concurrency"]) for c in result["configs"]] == [
+        ("none", 1, [1, 2]), ("ngram", 1, [1, 2]), ("copy", 1, [1, 2])]
+    assert all(c["servers"][0]["status"] == "ok" and "warmup_s" in c["servers"][0] for c in result["configs"])
+    # Each block runs on every config before the next block starts; the first config rotates block by block.
+    order = [(b["concurrency"], b["category"], b["config"]) for b in result["blocks"]]
+    assert order == [(1, "writing", "none"), (1, "writing", "ngram"), (1, "writing", "copy"),
+                     (1, "math", "ngram"), (1, "math", "copy"), (1, "math", "none"),
+                     (1, "rag", "copy"), (1, "rag", "none"), (1, "rag", "ngram"),
+                     (2, "mixed", "none"), (2, "mixed", "ngram"), (2, "mixed", "copy")]
+    rows = {(r["config"], r["concurrency"], r["category"]): r for r in result["aggregates"]}
+    assert rows[("ngram", 1, "math")]["num_drafts"] == 2  # each block's counters are its own server's
+    assert rows[("copy", 2, "mixed")]["ratio"] is not None
+
+
+def test_interleaved_run_goes_on_without_a_server_that_fails(tmp_path, questions_file, monkeypatch, capsys,
+                                                               fake_server):
+    def fake_command(model, port, config, options, cpu):
+        if config.label == "copy":
+            return [sys.executable, "-c", "import sys; print('ValueError: no plugin named copy'); sys.exit(3)"]
+        return [sys.executable, str(fake_server), str(port), "plain" if config.is_baseline else "spec"]
+
+    monkeypatch.setattr(run, "server_command", fake_command)
+    out = tmp_path / "out"
+    args = parse_bench_args(
+        "--questions", str(questions_file), "--model", "fake-model", "--per-category", "1", "--max-tokens", "4",
+        "--configs", "none,copy,ngram", "--warmup", "0", "--interleave", "--out", str(out),
+    )
+    assert bench.run(args) == 1
+    assert "the vLLM server exited with code 3 before it was ready" in capsys.readouterr().err
+    result = json.loads((out / "results.json").read_text())
+    assert {c["label"]: c["status"] for c in result["configs"]} == {"none": "ok", "copy": "failed", "ngram": "ok"}
+    assert [b["config"] for b in result["blocks"]] == ["none", "ngram", "ngram", "none", "none", "ngram"]
+
+
 def test_run_reports_a_server_that_dies(tmp_path, questions_file, monkeypatch, capsys, fake_server):
 
     def fake_command(model, port, config, options, cpu):

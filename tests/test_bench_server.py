@@ -54,6 +54,18 @@ def test_memory_share_on_a_cpu_stays_below_the_free_ram():
     assert server.memory_share(0.7, cpu=True, free=0.1) == 0.7  # the user's value is passed as given
 
 
+def test_interleaved_servers_share_the_memory_one_server_would_get(monkeypatch):
+    monkeypatch.setattr(server, "available_ram_fraction", lambda: 0.9)
+    options = BenchOptions()
+    assert server.interleaved_options(options, 4, cpu=True).gpu_memory_utilization == 0.07  # 0.3 / 4, rounded down
+    assert server.interleaved_options(options, 3, cpu=False).gpu_memory_utilization == 0.3  # vLLM's 0.9 / 3
+    assert server.interleaved_options(options, 1, cpu=True) is options  # one server: as without --interleave
+    given = BenchOptions(gpu_memory_utilization=0.05)
+    assert server.interleaved_options(given, 4, cpu=True) is given  # a given share is each server's
+    monkeypatch.setattr(server, "available_ram_fraction", lambda: 0.02)
+    assert server.interleaved_options(options, 4, cpu=True).gpu_memory_utilization == 0.01  # never 0
+
+
 def test_available_ram_fraction_reads_meminfo(tmp_path):
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:       24000000 kB\nMemFree:  100 kB\nMemAvailable:    6000000 kB\n")

@@ -28,6 +28,7 @@ class BenchOptions:
     server_timeout: float = 900.0
     request_timeout: float = 900.0
     reuse_server: bool = False
+    interleave: bool = False  # every config's server up at once, each block run on every config in turn
     repeats: int = 1
     rounds: int = 1
     new_questions_per_level: bool = False

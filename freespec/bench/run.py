@@ -44,7 +44,7 @@ from freespec.bench.report import (
     results_header,
 )
 from freespec.bench.selection import select_questions_per_level, select_warmup_prompts
-from freespec.bench.server import RunningServer, Server, free_port, server_command
+from freespec.bench.server import RunningServer, Server, free_port, interleaved_options, server_command
 from freespec.bench.stats import MIXED_CATEGORY, aggregate
 from freespec.machine import default_dtype, is_cpu_vllm
 from freespec.questions import Question, QuestionsError, resolve_questions
@@ -95,6 +95,12 @@ def write_json(path: Path, state: RunState) -> None:
     tmp.replace(path)
 
 
+def _save(out: Path, state: RunState) -> None:
+    """The aggregates brought up to date and results.json written (after each config, or round)."""
+    state.aggregates = aggregate(state.requests, state.blocks)
+    write_json(out / "results.json", state)
+
+
 def _datastore_of(config: BenchConfig) -> str | None:
     options = config.speculative_config or {}
     return options.get("datastore") if isinstance(options.get("datastore"), str) else None
@@ -109,6 +115,48 @@ class Target:
     base_url: str | None = None
 
 
+def _blocks(selected: OrderedDict[str, list[Question]], concurrency: int) -> list[tuple[str, list[Question]]]:
+    """A level's blocks: at concurrency 1 each category is its own block (exact per-category counters); above
+    it all questions are submitted together as one "mixed" block, or a category's few questions would never
+    fill the requested concurrency."""
+    if concurrency == 1:
+        return [(category, qs) for category, qs in selected.items() if qs]
+    return [(MIXED_CATEGORY, [q for qs in selected.values() for q in qs])]
+
+
+def _measure_block(server: Server | RunningServer, target: Target, concurrency: int, category: str,
+                   questions: list[Question], sample: dict[str, int], options: BenchOptions, state: RunState,
+                   progress) -> None:
+    """One block of requests on ``server``, its requests and its counters' change recorded in ``state``."""
+    label = target.config.label
+    before, sources_before = server.counters()
+    results, wall = run_requests([q.prompt for q in questions], concurrency,
+                                 lambda prompt: chat_request(server.base_url, target.model, prompt, options), progress)
+    after, sources_after = server.counters()
+    for q, result in zip(questions, results):
+        state.requests.append({"config": label, "concurrency": concurrency, "category": category,
+                               "question_id": q.question_id, **sample, **result})
+    state.blocks.append({"config": label, "concurrency": concurrency, "category": category, **sample,
+                         "wall_s": wall, "spec_before": before, "spec_after": after,
+                         "spec": counter_delta(before, after), "sources": source_delta(sources_before, sources_after)})
+
+
+def _report_errors(label: str, concurrency: int, round_index: int, state: RunState) -> None:
+    errors = [r for r in state.requests if r["config"] == label and r["concurrency"] == concurrency
+              and r["round"] == round_index and r["error"]]
+    if errors:
+        print(f"[{label}] c={concurrency}: {len(errors)} request(s) failed, first: {errors[0]['error']}",
+              file=sys.stderr, flush=True)
+
+
+def _warm_up(server: Server | RunningServer, target: Target, warmup: list[str], concurrency: int,
+             options: BenchOptions, server_info: dict[str, Any]) -> None:
+    if warmup:
+        _, warm_s = run_requests(warmup, concurrency,
+                                 lambda prompt: chat_request(server.base_url, target.model, prompt, options))
+        server_info["warmup_s"] = warm_s
+
+
 def _measure_session(
     server: Server | RunningServer, target: Target, session: list[int],
     selected_per_level: dict[int, OrderedDict[str, list[Question]]], warmup: list[str],
@@ -118,42 +166,18 @@ def _measure_session(
     from tqdm import tqdm
 
     label = target.config.label
-
-    def send(prompt):
-        return chat_request(server.base_url, target.model, prompt, options)
-
-    if warmup:
-        _, warm_s = run_requests(warmup, max(session), send)
-        server_info["warmup_s"] = warm_s
+    _warm_up(server, target, warmup, max(session), options, server_info)
     for concurrency in session:
         desc = f"{label} c={concurrency}" + (f" round {round_index + 1}" if options.rounds > 1 else "")
-        selected = selected_per_level[concurrency]
-        n_prompts = sum(len(qs) for qs in selected.values())
-        # At concurrency 1 each category is its own block (exact per-category counters); above it all
-        # questions are submitted together as one "mixed" block, or a category's few questions would
-        # never fill the requested concurrency.
-        blocks = ([(category, qs) for category, qs in selected.items() if qs] if concurrency == 1
-                  else [(MIXED_CATEGORY, [q for qs in selected.values() for q in qs])])
+        blocks = _blocks(selected_per_level[concurrency], concurrency)
+        n_prompts = sum(len(qs) for _, qs in blocks)
         with tqdm(total=n_prompts * options.repeats, desc=desc, unit="req", leave=True) as bar:
             for repeat in range(options.repeats):
-                sample = {"round": round_index, "repeat": repeat}
                 for category, questions in blocks:
                     bar.set_postfix_str(category + (f" repeat {repeat + 1}" if options.repeats > 1 else ""))
-                    before, sources_before = server.counters()
-                    results, wall = run_requests([q.prompt for q in questions], concurrency, send, bar.update)
-                    after, sources_after = server.counters()
-                    for q, result in zip(questions, results):
-                        state.requests.append({"config": label, "concurrency": concurrency, "category": category,
-                                               "question_id": q.question_id, **sample, **result})
-                    state.blocks.append({"config": label, "concurrency": concurrency, "category": category,
-                                         **sample, "wall_s": wall, "spec_before": before, "spec_after": after,
-                                         "spec": counter_delta(before, after),
-                                         "sources": source_delta(sources_before, sources_after)})
-        errors = [r for r in state.requests if r["config"] == label and r["concurrency"] == concurrency
-                  and r["round"] == round_index and r["error"]]
-        if errors:
-            print(f"[{label}] c={concurrency}: {len(errors)} request(s) failed, first: {errors[0]['error']}",
-                  file=sys.stderr, flush=True)
+                    _measure_block(server, target, concurrency, category, questions,
+                                   {"round": round_index, "repeat": repeat}, options, state, bar.update)
+        _report_errors(label, concurrency, round_index, state)
 
 
 def round_order(targets: list, round_index: int, rounds: int) -> list:
@@ -195,6 +219,29 @@ def bench_config(
     and blocks carry their ``round`` (``round_index``, see --rounds) and ``repeat``. A server that fails
     to start or dies marks its session (and the config) failed; the other sessions still run.
     """
+    info = _config_info(target, options, round_index, state)
+    concurrencies = list(options.concurrency)
+    sessions = [concurrencies] if options.reuse_server or target.base_url else [[c] for c in concurrencies]
+    for session in sessions:
+        server, server_info = _open_server(target, session, options, out, cpu, info)
+        try:
+            _start(server, target, session, options, server_info)
+            _measure_session(server, target, session, selected_per_level, warmup, options, state, round_index,
+                             server_info)
+            _finish(server, target, server_info)
+        except (BenchError, OSError, ValueError) as exc:  # URLError is an OSError
+            _failed(server, target, session, exc, info, server_info)
+        except KeyboardInterrupt:
+            server_info["status"] = info["status"] = "interrupted"
+            raise
+        finally:
+            if isinstance(server, Server):
+                server.stop()
+    return info
+
+
+def _config_info(target: Target, options: BenchOptions, round_index: int, state: RunState) -> dict[str, Any]:
+    """The config's entry in results.json (``configs``), added to ``state``."""
     config = target.config
     info: dict[str, Any] = {"label": config.label, "name": config.name,
                             "speculative_config": config.speculative_config, "servers": [], "status": "ok"}
@@ -203,51 +250,137 @@ def bench_config(
     if options.rounds > 1:
         info["round"] = round_index
     state.configs.append(info)
-    concurrencies = list(options.concurrency)
-    sessions = [concurrencies] if options.reuse_server or target.base_url else [[c] for c in concurrencies]
-    log_path = out / f"server_{slug(config.label)}.log"
-    for session in sessions:
-        levels = ", ".join(map(str, session))
-        server: Server | RunningServer
-        if target.base_url:
-            server = RunningServer(target.base_url)
-            server_info: dict[str, Any] = {"base_url": target.base_url, "concurrency": session}
-        else:
-            port = options.port or free_port()
-            cmd = server_command(target.model, port, config, options, cpu)
-            server = Server(cmd, port, log_path)
-            server_info = {"command": cmd, "concurrency": session, "log": log_path.name}
-        info["servers"].append(server_info)
-        try:
-            if isinstance(server, Server):
-                print(f"[{config.label}] starting vLLM (concurrency {levels}); log: {log_path}", flush=True)
-                server.start()
-                server_info["startup_s"] = server.wait_healthy(options.server_timeout)
-                print(f"[{config.label}] ready after {server_info['startup_s']:.0f} s", flush=True)
-            _measure_session(server, target, session, selected_per_level, warmup, options, state, round_index,
-                             server_info)
-            if isinstance(server, Server):
-                # Resident memory of the server's processes after the measured requests (peaks included).
-                server_info["memory"] = tree_memory(server.proc.pid, _datastore_of(config))
-            server_info["status"] = "ok"
-        except (BenchError, OSError, ValueError) as exc:  # URLError is an OSError
-            if not isinstance(exc, BenchError):
-                died = server.proc is not None and server.proc.poll() is not None
-                how = "it exited" if died else type(exc).__name__
-                exc = server.failure(f"lost the vLLM server ({how}: {exc})")
-            message = str(exc)
-            print(f"[{config.label}] failed (concurrency {levels}): {message}", file=sys.stderr, flush=True)
-            server_info["status"] = "failed"
-            server_info["error"] = message
-            info["status"] = "failed"
-            info.setdefault("note", message.splitlines()[0])
-        except KeyboardInterrupt:
+    return info
+
+
+def _open_server(target: Target, session: list[int], options: BenchOptions, out: Path, cpu: bool,
+                 info: dict[str, Any]) -> tuple[Server | RunningServer, dict[str, Any]]:
+    """The server a session measures (not started yet), and its entry in ``info["servers"]``."""
+    server: Server | RunningServer
+    if target.base_url:
+        server = RunningServer(target.base_url)
+        server_info: dict[str, Any] = {"base_url": target.base_url, "concurrency": session}
+    else:
+        log_path = out / f"server_{slug(target.config.label)}.log"
+        port = options.port or free_port()
+        cmd = server_command(target.model, port, target.config, options, cpu)
+        server = Server(cmd, port, log_path)
+        server_info = {"command": cmd, "concurrency": session, "log": log_path.name}
+    info["servers"].append(server_info)
+    return server, server_info
+
+
+def _start(server: Server | RunningServer, target: Target, session: list[int], options: BenchOptions,
+           server_info: dict[str, Any]) -> None:
+    if isinstance(server, Server):
+        label, levels = target.config.label, ", ".join(map(str, session))
+        print(f"[{label}] starting vLLM (concurrency {levels}); log: {server.log_path}", flush=True)
+        server.start()
+        server_info["startup_s"] = server.wait_healthy(options.server_timeout)
+        print(f"[{label}] ready after {server_info['startup_s']:.0f} s", flush=True)
+
+
+def _finish(server: Server | RunningServer, target: Target, server_info: dict[str, Any]) -> None:
+    if isinstance(server, Server):
+        # Resident memory of the server's processes after the measured requests (peaks included).
+        server_info["memory"] = tree_memory(server.proc.pid, _datastore_of(target.config))
+    server_info["status"] = "ok"
+
+
+def _failed(server: Server | RunningServer, target: Target, session: list[int], exc: Exception,
+            info: dict[str, Any], server_info: dict[str, Any]) -> None:
+    """Record a server that failed to start or was lost (its config is marked failed)."""
+    if not isinstance(exc, BenchError):
+        died = getattr(server, "proc", None) is not None and server.proc.poll() is not None
+        how = "it exited" if died else type(exc).__name__
+        exc = server.failure(f"lost the vLLM server ({how}: {exc})")
+    message = str(exc)
+    levels = ", ".join(map(str, session))
+    print(f"[{target.config.label}] failed (concurrency {levels}): {message}", file=sys.stderr, flush=True)
+    server_info["status"] = "failed"
+    server_info["error"] = message
+    info["status"] = "failed"
+    info.setdefault("note", message.splitlines()[0])
+
+
+def bench_interleaved(
+    targets: list[Target], selected_per_level: dict[int, OrderedDict[str, list[Question]]], warmup: list[str],
+    options: BenchOptions, out: Path, state: RunState, round_index: int = 0, cpu: bool = False,
+) -> list[dict[str, Any]]:
+    """``--interleave``: every config's server up at once, and each block (a category at concurrency 1, the
+    mixed set above it) run on every config in turn before the next block starts, so the configs' samples
+    of a block are seconds apart and a machine that drifts (a neighbour, heat) slows them alike.
+
+    The order within a block rotates by one config each block, so every config is measured first, second, ...
+    equally often. One server per config for all concurrency levels (as ``--reuse-server``); each started
+    server gets ``1/len(targets)`` of the default memory share (``interleaved_options``). A server that fails
+    to start or is lost marks its config failed; the others go on. Returns the configs' entries.
+    """
+    from tqdm import tqdm
+
+    levels = list(options.concurrency)
+    live: list[tuple[Target, Server | RunningServer, dict[str, Any], dict[str, Any]]] = []
+    infos = []
+    server_options = interleaved_options(options, len(targets), cpu)
+    try:
+        for target in targets:
+            info = _config_info(target, options, round_index, state)
+            infos.append(info)
+            server, server_info = _open_server(target, levels, server_options, out, cpu, info)
+            try:
+                _start(server, target, levels, options, server_info)
+                live.append((target, server, info, server_info))
+            except (BenchError, OSError, ValueError) as exc:
+                _failed(server, target, levels, exc, info, server_info)
+                if isinstance(server, Server):
+                    server.stop()
+        for target, server, info, server_info in list(live):
+            try:
+                _warm_up(server, target, warmup, max(levels), options, server_info)
+            except (BenchError, OSError, ValueError) as exc:
+                _lose(live, target, exc)
+        turn = 0
+        for concurrency in levels:
+            blocks = _blocks(selected_per_level[concurrency], concurrency)
+            n_prompts = sum(len(qs) for _, qs in blocks)
+            desc = f"interleaved c={concurrency}" + (f" round {round_index + 1}" if options.rounds > 1 else "")
+            with tqdm(total=n_prompts * options.repeats * len(live), desc=desc, unit="req", leave=True) as bar:
+                for repeat in range(options.repeats):
+                    for category, questions in blocks:
+                        shift = turn % len(live) if live else 0
+                        turn += 1
+                        for target, server, _, _ in live[shift:] + live[:shift]:
+                            bar.set_postfix_str(f"{category} {target.config.label}")
+                            try:
+                                _measure_block(server, target, concurrency, category, questions,
+                                               {"round": round_index, "repeat": repeat}, options, state, bar.update)
+                            except (BenchError, OSError, ValueError) as exc:
+                                _lose(live, target, exc)
+            for target, *_ in live:
+                _report_errors(target.config.label, concurrency, round_index, state)
+        for target, server, _, server_info in live:
+            _finish(server, target, server_info)
+    except KeyboardInterrupt:
+        for _, _, info, server_info in live:
             server_info["status"] = info["status"] = "interrupted"
-            raise
-        finally:
+        raise
+    finally:
+        for _, server, _, _ in live:
             if isinstance(server, Server):
                 server.stop()
-    return info
+    return infos
+
+
+def _lose(live: list, target: Target, exc: Exception) -> None:
+    """Take ``target``'s server out of an interleaved round: recorded as failed and stopped."""
+    for entry in live:
+        if entry[0] is target:
+            live.remove(entry)
+            _, server, info, server_info = entry
+            _failed(server, target, server_info["concurrency"], exc, info, server_info)
+            if isinstance(server, Server):
+                server.stop()
+            return
 
 
 @contextlib.contextmanager
@@ -385,12 +518,18 @@ def _run(options: BenchOptions, argv: list[str]) -> int:
         # over time and servers like the other configs' (one round: each config once, as before), in an
         # order that balances drift over the run (a neighbour, heat) across configs: round_order.
         for round_index in range(options.rounds):
-            for target in round_order(targets, round_index, options.rounds):
-                info = bench_config(target, selected_per_level, warmup, options, out, state, round_index, cpu)
-                if info["status"] != "ok":
-                    exit_code = 1
-                state.aggregates = aggregate(state.requests, state.blocks)
-                write_json(out / "results.json", state)
+            ordered = round_order(targets, round_index, options.rounds)
+            if options.interleave:  # every config's server at once, each block on every config in turn
+                infos = bench_interleaved(ordered, selected_per_level, warmup, options, out, state, round_index, cpu)
+                _save(out, state)
+            else:  # one config after another, the results written after each
+                infos = []
+                for target in ordered:
+                    infos.append(bench_config(target, selected_per_level, warmup, options, out, state, round_index,
+                                              cpu))
+                    _save(out, state)
+            if any(info["status"] != "ok" for info in infos):
+                exit_code = 1
         state.status = "complete" if exit_code == 0 else "complete with failures"
     except KeyboardInterrupt:
         print("\nfreespec bench: interrupted; writing partial results", file=sys.stderr)

@@ -3,6 +3,7 @@ process group (``Server``), or one already running at a URL (``RunningServer``).
 speculative-decoding counters from ``/metrics``."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -42,6 +43,7 @@ def free_port() -> int:
 # vLLM's own default applies (one server at a time has the GPU to itself).
 CPU_MEMORY_SHARE = 0.3
 CPU_FREE_SHARE = 0.8
+GPU_MEMORY_SHARE = 0.9  # vLLM's own default --gpu-memory-utilization
 
 
 def memory_share(value: float | None, cpu: bool, free: float | None = None) -> float | None:
@@ -54,6 +56,18 @@ def memory_share(value: float | None, cpu: bool, free: float | None = None) -> f
     if free is None:
         return CPU_MEMORY_SHARE
     return max(0.01, min(CPU_MEMORY_SHARE, math.floor(100 * CPU_FREE_SHARE * free) / 100))
+
+
+def interleaved_options(options: BenchOptions, servers: int, cpu: bool) -> BenchOptions:
+    """The options each of ``servers`` servers that run at once is started with: a memory share of its own.
+
+    A given --gpu-memory-utilization is each server's; without one, each gets ``1/servers`` of what one
+    server would get (on a CPU build ``memory_share``'s RAM share, on a GPU vLLM's default 0.9).
+    """
+    if options.gpu_memory_utilization is not None or servers <= 1:
+        return options
+    one = memory_share(None, cpu, available_ram_fraction() if cpu else None) if cpu else GPU_MEMORY_SHARE
+    return dataclasses.replace(options, gpu_memory_utilization=max(0.01, math.floor(100 * one / servers) / 100))
 
 
 def server_command(model: str, port: int, config: BenchConfig, options: BenchOptions, cpu: bool) -> list[str]:
