@@ -1,7 +1,7 @@
 #!/bin/bash
 # Interleaved bf16: none, suffix, hybrid cold, hybrid warm; one bench per round (the warm file copied fresh).
 source /work/main/.venv/bin/activate
-Q=/tmp/shared/data/spec_bench/question.jsonl
+Q=${1:?Spec-Bench question.jsonl}
 BASE=~/.cache/freespec/responses/sharegpt-1000-smollm2-135m-instruct.bin
 for r in 1 2; do
   cp $BASE /tmp/run-ax/warm.bin
