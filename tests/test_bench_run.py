@@ -235,6 +235,30 @@ def test_interleaved_run_goes_on_without_a_server_that_fails(tmp_path, questions
     assert [b["config"] for b in result["blocks"]] == ["none", "ngram", "ngram", "none", "none", "ngram"]
 
 
+def test_interleaved_run_stops_every_server_it_started_when_interrupted(tmp_path, monkeypatch):
+    stopped = []
+
+    class FakeServer:
+        def __init__(self, cmd, port, log_path):
+            self.cmd, self.log_path, self.proc = cmd, log_path, None
+
+        def stop(self):
+            stopped.append(self.cmd[0])
+
+    def start(server, target, session, options, server_info):
+        if target.config.label == "ngram":
+            raise KeyboardInterrupt  # Ctrl-C while the second server starts
+
+    monkeypatch.setattr(run, "Server", FakeServer)
+    monkeypatch.setattr(run, "server_command", lambda model, port, config, options, cpu: [config.label])
+    monkeypatch.setattr(run, "_start", start)
+    targets = [run.Target(config, "m") for config in parse_config_list(["none,ngram,copy"], 8)]
+    state = run.RunState(started_at="", command="", argv=[], settings={}, versions={})
+    with pytest.raises(KeyboardInterrupt):
+        run.bench_interleaved(targets, {1: {}}, [], run.BenchOptions(), tmp_path, state)
+    assert stopped == ["none", "ngram"]  # the one being started too; copy never started
+
+
 def test_run_reports_a_server_that_dies(tmp_path, questions_file, monkeypatch, capsys, fake_server):
 
     def fake_command(model, port, config, options, cpu):

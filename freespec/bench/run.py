@@ -291,7 +291,7 @@ def _failed(server: Server | RunningServer, target: Target, session: list[int], 
             info: dict[str, Any], server_info: dict[str, Any]) -> None:
     """Record a server that failed to start or was lost (its config is marked failed)."""
     if not isinstance(exc, BenchError):
-        died = getattr(server, "proc", None) is not None and server.proc.poll() is not None
+        died = server.proc is not None and server.proc.poll() is not None
         how = "it exited" if died else type(exc).__name__
         exc = server.failure(f"lost the vLLM server ({how}: {exc})")
     message = str(exc)
@@ -320,13 +320,14 @@ def bench_interleaved(
 
     levels = list(options.concurrency)
     live: list[tuple[Target, Server | RunningServer, dict[str, Any], dict[str, Any]]] = []
-    infos = []
+    opened, infos = [], []
     server_options = interleaved_options(options, len(targets), cpu)
     try:
         for target in targets:
             info = _config_info(target, options, round_index, state)
             infos.append(info)
             server, server_info = _open_server(target, levels, server_options, out, cpu, info)
+            opened.append(server)
             try:
                 _start(server, target, levels, options, server_info)
                 live.append((target, server, info, server_info))
@@ -364,8 +365,8 @@ def bench_interleaved(
         for _, _, info, server_info in live:
             server_info["status"] = info["status"] = "interrupted"
         raise
-    finally:
-        for _, server, _, _ in live:
+    finally:  # every server started, the one being started when interrupted included
+        for server in opened:
             if isinstance(server, Server):
                 server.stop()
     return infos
