@@ -58,7 +58,7 @@ def test_interleaved_servers_share_the_memory_one_server_would_get(monkeypatch):
     monkeypatch.setattr(server, "available_ram_fraction", lambda: 0.9)
     options = BenchOptions()
     assert server.interleaved_options(options, 4, cpu=True).gpu_memory_utilization == 0.07  # 0.3 / 4, rounded down
-    assert server.interleaved_options(options, 3, cpu=False).gpu_memory_utilization == 0.3  # vLLM's 0.9 / 3
+    assert server.interleaved_options(options, 4, cpu=False).gpu_memory_utilization == 0.23  # vLLM's 0.92 / 4
     assert server.interleaved_options(options, 1, cpu=True) is options  # one server: as without --interleave
     given = BenchOptions(gpu_memory_utilization=0.05)
     assert server.interleaved_options(given, 4, cpu=True) is given  # a given share is each server's

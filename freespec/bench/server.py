@@ -40,10 +40,11 @@ def free_port() -> int:
 # default (0.92) fails on any machine running something else. A CPU build gets CPU_MEMORY_SHARE (this
 # benchmark's fixed default before), or less where less is free: CPU_FREE_SHARE of the free share, so the
 # server starts beside what else runs (a fixed 0.3 failed here with 5.3 of 23.5 GiB free). On a GPU,
-# vLLM's own default applies (one server at a time has the GPU to itself).
+# vLLM's own default applies (one server at a time has the GPU to itself; with --interleave each server
+# gets a share of it: interleaved_options).
 CPU_MEMORY_SHARE = 0.3
 CPU_FREE_SHARE = 0.8
-GPU_MEMORY_SHARE = 0.9  # vLLM's own default --gpu-memory-utilization
+GPU_MEMORY_SHARE = 0.92  # vLLM's own default --gpu-memory-utilization (vllm/config/cache.py)
 
 
 def memory_share(value: float | None, cpu: bool, free: float | None = None) -> float | None:
@@ -62,11 +63,11 @@ def interleaved_options(options: BenchOptions, servers: int, cpu: bool) -> Bench
     """The options each of ``servers`` servers that run at once is started with: a memory share of its own.
 
     A given --gpu-memory-utilization is each server's; without one, each gets ``1/servers`` of what one
-    server would get (on a CPU build ``memory_share``'s RAM share, on a GPU vLLM's default 0.9).
+    server would get (on a CPU build ``memory_share``'s RAM share, on a GPU vLLM's default 0.92).
     """
     if options.gpu_memory_utilization is not None or servers <= 1:
         return options
-    one = memory_share(None, cpu, available_ram_fraction() if cpu else None) if cpu else GPU_MEMORY_SHARE
+    one = memory_share(None, True, available_ram_fraction()) if cpu else GPU_MEMORY_SHARE
     return dataclasses.replace(options, gpu_memory_utilization=max(0.01, math.floor(100 * one / servers) / 100))
 
 
