@@ -106,6 +106,10 @@ def _datastore_of(config: BenchConfig) -> str | None:
     return options.get("datastore") if isinstance(options.get("datastore"), str) else None
 
 
+# What a server that failed to start, or was lost while measured, raises (urllib's URLError is an OSError).
+SERVER_ERRORS = (BenchError, OSError, ValueError)
+
+
 @dataclass
 class Target:
     """What one config is measured on: a server to start (``base_url`` None) or a running one."""
@@ -229,7 +233,7 @@ def bench_config(
             _measure_session(server, target, session, selected_per_level, warmup, options, state, round_index,
                              server_info)
             _finish(server, target, server_info)
-        except (BenchError, OSError, ValueError) as exc:  # URLError is an OSError
+        except SERVER_ERRORS as exc:
             _failed(server, target, session, exc, info, server_info)
         except KeyboardInterrupt:
             server_info["status"] = info["status"] = "interrupted"
@@ -331,14 +335,14 @@ def bench_interleaved(
             try:
                 _start(server, target, levels, options, server_info)
                 live.append((target, server, info, server_info))
-            except (BenchError, OSError, ValueError) as exc:
+            except SERVER_ERRORS as exc:
                 _failed(server, target, levels, exc, info, server_info)
                 if isinstance(server, Server):
                     server.stop()
         for target, server, info, server_info in list(live):
             try:
                 _warm_up(server, target, warmup, max(levels), options, server_info)
-            except (BenchError, OSError, ValueError) as exc:
+            except SERVER_ERRORS as exc:
                 _lose(live, target, exc)
         turn = 0
         for concurrency in levels:
@@ -355,7 +359,7 @@ def bench_interleaved(
                             try:
                                 _measure_block(server, target, concurrency, category, questions,
                                                {"round": round_index, "repeat": repeat}, options, state, bar.update)
-                            except (BenchError, OSError, ValueError) as exc:
+                            except SERVER_ERRORS as exc:
                                 _lose(live, target, exc)
             for target, *_ in live:
                 _report_errors(target.config.label, concurrency, round_index, state)
