@@ -10,7 +10,7 @@ from bench_helpers import FAKE_SERVER, start_fake_server
 from freespec.bench import server
 from freespec.bench.configs import parse_config_spec
 from freespec.bench.errors import BenchError
-from freespec.bench.memory import available_ram_fraction
+from freespec.bench.memory import available_ram_fraction, ram_total_gib
 from freespec.bench.options import BenchOptions
 from freespec.bench.run import slug
 
@@ -54,15 +54,24 @@ def test_memory_share_on_a_cpu_stays_below_the_free_ram():
     assert server.memory_share(0.7, cpu=True, free=0.1) == 0.7  # the user's value is passed as given
 
 
-def test_interleaved_servers_share_the_memory_one_server_would_get(monkeypatch):
+def test_interleaved_servers_split_the_free_memory_after_each_servers_overhead(monkeypatch):
     monkeypatch.setattr(server, "available_ram_fraction", lambda: 0.9)
+    monkeypatch.setattr(server, "ram_total_gib", lambda: 23.5)
     options = BenchOptions()
-    assert server.interleaved_options(options, 4, cpu=True).gpu_memory_utilization == 0.07  # 0.3 / 4, rounded down
+    # (0.8 * 0.9 - 4 * 1.5 / 23.5) / 4 = 0.116: 2.6 GiB each, where 0.3 / 4 (1.6 GiB) left a float32
+    # SmolLM2 server no KV cache (run AY); 4 * (2.6 + 1.5) GiB fit in the 21 GiB free
+    assert server.interleaved_options(options, 4, cpu=True).gpu_memory_utilization == 0.11
+    assert server.interleaved_options(options, 2, cpu=True).gpu_memory_utilization == 0.29  # (0.72 - 0.128) / 2
+    monkeypatch.setattr(server, "ram_total_gib", lambda: 256.0)  # a large machine: at most one server's 0.3
+    assert server.interleaved_options(options, 2, cpu=True).gpu_memory_utilization == server.CPU_MEMORY_SHARE
+    monkeypatch.setattr(server, "ram_total_gib", lambda: None)  # RAM unknown: 1/N of one server's share
+    assert server.interleaved_options(options, 4, cpu=True).gpu_memory_utilization == 0.07
     assert server.interleaved_options(options, 4, cpu=False).gpu_memory_utilization == 0.23  # vLLM's 0.92 / 4
     assert server.interleaved_options(options, 1, cpu=True) is options  # one server: as without --interleave
     given = BenchOptions(gpu_memory_utilization=0.05)
     assert server.interleaved_options(given, 4, cpu=True) is given  # a given share is each server's
     monkeypatch.setattr(server, "available_ram_fraction", lambda: 0.02)
+    monkeypatch.setattr(server, "ram_total_gib", lambda: 23.5)
     assert server.interleaved_options(options, 4, cpu=True).gpu_memory_utilization == 0.01  # never 0
 
 
@@ -71,6 +80,8 @@ def test_available_ram_fraction_reads_meminfo(tmp_path):
     meminfo.write_text("MemTotal:       24000000 kB\nMemFree:  100 kB\nMemAvailable:    6000000 kB\n")
     assert available_ram_fraction(meminfo) == 0.25
     assert available_ram_fraction(tmp_path / "absent") is None
+    assert ram_total_gib(meminfo) == 24000000 / 2**20
+    assert ram_total_gib(tmp_path / "absent") is None
 
 
 def test_log_failure_hint_finds_the_root_cause():

@@ -4,13 +4,25 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def available_ram_fraction(meminfo: Path = Path("/proc/meminfo")) -> float | None:
-    """MemAvailable / MemTotal of this machine, None where /proc/meminfo is not there."""
+def _meminfo_kib(meminfo: Path, *names: str) -> list[int] | None:
+    """The named fields of /proc/meminfo in KiB, None where it or one of them cannot be read."""
     try:
         fields = dict(line.split(":", 1) for line in meminfo.read_text().splitlines() if ":" in line)
-        return int(fields["MemAvailable"].split()[0]) / int(fields["MemTotal"].split()[0])
-    except (OSError, KeyError, ValueError, ZeroDivisionError):
+        return [int(fields[name].split()[0]) for name in names]
+    except (OSError, KeyError, ValueError):
         return None
+
+
+def available_ram_fraction(meminfo: Path = Path("/proc/meminfo")) -> float | None:
+    """MemAvailable / MemTotal of this machine, None where /proc/meminfo is not there."""
+    kib = _meminfo_kib(meminfo, "MemAvailable", "MemTotal")
+    return kib[0] / kib[1] if kib and kib[1] > 0 else None
+
+
+def ram_total_gib(meminfo: Path = Path("/proc/meminfo")) -> float | None:
+    """MemTotal of this machine in GiB, None where /proc/meminfo is not there."""
+    kib = _meminfo_kib(meminfo, "MemTotal")
+    return kib[0] / 2**20 if kib else None
 
 
 def _mapped_residency():

