@@ -20,7 +20,7 @@ $PY -m pip install -q --no-index --no-deps --no-build-isolation --target $W/fs .
 export PYTHONPATH=$W/fs:$W/site
 M=/root/.cache/freespec/models/smollm2-135m-instruct; mkdir -p $M && cp .gpu/tok/* $M/ && gunzip -f $M/tokenizer.json.gz && gunzip -c .gpu/greedy.jsonl.gz > $W/greedy.jsonl
 (cd /tmp && $PY -c "from freespec.proposers.suffix_tree import available; print('suffix source:', available())") | tee -a $OUTD/host.txt
-for i in 1; do for ev in 256 0; do
+for ev in 256 0; do
   $PY scripts/replay_drafts.py $W/greedy.jsonl hybrid --memory --time --adapter --limit 24 --evict-mb $ev 2>&1 | grep -E "^all|proposer time" | sed "s/^/hybrid evict=$ev: /"
   $PY scripts/replay_drafts.py $W/greedy.jsonl vllm-suffix --memory --time --limit 24 --evict-mb $ev 2>&1 | grep -E "^all|proposer time" | sed "s/^/vllm-suffix evict=$ev: /"
-done; done | tee $OUTD/proposer_time.txt
+done | tee $OUTD/proposer_time.txt
