@@ -72,28 +72,36 @@ class StepTimeModel:
     steps: int = 0
 
     def __post_init__(self) -> None:
-        self._buckets: dict[int, tuple[list[float], int]] = {}  # bucket -> (sums, step of last update)
+        self._buckets: dict[int, tuple[tuple[float, ...], int]] = {}  # bucket -> (sums, step of last update)
         self._seen: dict[int, int] = {}  # bucket -> steps observed, ever
+        # exact size -> (mean seconds, steps observed): a bucket's weights all decay by one factor, so its
+        # mean changes only when it is observed
+        self._means: dict[int, tuple[float, int]] = {}
 
     def observe(self, tokens: float, seconds: float) -> None:
         key = _bucket(tokens)
-        sums, stamp = self._buckets.get(key, ([0.0] * 5, self.steps))
+        sums, stamp = self._buckets.get(key, ((0.0,) * 5, self.steps))
         keep = _decay(self.steps - stamp)
-        new = (1.0, tokens, seconds, tokens * tokens, tokens * seconds)
-        self._buckets[key] = ([keep * a + b for a, b in zip(sums, new)], self.steps)
+        n, t, y, tt, ty = sums
+        sums = (keep * n + 1.0, keep * t + tokens, keep * y + seconds, keep * tt + tokens * tokens,
+                keep * ty + tokens * seconds)
+        self._buckets[key] = (sums, self.steps)
         self._seen[key] = self._seen.get(key, 0) + 1
+        if tokens <= EXACT_SIZES:
+            self._means[key] = (sums[2] / sums[0], self._seen[key])
         self.steps += 1
+
+    @property
+    def means(self) -> dict[int, tuple[float, int]]:
+        """``mean_seconds`` of every size up to ``EXACT_SIZES`` observed so far (read-only)."""
+        return self._means
 
     def mean_seconds(self, tokens: int) -> tuple[float, int]:
         """(mean seconds, steps observed) of steps that scored exactly ``tokens`` tokens (sizes up to 32 have
         a bucket each). The mean weighs each step by its age (half-life ``HALFLIFE_STEPS`` steps observed);
         the count is of every step ever, so a size measured once is not measured again only because time
         passed."""
-        key = _bucket(tokens)
-        entry = self._buckets.get(key) if tokens <= EXACT_SIZES else None
-        if entry is None or entry[0][0] <= 0:
-            return 0.0, 0
-        return entry[0][2] / entry[0][0], self._seen[key]
+        return self._means.get(tokens, (0.0, 0)) if tokens <= EXACT_SIZES else (0.0, 0)
 
     def fit(self, at: Optional[float] = None) -> Optional[tuple[float, float]]:
         """(base seconds, seconds per token), or None while the slope is not identified.
@@ -210,20 +218,24 @@ class GoodputPolicy:
         self._pad_calls += 1
         if self._pad_calls % PAD_REFRESH_EVERY == 0:
             return scored
-        sizes = {t: self.model.mean_seconds(t) for t in range(least, most + 1)}
+        means = self.model.means
         if self._pad_calls % PAD_EXPLORE_EVERY == 0:
-            unknown = min(sizes, key=lambda t: (sizes[t][1], t))
-            if sizes[unknown][1] < PAD_MIN_STEPS:
+            unknown = min(range(least, most + 1), key=lambda t: (means.get(t, (0.0, 0))[1], t))
+            if means.get(unknown, (0.0, 0))[1] < PAD_MIN_STEPS:
                 return unknown
-        if scored not in sizes or sizes[scored][1] < PAD_MIN_STEPS or sizes[scored][0] <= 0:
+        own = means.get(scored)
+        if own is None or own[1] < PAD_MIN_STEPS or own[0] <= 0:
             return scored
         expected = [1.0]  # tokens a step scoring 1, 2, ... tokens is expected to produce
         for i in range(scored - 1):
             expected.append(expected[-1] + (min(1.0, max(0.0, chances[i])) if chances is not None else 1.0))
-
-        def rate(t: int) -> float:
-            return expected[min(t, scored) - 1] / sizes[t][0]
-
-        known = [t for t, (seconds, seen) in sizes.items() if seen >= PAD_MIN_STEPS and seconds > 0]
-        best = max(known, key=lambda t: (rate(t), -abs(t - scored)))
-        return best if (1.0 - PAD_MARGIN) * rate(best) >= rate(scored) else scored
+        own_rate = expected[-1] / own[0]
+        # the size with the best rate among those measured enough; the one nearer ``scored`` on a tie
+        best, best_key = scored, (own_rate, 0)
+        for t in range(least, most + 1):
+            seconds, seen = means.get(t, (0.0, 0))
+            if seen >= PAD_MIN_STEPS and seconds > 0:
+                key = (expected[min(t, scored) - 1] / seconds, -abs(t - scored))
+                if key > best_key:
+                    best, best_key = t, key
+        return best if (1.0 - PAD_MARGIN) * best_key[0] >= own_rate else scored
