@@ -93,10 +93,14 @@ class SuffixOptions(ProposerOptions):
         description="output tokens of departed requests kept in the global tree, oldest evicted first (about "
         "260 bytes a token in memory at max_tree_depth 24: 0.5 GiB at the default)",
     )
+    # Longer than vLLM's `suffix` defaults (1 and 0.1): the goodput bar cuts each chain by its tokens' learned
+    # chances, so the tree may offer more (run AZ; docs/hybrid.md).
     max_spec_factor: float = Field(
-        1.0, ge=0.0, le=64.0, description="a match of m tokens drafts at most max_spec_factor * m + 1 tokens"
+        4.0, ge=0.0, le=64.0, description="a match of m tokens drafts at most max_spec_factor * m + 1 tokens"
     )
-    min_token_prob: float = Field(0.1, ge=0.0, le=1.0, description="stop where the tree's path probability falls below")
+    min_token_prob: float = Field(
+        0.02, ge=0.0, le=1.0, description="stop where the tree's path probability falls below"
+    )
     min_token_gain: float = Field(
         0.25,
         ge=0.0,

@@ -109,6 +109,21 @@ def test_a_high_bar_cuts_the_draft_and_a_low_one_keeps_it():
     assert len(p.propose([row(0, prompt)])[0]) >= 2
 
 
+def test_a_short_match_drafts_longer_than_vllms_defaults_and_the_bar_still_cuts_it():
+    # "50" is the only match (one token): vLLM's suffix defaults (max_spec_factor 1, min_token_prob 0.1) draft
+    # one token from it; the source's defaults offer up to K and leave the cut to the goodput bar.
+    tokens = [50, 1, 2, 3, 4, 5, 6, 7, 8, 60, 50]
+    p = make()
+    p.token_cost = 0.0
+    assert p.propose([row(0, tokens)]) == [[1, 2, 3, 4]]
+    p = make(max_spec_factor=1.0, min_token_prob=0.1)
+    p.token_cost = 0.0
+    assert p.propose([row(0, tokens)]) == [[1]]
+    p = make()
+    p.token_cost = 0.5
+    assert len(p.propose([row(0, tokens)])[0]) < 4
+
+
 def test_global_cache_is_bounded_by_max_cached_tokens_oldest_first():
     p = make(min_token_gain=0.0, max_cached_tokens=25)
     for key in range(5):  # five departed requests, 10 output tokens each (a 3-token prompt)
