@@ -93,15 +93,11 @@ class StepTimeModel:
 
     @property
     def means(self) -> dict[int, tuple[float, int]]:
-        """``mean_seconds`` of every size up to ``EXACT_SIZES`` observed so far (read-only)."""
+        """Size -> (mean seconds, steps observed) of steps that scored exactly that many tokens, for every size
+        up to ``EXACT_SIZES`` observed so far (read-only). The mean weighs each step by its age (half-life
+        ``HALFLIFE_STEPS`` steps observed); the count is of every step ever, so a size measured once is not
+        measured again only because time passed."""
         return self._means
-
-    def mean_seconds(self, tokens: int) -> tuple[float, int]:
-        """(mean seconds, steps observed) of steps that scored exactly ``tokens`` tokens (sizes up to 32 have
-        a bucket each). The mean weighs each step by its age (half-life ``HALFLIFE_STEPS`` steps observed);
-        the count is of every step ever, so a size measured once is not measured again only because time
-        passed."""
-        return self._means.get(tokens, (0.0, 0)) if tokens <= EXACT_SIZES else (0.0, 0)
 
     def fit(self, at: Optional[float] = None) -> Optional[tuple[float, float]]:
         """(base seconds, seconds per token), or None while the slope is not identified.
