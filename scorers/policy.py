@@ -42,8 +42,9 @@ EXACT_SIZES = 32  # step sizes up to this have a bucket each; above it, eight bu
 # The fit at a load also looks at steps of about as many requests: at the same number of scored tokens a step
 # of more requests costs more (each request has its own attention, sampling and bookkeeping), so steps of one
 # request at 4 to 9 tokens (27 ms in bfloat16, results/step-shape) beside steps of four requests at 4 to 12
-# (45 to 60 ms, run BA) read as a steep per-token slope that is really the cost of the requests. An observation
-# one octave of requests away counts exp(-2) as much; beyond REACH octaves it is left out of that fit.
+# (about 40 to 60 ms, runs BA and BB) would read as a steep per-token slope that is really the cost of the
+# requests. An observation one octave of requests away counts exp(-2) as much; beyond REACH octaves it is left
+# out of that fit. (Measured in runs BA and BB: the same speed with it as without, results/run-bb.)
 EXACT_ROWS = 8  # request counts up to this have a group each; above it, four groups per octave
 ROWS_BANDWIDTH_OCTAVES = 0.5
 ROWS_REACH_OCTAVES = 1.5
@@ -85,7 +86,7 @@ class StepTimeModel:
     Steps are grouped by their number of requests (``_rows_group``) and, within a group, bucketed by size;
     each bucket keeps exponentially weighted least-squares sums (weight, sum T, sum y, sum T^2, sum T*y),
     decayed by the number of steps observed since (half-life ``HALFLIFE_STEPS``), so memory is bounded by the
-    number of groups times buckets (about 20 x 100).
+    number of groups (8, then 4 per octave of requests) times buckets (about 100).
     """
 
     steps: int = 0

@@ -188,7 +188,7 @@ def test_a_cut_needs_the_margin_and_measured_sizes():
 
 def test_the_price_of_a_token_at_a_load_is_not_confused_with_the_cost_of_its_requests():
     # A CPU where each request in a step costs 4 ms of its own and each scored token 1.5 ms: four requests
-    # scoring 8 tokens take 50 ms, one request scoring 8 tokens 36 ms. After a stretch of one request, a load of
+    # scoring 8 tokens take 48 ms, one request scoring 8 tokens 36 ms. After a stretch of one request, a load of
     # four: a line through steps of both (of about the same size) reads the requests' cost as a steep slope.
     rng = np.random.default_rng(5)
     policy = GoodputPolicy()
