@@ -59,8 +59,13 @@ PAD_EXPLORE_EVERY = 16  # one call in this many pads to a size observed fewer ti
 PAD_REFRESH_EVERY = 64  # one call in this many is not padded, so the unpadded size's time stays current
 
 
+def _log_bucket(value: float, exact: int, per_octave: int) -> int:
+    """Each whole value up to ``exact`` its own bucket, then ``per_octave`` buckets per octave."""
+    return int(value) if value <= exact else exact + round(per_octave * math.log2(value / exact))
+
+
 def _rows_group(rows: int) -> int:
-    return rows if rows <= EXACT_ROWS else EXACT_ROWS + round(4 * math.log2(rows / EXACT_ROWS))
+    return _log_bucket(rows, EXACT_ROWS, 4)
 
 
 def _group_rows(group: int) -> float:
@@ -75,7 +80,7 @@ def _decay(steps_since: int) -> float:
 
 def _bucket(tokens: float) -> int:
     """Steps are summarised per size: each T up to ``EXACT_SIZES``, then eight buckets per octave."""
-    return int(tokens) if tokens <= EXACT_SIZES else EXACT_SIZES + round(8 * math.log2(tokens / EXACT_SIZES))
+    return _log_bucket(tokens, EXACT_SIZES, 8)
 
 
 @dataclass
@@ -94,8 +99,7 @@ class StepTimeModel:
     def __post_init__(self) -> None:
         # requests group -> size bucket -> (sums, step of last update)
         self._groups: dict[int, dict[int, tuple[tuple[float, ...], int]]] = {}
-        self._seen: dict[int, int] = {}  # size of one-request steps -> steps observed, ever
-        # size of one-request steps -> (mean seconds, steps observed): a bucket's weights all decay by one
+        # size of one-request steps -> (mean seconds, steps observed ever): a bucket's weights all decay by one
         # factor, so its mean changes only when it is observed
         self._means: dict[int, tuple[float, int]] = {}
 
@@ -109,8 +113,7 @@ class StepTimeModel:
                 keep * ty + tokens * seconds)
         buckets[key] = (sums, self.steps)
         if rows <= 1 and tokens <= EXACT_SIZES:
-            self._seen[key] = self._seen.get(key, 0) + 1
-            self._means[key] = (sums[2] / sums[0], self._seen[key])
+            self._means[key] = (sums[2] / sums[0], self._means.get(key, (0.0, 0))[1] + 1)
         self.steps += 1
 
     @property

@@ -1,4 +1,4 @@
-source /work/main/.venv/bin/activate
+source "$(dirname "$0")/../../.venv/bin/activate"
 M=~/.cache/freespec/models/smollm2-135m-instruct
 python -m freespec.vllm_plugins.vllm_cli serve $M --host 127.0.0.1 --port 8111 --dtype bfloat16 --max-model-len 2048 --seed 0 --gpu-memory-utilization 0.07 --speculative-config '{"plugin": "hybrid", "num_speculative_tokens": 8}' > /tmp/srv8111.log 2>&1 &
 P=$!

@@ -1,4 +1,4 @@
-source /work/main/.venv/bin/activate
+source "$(dirname "$0")/../../.venv/bin/activate"
 M=~/.cache/freespec/models/smollm2-135m-instruct
 start() { python -m freespec.vllm_plugins.vllm_cli serve $M --host 127.0.0.1 --port $1 --dtype bfloat16 --max-model-len 2048 --seed 0 --gpu-memory-utilization 0.1 > /tmp/srv$1.log 2>&1 & echo $!; }
 wait_up() { for i in $(seq 300); do curl -sf http://127.0.0.1:$1/health >/dev/null && return 0; sleep 2; done; return 1; }

@@ -2,7 +2,7 @@
 # Interleaved bf16: none, suffix, hybrid cold, hybrid warm; one bench per round (the warm file copied fresh, so
 # no round starts from what an earlier round learned). DTYPE and W (the work folder) change it: run AY is
 # DTYPE=float32 W=/tmp/run-ay.
-source /work/main/.venv/bin/activate
+source "$(dirname "$0")/../../.venv/bin/activate"
 Q=${1:?Spec-Bench question.jsonl}
 DTYPE=${DTYPE:-bfloat16}
 W=${W:-/tmp/run-ax}

@@ -3,7 +3,7 @@
 # min_token_prob 0.02), cut by the goodput bar and sized by the step size; none and vLLM suffix beside them,
 # interleaved, c=1, 13 questions, 2 rounds. DTYPE (default bfloat16), W (the work folder) and CONFIGS change it:
 # the float32 rounds ran DTYPE=float32 W=/tmp/run-az-f32 CONFIGS=f4 (none, suffix, hybrid, max_spec_factor 4).
-source /work/main/.venv/bin/activate
+source "$(dirname "$0")/../../.venv/bin/activate"
 QFILE=${1:?Spec-Bench question.jsonl}
 DTYPE=${DTYPE:-bfloat16}
 W=${W:-/tmp/run-az}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Warm restart against cold start, two rounds on fresh questions (B: 3rd question of each category, B2: 4th).
 set -euo pipefail
-cd /work/main
+cd "$(dirname "$0")/../.."
 for r in 1 2; do
   q=/tmp/ws/qB.jsonl; [ $r = 2 ] && q=/tmp/ws/qB2.jsonl
   cp /tmp/ws/state/a.bin /tmp/ws/state/warm.bin
