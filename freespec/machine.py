@@ -1,10 +1,16 @@
-"""What the machine freespec runs on can do, for defaults that fit it."""
+"""What the machine freespec runs on can do, for defaults that fit it, and how a run describes it."""
 from __future__ import annotations
 
 import importlib.metadata
+import os
 from pathlib import Path
+from typing import Any, Mapping, Optional
 
 NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+# The environment that decides which cores vLLM's CPU worker computes on (vllm/envs.py). Unset, vLLM binds each
+# worker's threads to the cores left after reserving one core per worker for its engine core and API server:
+# on a 2-core machine the model computes on one core.
+CPU_BINDING_ENV = ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU", "OMP_NUM_THREADS")
 
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
@@ -16,6 +22,58 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
     except OSError:
         pass
     return set()
+
+
+def cpu_info(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, str]:
+    """The first CPU's ``key: value`` lines of /proc/cpuinfo (empty where it is not there)."""
+    info: dict[str, str] = {}
+    try:
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            if not line.strip():
+                break
+            key, _, value = line.partition(":")
+            info.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    return info
+
+
+def describe_machine(cpuinfo: Path = Path("/proc/cpuinfo"), environ: Optional[Mapping[str, str]] = None) -> dict[str, Any]:
+    """What a benchmark figure depends on: the CPU (its name, family and model, which tell apart Zen 3 from
+    Zen 4), the cores this process may use, whether bfloat16 is native, and the environment that binds vLLM's
+    CPU worker to cores (unset where vLLM's default applies)."""
+    info = cpu_info(cpuinfo)
+    flags = set(info.get("flags", "").split())
+    environ = os.environ if environ is None else environ
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 0
+    return {
+        "cpu": info.get("model name"),
+        "cpu_family": info.get("cpu family"),
+        "cpu_model": info.get("model"),
+        "cores": cores,
+        "native_bf16": sorted(f for f in NATIVE_BF16_FLAGS if f in flags),
+        "avx512": "avx512f" in flags,
+        "binding_env": {name: environ.get(name) for name in CPU_BINDING_ENV if environ.get(name) is not None},
+    }
+
+
+def machine_summary(machine: Mapping[str, Any]) -> str:
+    """One line for a report: ``AMD EPYC (family 25, model 1), 2 cores, AVX2 only: bfloat16 emulated, vLLM's
+    default core binding``."""
+    name = machine.get("cpu") or "unknown CPU"
+    if machine.get("cpu_family") is not None:
+        name += f" (family {machine['cpu_family']}, model {machine.get('cpu_model')})"
+    native = machine.get("native_bf16") or []
+    if native:
+        bf16 = "native bfloat16 (" + ", ".join(native) + ")"
+    else:
+        bf16 = ("AVX512 without BF16" if machine.get("avx512") else "no AVX512") + ": bfloat16 emulated"
+    env = machine.get("binding_env") or {}
+    binding = ", ".join(f"{k}={v}" for k, v in env.items()) if env else "vLLM's default core binding"
+    return f"{name}, {machine.get('cores')} cores, {bf16}, {binding}"
 
 
 def is_cpu_vllm() -> bool:

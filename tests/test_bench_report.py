@@ -85,6 +85,8 @@ def test_results_header_names_the_server_of_a_run_it_did_not_start():
     attached = report.results_header("m", None, 128, 0.0, None, 26, "builtin", 1, 1, server="http://h:8000")
     assert "server http://h:8000" in attached and "dtype" not in attached and "num_speculative" not in attached
     assert "Each block measured 6 times" in report.results_header("m", "auto", 1, 0.0, 8, 1, "q", 3, 2)
+    assert "Machine:" not in started
+    assert "Machine: Zen, 2 cores. " in report.results_header("m", "auto", 1, 0.0, 8, 1, "q", 1, 1, machine="Zen, 2 cores")
 
 
 def test_render_sources_markdown_lists_each_sources_accepted_and_drafted_tokens():

@@ -6,6 +6,7 @@ import json
 import sys
 
 import pytest
+from freespec.machine import machine_summary
 from bench_helpers import FAKE_SERVER, start_fake_server, write_questions
 from freespec.cli import bench
 
@@ -100,6 +101,7 @@ def test_run_end_to_end_with_a_fake_server(tmp_path, questions_file, monkeypatch
     result = json.loads((out / "results.json").read_text())
     assert result["status"] == "complete"
     assert {c["label"]: c["status"] for c in result["configs"]} == {"suffix": "skipped", "none": "ok", "ngram": "ok"}
+    assert result["machine"]["cores"] >= 1 and "binding_env" in result["machine"]  # the CPU the servers ran on
     assert len(result["requests"]) == 2 * 2 * 2 * 2  # configs x concurrency x categories x questions
     assert all(r["completion_tokens"] == 16 and r["error"] is None for r in result["requests"])
     rows = {(r["config"], r["concurrency"], r["category"]): r for r in result["aggregates"]}
@@ -122,6 +124,7 @@ def test_run_end_to_end_with_a_fake_server(tmp_path, questions_file, monkeypatch
     assert (out / "results_tpot.png").read_bytes()[:4] == b"\x89PNG"
     md = (out / "results.md").read_text()
     assert "| ngram | writing |" in md and "suffix: skipped" in md
+    assert f"Machine: {machine_summary(result['machine'])}." in md
     assert "## Latency" in md and "| ngram | 2 |" in md
     # freespec's per-source counters from /metrics: 2 requests x (copy 6/3 in 0.02 s, recycle 2/1) per block.
     copy, recycle = ngram["sources"]["copy"], ngram["sources"]["recycle"]

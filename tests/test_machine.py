@@ -1,7 +1,7 @@
-"""Defaults chosen for the machine: the serving dtype."""
+"""Defaults chosen for the machine (the serving dtype) and how a run describes the machine."""
 from __future__ import annotations
 
-from freespec.machine import cpu_flags, default_dtype
+from freespec.machine import cpu_flags, cpu_info, default_dtype, describe_machine, machine_summary
 
 
 def test_bfloat16_only_where_the_cpu_has_it_natively():
@@ -16,3 +16,25 @@ def test_cpu_flags_reads_the_first_flags_line(tmp_path):
     info.write_text("processor\t: 0\nflags\t\t: fpu avx2 amx_bf16\n\nprocessor\t: 1\nflags\t\t: fpu\n")
     assert cpu_flags(info) == {"fpu", "avx2", "amx_bf16"}
     assert cpu_flags(tmp_path / "missing") == set()
+
+
+ZEN3 = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 1\nmodel name\t: AMD EPYC\n"
+        "flags\t\t: fpu avx2\n\nprocessor\t: 1\nmodel name\t: other\n")
+
+
+def test_describe_machine_names_the_cpu_its_bfloat16_and_the_core_binding(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text(ZEN3)
+    assert cpu_info(info)["model name"] == "AMD EPYC"  # the first CPU's block only
+    machine = describe_machine(info, environ={"VLLM_CPU_OMP_THREADS_BIND": "0-1", "PATH": "/bin"})
+    assert (machine["cpu"], machine["cpu_family"], machine["cpu_model"]) == ("AMD EPYC", "25", "1")
+    assert machine["native_bf16"] == [] and machine["avx512"] is False and machine["cores"] >= 1
+    assert machine["binding_env"] == {"VLLM_CPU_OMP_THREADS_BIND": "0-1"}  # only the binding's own variables
+    assert machine_summary(machine) == (f"AMD EPYC (family 25, model 1), {machine['cores']} cores, no AVX512: "
+                                        "bfloat16 emulated, VLLM_CPU_OMP_THREADS_BIND=0-1")
+    info.write_text(ZEN3.replace("fpu avx2", "avx2 avx512f avx512_bf16"))
+    machine = describe_machine(info, environ={})
+    assert machine["native_bf16"] == ["avx512_bf16"]
+    assert machine_summary(machine).endswith("native bfloat16 (avx512_bf16), vLLM's default core binding")
+    assert describe_machine(tmp_path / "missing", environ={})["cpu"] is None
+    assert machine_summary({"cores": 2}).startswith("unknown CPU, 2 cores, no AVX512")

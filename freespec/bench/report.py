@@ -153,16 +153,19 @@ SOURCES_HEADER = (
 
 
 def results_header(model: str, dtype: str | None, max_tokens: int, temperature: float, k: int | None, n_prompts: int,
-                   questions: str, repeats: int, rounds: int, server: str | None = None) -> str:
+                   questions: str, repeats: int, rounds: int, server: str | None = None,
+                   machine: str | None = None) -> str:
     """The first paragraph of results.md: what was measured and how to read the columns. ``server``: the
-    URL of a server the run did not start (its engine settings, K included, are the server's own)."""
+    URL of a server the run did not start (its engine settings, K included, are the server's own);
+    ``machine``: the CPU the run's own servers ran on (``freespec.machine.machine_summary``)."""
     engine = f"server {server}, " if server else f"dtype {dtype}, "
     draft = f"num_speculative_tokens {k}, " if k is not None else ""
     return (
         f"# freespec bench\n\nmodel `{model}`, {engine}max_tokens {max_tokens}, "
         f"temperature {temperature}, {draft}"
         f"{n_prompts} prompts from {questions}. "
-        f"tok/s: completion tokens / block wall time; "
+        + (f"Machine: {machine}. " if machine else "")
+        + f"tok/s: completion tokens / block wall time; "
         f"×{BASELINE}: ratio to {BASELINE}; acc len: 1 + accepted/drafts; acc rate: accepted/draft tokens; "
         f"tok/fwd: tokens per target forward pass; match: outputs identical to {BASELINE}'s"
         + (" (not expected to hold when sampling, temperature > 0)" if temperature > 0 else "")

@@ -46,7 +46,7 @@ from freespec.bench.report import (
 from freespec.bench.selection import select_questions_per_level, select_warmup_prompts
 from freespec.bench.server import RunningServer, Server, free_port, interleaved_options, server_command
 from freespec.bench.stats import MIXED_CATEGORY, aggregate
-from freespec.machine import default_dtype, is_cpu_vllm
+from freespec.machine import default_dtype, describe_machine, is_cpu_vllm, machine_summary
 from freespec.questions import Question, QuestionsError, resolve_questions
 
 
@@ -80,6 +80,8 @@ class RunState:
     argv: list[str]
     settings: dict[str, Any]
     versions: dict[str, Any]
+    # The CPU the servers ran on and their core binding (freespec.machine); empty for servers the run did not start
+    machine: dict[str, Any] = field(default_factory=dict)
     configs: list[dict[str, Any]] = field(default_factory=list)
     requests: list[dict[str, Any]] = field(default_factory=list)
     blocks: list[dict[str, Any]] = field(default_factory=list)
@@ -506,6 +508,7 @@ def _run(options: BenchOptions, argv: list[str]) -> int:
         started_at=_dt.datetime.now().isoformat(timespec="seconds"),
         command=shlex.join([os.path.basename(argv[0]) if argv else "freespec", *argv[1:]]),
         argv=argv, settings=settings, versions=collect_versions(),
+        machine={} if options.base_url else describe_machine(),
     )
     state.configs.extend(skipped)
     where = f"servers {', '.join(t.base_url for t in targets)}" if options.base_url else f"model {model}"
@@ -555,7 +558,8 @@ def _run(options: BenchOptions, argv: list[str]) -> int:
     header = results_header(
         model, options.dtype, options.max_tokens, options.temperature,
         None if options.base_url else options.num_speculative_tokens, len(measured), question_set.describe(),
-        options.repeats, options.rounds, server=", ".join(options.base_url) if options.base_url else None)
+        options.repeats, options.rounds, server=", ".join(options.base_url) if options.base_url else None,
+        machine=machine_summary(state.machine) if state.machine else None)
     footer = "\n" + "\n".join(notes) + "\n" if notes else ""
     (out / "results.md").write_text(
         header + table + LATENCY_HEADER + latency + (SOURCES_HEADER + sources if sources else "") + footer,
