@@ -15,13 +15,7 @@ CPU_BINDING_ENV = ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU", 
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
     """The first CPU's feature flags (empty where /proc/cpuinfo is not there)."""
-    try:
-        for line in cpuinfo.read_text(errors="replace").splitlines():
-            if line.startswith("flags"):
-                return set(line.partition(":")[2].split())
-    except OSError:
-        pass
-    return set()
+    return set(cpu_info(cpuinfo).get("flags", "").split())
 
 
 def cpu_info(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, str]:
@@ -38,10 +32,11 @@ def cpu_info(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, str]:
     return info
 
 
-def describe_machine(cpuinfo: Path = Path("/proc/cpuinfo"), environ: Optional[Mapping[str, str]] = None) -> dict[str, Any]:
-    """What a benchmark figure depends on: the CPU (its name, family and model, which tell apart Zen 3 from
-    Zen 4), the cores this process may use, whether bfloat16 is native, and the environment that binds vLLM's
-    CPU worker to cores (unset where vLLM's default applies)."""
+def describe_machine(cpuinfo: Path = Path("/proc/cpuinfo"), environ: Optional[Mapping[str, str]] = None,
+                     cpu_build: Optional[bool] = None) -> dict[str, Any]:
+    """What a benchmark figure depends on: whether vLLM is its CPU build, the CPU (its name, family and model,
+    which tell apart Zen 3 from Zen 4), the cores this process may use, whether bfloat16 is native, and the
+    environment that binds vLLM's CPU worker to cores (unset where vLLM's default applies)."""
     info = cpu_info(cpuinfo)
     flags = set(info.get("flags", "").split())
     environ = os.environ if environ is None else environ
@@ -50,6 +45,7 @@ def describe_machine(cpuinfo: Path = Path("/proc/cpuinfo"), environ: Optional[Ma
     except (AttributeError, OSError):
         cores = os.cpu_count() or 0
     return {
+        "vllm_cpu_build": is_cpu_vllm() if cpu_build is None else cpu_build,
         "cpu": info.get("model name"),
         "cpu_family": info.get("cpu family"),
         "cpu_model": info.get("model"),
@@ -61,11 +57,13 @@ def describe_machine(cpuinfo: Path = Path("/proc/cpuinfo"), environ: Optional[Ma
 
 
 def machine_summary(machine: Mapping[str, Any]) -> str:
-    """One line for a report: ``AMD EPYC (family 25, model 1), 2 cores, AVX2 only: bfloat16 emulated, vLLM's
-    default core binding``."""
+    """One line for a report: ``AMD EPYC (family 25, model 1), 2 cores, no AVX512: bfloat16 emulated, vLLM's
+    default core binding``; with a GPU build of vLLM only the host CPU and its cores."""
     name = machine.get("cpu") or "unknown CPU"
     if machine.get("cpu_family") is not None:
         name += f" (family {machine['cpu_family']}, model {machine.get('cpu_model')})"
+    if machine.get("vllm_cpu_build") is False:
+        return f"{name}, {machine.get('cores')} cores, hosting a GPU build of vLLM"
     native = machine.get("native_bf16") or []
     if native:
         bf16 = "native bfloat16 (" + ", ".join(native) + ")"

@@ -26,15 +26,17 @@ def test_describe_machine_names_the_cpu_its_bfloat16_and_the_core_binding(tmp_pa
     info = tmp_path / "cpuinfo"
     info.write_text(ZEN3)
     assert cpu_info(info)["model name"] == "AMD EPYC"  # the first CPU's block only
-    machine = describe_machine(info, environ={"VLLM_CPU_OMP_THREADS_BIND": "0-1", "PATH": "/bin"})
+    machine = describe_machine(info, environ={"VLLM_CPU_OMP_THREADS_BIND": "0-1", "PATH": "/bin"}, cpu_build=True)
     assert (machine["cpu"], machine["cpu_family"], machine["cpu_model"]) == ("AMD EPYC", "25", "1")
     assert machine["native_bf16"] == [] and machine["avx512"] is False and machine["cores"] >= 1
     assert machine["binding_env"] == {"VLLM_CPU_OMP_THREADS_BIND": "0-1"}  # only the binding's own variables
     assert machine_summary(machine) == (f"AMD EPYC (family 25, model 1), {machine['cores']} cores, no AVX512: "
                                         "bfloat16 emulated, VLLM_CPU_OMP_THREADS_BIND=0-1")
     info.write_text(ZEN3.replace("fpu avx2", "avx2 avx512f avx512_bf16"))
-    machine = describe_machine(info, environ={})
+    machine = describe_machine(info, environ={}, cpu_build=True)
     assert machine["native_bf16"] == ["avx512_bf16"]
     assert machine_summary(machine).endswith("native bfloat16 (avx512_bf16), vLLM's default core binding")
+    gpu = describe_machine(info, environ={}, cpu_build=False)
+    assert machine_summary(gpu) == f"AMD EPYC (family 25, model 1), {gpu['cores']} cores, hosting a GPU build of vLLM"
     assert describe_machine(tmp_path / "missing", environ={})["cpu"] is None
     assert machine_summary({"cores": 2}).startswith("unknown CPU, 2 cores, no AVX512")
