@@ -4,13 +4,17 @@ from __future__ import annotations
 import importlib.metadata
 import os
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 # The environment that decides which cores vLLM's CPU worker computes on (vllm/envs.py). Unset, vLLM binds each
 # worker's threads to the cores left after reserving one core per worker for its engine core and API server:
 # on a 2-core machine the model computes on one core.
 CPU_BINDING_ENV = ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU", "OMP_NUM_THREADS")
+
+# Up to this many cores, the one core vLLM's CPU build keeps per worker for its engine core and API server is a
+# quarter of the machine or more, and `freespec doctor` and `freespec bench` say how to give the model every core.
+FEW_CORES = 4
 
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
@@ -72,6 +76,35 @@ def machine_summary(machine: Mapping[str, Any]) -> str:
     env = machine.get("binding_env") or {}
     binding = ", ".join(f"{k}={v}" for k, v in env.items()) if env else "vLLM's default core binding"
     return f"{name}, {machine.get('cores')} cores, {bf16}, {binding}"
+
+
+
+def core_list(ids: Sequence[int]) -> str:
+    """Core ids as vLLM's VLLM_CPU_OMP_THREADS_BIND writes them: ``[0, 1, 2, 5]`` -> ``0-2,5``."""
+    ranges: list[list[int]] = []
+    for i in sorted(set(ids)):
+        if ranges and i == ranges[-1][1] + 1:
+            ranges[-1][1] = i
+        else:
+            ranges.append([i, i])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges)
+
+
+def core_binding_advice(machine: Mapping[str, Any], core_ids: Optional[Sequence[int]] = None) -> Optional[str]:
+    """How to give vLLM's CPU worker every core, where vLLM's default leaves a large share of them to its engine
+    core and API server (a CPU build, no binding variable set, 2 to ``FEW_CORES`` cores); else None.
+    ``core_ids``: the cores this process may use (default: its affinity)."""
+    cores = int(machine.get("cores") or 0)
+    if not machine.get("vllm_cpu_build") or machine.get("binding_env") or not 2 <= cores <= FEW_CORES:
+        return None
+    if core_ids is None:
+        try:
+            core_ids = sorted(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            core_ids = list(range(cores))
+    return (f"vLLM keeps 1 of the {cores} cores for its engine core and API server, so with one worker the model "
+            f"computes on {cores - 1}; VLLM_CPU_OMP_THREADS_BIND={core_list(core_ids)} VLLM_CPU_NUM_OF_RESERVED_CPU=0 "
+            f"gives it all {cores} cores (docs/vllm-cpu.md, \"Cores\")")
 
 
 def is_cpu_vllm() -> bool:

@@ -341,12 +341,14 @@ def test_defaults_fit_the_machine(tmp_path, questions_file, monkeypatch, capsys,
     monkeypatch.setattr(run, "is_cpu_vllm", lambda: True)
     monkeypatch.setattr(run, "default_dtype", lambda cpu: "float32" if cpu else "auto")
     monkeypatch.setattr(server, "available_ram_fraction", lambda: 0.9)  # a quiet machine
+    monkeypatch.setattr(run, "describe_machine", lambda: {"vllm_cpu_build": True, "cores": 2, "binding_env": {}})
     args = parse_bench_args("--questions", str(questions_file), "--model", "m", "--configs", "none",
                             "--per-category", "1", "--max-tokens", "2", "--warmup", "0", "--out", str(tmp_path / "out"))
     assert bench.run(args) == 0
     (dtype, cpu, cmd), = seen
     assert (dtype, cpu) == ("float32", True)  # the dtype freespec.machine chooses for this CPU build
     assert cmd[cmd.index("--gpu-memory-utilization") + 1] == str(server.CPU_MEMORY_SHARE)
+    assert "note: vLLM keeps 1 of the 2 cores" in capsys.readouterr().out  # how to give the model both cores
 
 
 def test_the_bench_command_module_loads_no_numba():

