@@ -102,9 +102,10 @@ def core_binding_advice(machine: Mapping[str, Any], core_ids: Optional[Sequence[
             core_ids = sorted(os.sched_getaffinity(0))
         except (AttributeError, OSError):
             core_ids = list(range(cores))
-    return (f"vLLM keeps 1 of the {cores} cores for its engine core and API server, so with one worker the model "
-            f"computes on {cores - 1}; VLLM_CPU_OMP_THREADS_BIND={core_list(core_ids)} VLLM_CPU_NUM_OF_RESERVED_CPU=0 "
-            f"gives it all {cores} cores (docs/vllm-cpu.md, \"Cores\")")
+    return (f"vLLM keeps 1 of these {cores} cores for its engine core and API server (and uses one thread a "
+            f"core where cores have two), so the model computes on fewer; VLLM_CPU_OMP_THREADS_BIND="
+            f"{core_list(core_ids)} VLLM_CPU_NUM_OF_RESERVED_CPU=0 gives it all {cores} (vLLM's ngram gained "
+            "nothing from it: docs/vllm-cpu.md, \"Cores\")")
 
 
 def is_cpu_vllm() -> bool:

@@ -348,7 +348,7 @@ def test_defaults_fit_the_machine(tmp_path, questions_file, monkeypatch, capsys,
     (dtype, cpu, cmd), = seen
     assert (dtype, cpu) == ("float32", True)  # the dtype freespec.machine chooses for this CPU build
     assert cmd[cmd.index("--gpu-memory-utilization") + 1] == str(server.CPU_MEMORY_SHARE)
-    assert "note: vLLM keeps 1 of the 2 cores" in capsys.readouterr().out  # how to give the model both cores
+    assert "note: vLLM keeps 1 of these 2 cores" in capsys.readouterr().out  # how to give the model both cores
 
 
 def test_the_bench_command_module_loads_no_numba():

@@ -53,7 +53,7 @@ def test_core_binding_advice_only_where_the_reserved_core_is_a_large_share():
     cpu2 = {"vllm_cpu_build": True, "cores": 2, "binding_env": {}}
     advice = core_binding_advice(cpu2, core_ids=[0, 1])
     assert "VLLM_CPU_OMP_THREADS_BIND=0-1 VLLM_CPU_NUM_OF_RESERVED_CPU=0" in advice
-    assert "the model computes on 1;" in advice and "all 2 cores" in advice and "docs/vllm-cpu.md" in advice
+    assert advice.startswith("vLLM keeps 1 of these 2 cores") and "all 2 (" in advice and "docs/vllm-cpu.md" in advice
     assert "=2-5 " in core_binding_advice({**cpu2, "cores": 4}, core_ids=[2, 3, 4, 5])  # the cores it may use
     assert core_binding_advice({**cpu2, "binding_env": {"VLLM_CPU_OMP_THREADS_BIND": "0"}}) is None  # chosen
     assert core_binding_advice({**cpu2, "vllm_cpu_build": False}) is None  # a GPU build: no CPU worker

