@@ -78,7 +78,6 @@ def machine_summary(machine: Mapping[str, Any]) -> str:
     return f"{name}, {machine.get('cores')} cores, {bf16}, {binding}"
 
 
-
 def core_list(ids: Sequence[int]) -> str:
     """Core ids as vLLM's VLLM_CPU_OMP_THREADS_BIND writes them: ``[0, 1, 2, 5]`` -> ``0-2,5``."""
     ranges: list[list[int]] = []

@@ -31,7 +31,9 @@ def _status(probe, expand_hook: bool) -> str:
 
 
 def diagnose() -> dict[str, Any]:
-    """freespec's and vLLM's versions, every probe with its status, and each plugin's state."""
+    """freespec's and vLLM's versions, the machine (with how to give vLLM's CPU worker every core where its default
+    keeps one of few: ``freespec.machine.core_binding_advice``), every probe with its status, and each plugin's
+    state."""
     from freespec import __version__
     from freespec.machine import core_binding_advice, describe_machine
     from freespec.proposers.registry import available_plugins, load_proposer_class
