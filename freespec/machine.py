@@ -36,6 +36,14 @@ def cpu_info(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, str]:
     return info
 
 
+def usable_cores() -> list[int]:
+    """The ids of the cores this process may run on (all of the machine's where the platform cannot say)."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return list(range(os.cpu_count() or 0))
+
+
 def describe_machine(cpuinfo: Path = Path("/proc/cpuinfo"), environ: Optional[Mapping[str, str]] = None,
                      cpu_build: Optional[bool] = None) -> dict[str, Any]:
     """What a benchmark figure depends on: whether vLLM is its CPU build, the CPU (its name, family and model,
@@ -44,10 +52,7 @@ def describe_machine(cpuinfo: Path = Path("/proc/cpuinfo"), environ: Optional[Ma
     info = cpu_info(cpuinfo)
     flags = set(info.get("flags", "").split())
     environ = os.environ if environ is None else environ
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 0
+    cores = len(usable_cores())
     return {
         "vllm_cpu_build": is_cpu_vllm() if cpu_build is None else cpu_build,
         "cpu": info.get("model name"),
@@ -92,15 +97,11 @@ def core_list(ids: Sequence[int]) -> str:
 def core_binding_advice(machine: Mapping[str, Any], core_ids: Optional[Sequence[int]] = None) -> Optional[str]:
     """How to give vLLM's CPU worker every core, where vLLM's default leaves a large share of them to its engine
     core and API server (a CPU build, no binding variable set, 2 to ``FEW_CORES`` cores); else None.
-    ``core_ids``: the cores this process may use (default: its affinity)."""
+    ``core_ids``: the cores this process may use (default: ``usable_cores()``)."""
     cores = int(machine.get("cores") or 0)
     if not machine.get("vllm_cpu_build") or machine.get("binding_env") or not 2 <= cores <= FEW_CORES:
         return None
-    if core_ids is None:
-        try:
-            core_ids = sorted(os.sched_getaffinity(0))
-        except (AttributeError, OSError):
-            core_ids = list(range(cores))
+    core_ids = usable_cores() if core_ids is None else core_ids
     return (f"vLLM keeps 1 of these {cores} cores for its engine core and API server (and uses one thread a "
             f"core where cores have two), so the model computes on fewer; VLLM_CPU_OMP_THREADS_BIND="
             f"{core_list(core_ids)} VLLM_CPU_NUM_OF_RESERVED_CPU=0 gives it all {cores} (vLLM's ngram gained "

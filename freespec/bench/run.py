@@ -515,7 +515,7 @@ def _run(options: BenchOptions, argv: list[str]) -> int:
     _log(f"{len(measured)} prompts in {len(selected)} categories ({', '.join(selected)}), concurrency "
          f"{' '.join(map(str, options.concurrency))}, configs {', '.join(t.config.label for t in targets)}; "
          f"{where}; results in {out}")
-    advice = core_binding_advice(state.machine) if state.machine else None
+    advice = core_binding_advice(state.machine)  # None with --base-url: no machine described
     if advice:  # stock vLLM and freespec are measured alike; this only says what the machine could give both
         _log(f"note: {advice}")
     if options.repeats > 1:
