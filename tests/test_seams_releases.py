@@ -313,6 +313,7 @@ def doctor_with(monkeypatch, version: str, results: list[ProbeResult], hook: boo
     monkeypatch.setattr(machine, "describe_machine", lambda: {
         "vllm_cpu_build": True, "cpu": "AMD EPYC", "cpu_family": "25", "cpu_model": "1", "cores": 2,
         "native_bf16": [], "avx512": False, "binding_env": {}})
+    monkeypatch.setattr(machine, "intel_openmp_path", lambda: "/venv/lib/libiomp5.so")
     return doctor.report()
 
 
@@ -330,6 +331,7 @@ def test_doctor_on_a_0_30_layout_names_why_each_plugin_is_disabled(monkeypatch):
     # The machine, and how to give vLLM's CPU worker the core it keeps for its engine core on 2 cores.
     assert "\nmachine: AMD EPYC (family 25, model 1), 2 cores, no AVX512: bfloat16 emulated, vLLM's default" in out
     assert "\n  note: vLLM keeps 1 of these 2 cores" in out and "VLLM_CPU_NUM_OF_RESERVED_CPU=0" in out
+    assert "\n  note: vLLM's CPU worker runs on GNU OpenMP" in out and "LD_PRELOAD=/venv/lib/libiomp5.so" in out
     assert "[FAIL] cpu_rejection_sampler: no kernel-override registry" in out
     assert "[DEFECT, not patched (no override hook)] cpu_expand_kernel" in out
     assert "[WARN] spec_metrics" in out

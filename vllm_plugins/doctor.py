@@ -31,11 +31,10 @@ def _status(probe, expand_hook: bool) -> str:
 
 
 def diagnose() -> dict[str, Any]:
-    """freespec's and vLLM's versions, the machine (with how to give vLLM's CPU worker every core where its default
-    keeps one of few: ``freespec.machine.core_binding_advice``), every probe with its status, and each plugin's
-    state."""
+    """freespec's and vLLM's versions, the machine (with how to set up vLLM's CPU worker where that is measured to
+    make it faster: ``freespec.machine.cpu_advice``), every probe with its status, and each plugin's state."""
     from freespec import __version__
-    from freespec.machine import core_binding_advice, describe_machine
+    from freespec.machine import cpu_advice, describe_machine
     from freespec.proposers.registry import available_plugins, load_proposer_class
     from freespec.vllm_plugins.probes import (
         blocking_probes,
@@ -67,7 +66,7 @@ def diagnose() -> dict[str, Any]:
         "vllm": {"version": version, "distribution": installed_vllm_distribution(),
                  "supported_range": supported_range_text(), "supported": supported},
         "machine": machine,
-        "advice": [a for a in (core_binding_advice(machine),) if a],
+        "advice": cpu_advice(machine),
         "seams": [{"seam": p.seam, "ok": p.ok, "status": _status(p, expand_hook), "detail": p.detail}
                   for p in probes],
         "plugins": plugins,

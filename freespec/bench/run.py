@@ -46,7 +46,7 @@ from freespec.bench.report import (
 from freespec.bench.selection import select_questions_per_level, select_warmup_prompts
 from freespec.bench.server import RunningServer, Server, free_port, interleaved_options, server_command
 from freespec.bench.stats import MIXED_CATEGORY, aggregate
-from freespec.machine import core_binding_advice, default_dtype, describe_machine, is_cpu_vllm, machine_summary
+from freespec.machine import cpu_advice, default_dtype, describe_machine, is_cpu_vllm, machine_summary
 from freespec.questions import Question, QuestionsError, resolve_questions
 
 
@@ -515,8 +515,9 @@ def _run(options: BenchOptions, argv: list[str]) -> int:
     _log(f"{len(measured)} prompts in {len(selected)} categories ({', '.join(selected)}), concurrency "
          f"{' '.join(map(str, options.concurrency))}, configs {', '.join(t.config.label for t in targets)}; "
          f"{where}; results in {out}")
-    advice = core_binding_advice(state.machine)  # None with --base-url: no machine described
-    if advice:  # stock vLLM and freespec are measured alike; this only says what the machine could give both
+    # None with --base-url (no machine described). Stock vLLM and freespec are measured alike; the notes only say
+    # what the machine could give both.
+    for advice in cpu_advice(state.machine, ngram=any(t.config.name == "ngram" for t in targets)):
         _log(f"note: {advice}")
     if options.repeats > 1:
         _log(f"{options.repeats} repeats per level on each server; after the first, a server "
