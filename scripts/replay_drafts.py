@@ -104,11 +104,13 @@ class ThroughAdapter:
 
 
 def replay(proposer, key: int, prompt: list[int], output: list[int], cost: float,
-           times: list[float] | None = None, evict: np.ndarray | None = None) -> tuple[int, int, float]:
+           times: list[float] | None = None, evict: np.ndarray | None = None,
+           on_draft=None) -> tuple[int, int, float]:
     """(output tokens, target forward passes, modeled plain steps) when ``proposer`` drafts for this output.
 
     ``times``: each propose call's seconds are appended; ``evict``: a buffer read before each call, so the
-    call starts with the CPU's caches flushed, as it does after a target forward pass."""
+    call starts with the CPU's caches flushed, as it does after a target forward pass; ``on_draft``: called
+    with each draft and how many of its tokens were accepted, right after the call that drafted it."""
     if not output:
         return 0, 0, 0.0
     # The prefill produces the first token; drafting starts after it, as in the engine.
@@ -124,6 +126,8 @@ def replay(proposer, key: int, prompt: list[int], output: list[int], cost: float
         accepted = 0
         while accepted < len(draft) and t + accepted < len(output) and draft[accepted] == output[t + accepted]:
             accepted += 1
+        if on_draft is not None:
+            on_draft(draft, accepted)
         new = min(accepted + 1, len(output) - t)  # the accepted drafts plus the target's own token
         seq += output[t:t + new]
         t += new

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-from replay_drafts import read_greedy  # noqa: E402
+from replay_drafts import read_greedy, replay  # noqa: E402
 
-from freespec.proposers.base import EngineInfo, Row  # noqa: E402
+from freespec.proposers.base import EngineInfo  # noqa: E402
 from freespec.proposers.registry import load_proposer_class  # noqa: E402
 
 EDGES = [0.0, 0.05, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.7, 0.9, 1.01]
@@ -47,29 +47,19 @@ def main() -> int:
 
     proposer = make()
     records = []  # (position in the draft, claimed chance, accepted)
+
+    def on_draft(draft, accepted):
+        chances = (proposer.draft_chances() or [[]])[0]
+        for i in range(len(draft)):
+            records.append((i, chances[i] if i < len(chances) else np.nan, i < accepted))
+
     tokens = steps = 0
     spent = 0.0
     for key, (_, prompt, output) in enumerate(data):
         if args.fresh and key:
             proposer = make()
-        seq, t, new = list(prompt) + output[:1], 1, 1
-        steps += 1
-        spent += 1.0
-        while t < len(output):
-            draft = proposer.propose([Row(key=key, tokens=np.asarray(seq, dtype=np.int32), num_new=new)])[0]
-            chances = (proposer.draft_chances() or [[]])[0]
-            accepted = 0
-            while accepted < len(draft) and t + accepted < len(output) and draft[accepted] == output[t + accepted]:
-                accepted += 1
-            for i in range(len(draft)):
-                records.append((i, chances[i] if i < len(chances) else np.nan, i < accepted))
-            new = min(accepted + 1, len(output) - t)
-            seq += output[t:t + new]
-            t += new
-            steps += 1
-            spent += 1.0 + args.cost * len(draft)
-        proposer.release(key)
-        tokens += len(output)
+        done = replay(proposer, key, prompt, output, args.cost, on_draft=on_draft)
+        tokens, steps, spent = tokens + done[0], steps + done[1], spent + done[2]
     r = np.array(records, dtype=float).reshape(-1, 3)
     print(f"tok/fwd {tokens / steps:.3f}  modeled x none {tokens / spent:.3f} (draft token = {args.cost} steps)  "
           f"draft tokens {len(r)}  accepted {int(r[:, 2].sum())}  claimed {np.nansum(r[:, 1]):.0f}")
