@@ -1,17 +1,32 @@
-"""What every freespec proposer is: options, the rows it sees, and drafts it returns.
+"""The proposer API: what a freespec proposer receives each step, what it returns, and what it may keep.
 
-Proposers are engine-agnostic: they see numpy arrays of token ids and return
-lists of token ids. The vLLM adapter (``freespec.vllm_plugins.adapter``) turns
-vLLM's batch into ``Row`` objects and sanitises what comes back.
+This module is all a plugin imports (docs/proposer-api.md). Once per engine step the adapter
+(``freespec.vllm_plugins.adapter``) calls ``Proposer.draft(rows, step)``: ``rows`` are the batch's
+requests (``Row``: a stable key, the whole token sequence, the tokens the last step appended) and
+``step`` is a ``StepContext`` (the policy's price of one draft token, the step's time budget). It
+returns one ``Draft`` per row: its tokens, where the proposer estimates them the chance of each being
+accepted, and the source it came from. The adapter sets nothing on a proposer and asks nothing about
+the last call; the goodput cut and the step sizing are applied once, by the policy, to what comes back
+(``freespec.scorers.policy``).
+
+Proposers are engine-agnostic: numpy arrays of token ids in, lists of token ids out; no vLLM import.
 """
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from abc import ABC
+import logging
+import math
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, ClassVar, Optional, Sequence
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
+
+logger = logging.getLogger("freespec")
+
+# The proposer API's version: a minor release of freespec keeps every name of this module that a plugin
+# uses working; a change that breaks one raises the major number, after a release that warns (docs/proposer-api.md).
+API_VERSION = "1.0"
 
 if TYPE_CHECKING:
     from freespec.scorers.fusion import Candidates
@@ -64,38 +79,109 @@ class ScoredPositions:
     topk_probs: np.ndarray  # float32 [n, c]
 
 
+@dataclass
+class StepContext:
+    """What the adapter tells a proposer about the step it drafts for (a new one every step).
+
+    ``token_cost``: the load-aware policy's price of one draft token, in expected accepted tokens
+    (``scorers.policy.GoodputPolicy.token_cost``): near 0 where verifying is almost free, near 1 under
+    a full batch. None while the policy is off or has not measured enough; a proposer then uses its own
+    fixed option (``bar``). A proposer may use it to choose what to offer (a tree path, whether a slow
+    source is worth running); it need not cut its drafts by it: the policy cuts what is returned.
+    ``budget_s``: seconds the whole ``draft`` call may take before the circuit breaker counts it as
+    overrun. ``capture_seconds``: seconds the adapter spent in the last step copying the target's top-k
+    for this proposer (0 without ``target_topk``). ``source_seconds``: the proposer's seconds per source
+    in this call, filled by a proposer with several sources (metrics by source); empty otherwise.
+    """
+
+    token_cost: Optional[float] = None
+    budget_s: float = math.inf
+    capture_seconds: float = 0.0
+    source_seconds: dict[str, float] = field(default_factory=dict)
+
+    def bar(self, fixed: float) -> float:
+        """The bar for one more draft token: the policy's price, else the proposer's fixed option."""
+        return fixed if self.token_cost is None else self.token_cost
+
+
+@dataclass
+class Draft:
+    """One row's draft: 0..k token ids, and what the proposer knows about them.
+
+    ``chances[i]``: the chance that token i and every token before it are accepted, as the proposer
+    estimates it (non-increasing); None when it does not estimate them. The policy cuts a draft where
+    that chance falls below the step's bar, and with one request may drop or pad its last tokens for a
+    faster step (``scorers.policy.shape_drafts``); without chances a draft is never cut, only padded.
+    ``source``: which of the proposer's sources the draft came from (metrics by source); None: the
+    plugin itself.
+    """
+
+    tokens: list[int]
+    chances: Optional[list[float]] = None
+    source: Optional[str] = None
+
+
+NO_DRAFT = Draft([])
+
+
 class Proposer(ABC):
-    """A drafting algorithm. Subclasses set ``Options`` and implement ``propose``."""
+    """A drafting algorithm. Subclasses set ``Options`` and implement ``draft``.
+
+    What a proposer may keep between steps: anything keyed by ``Row.key`` until ``release(key)``, and
+    what it learns across requests, each bounded by its options (``state_bytes`` reports it). What it
+    must bound: memory, by its options; time, ``draft`` well inside ``StepContext.budget_s`` (a slow or
+    raising proposer drafts nothing for that step, and the circuit breaker switches it off for a while).
+    """
 
     Options: ClassVar[type[ProposerOptions]] = ProposerOptions
     # > 0: the proposer wants the target's top-``target_topk`` candidates at every scored
-    # position, delivered through ``observe`` before each ``propose``.
+    # position, delivered through ``observe`` before each ``draft``.
     target_topk: int = 0  # instances may set it from their options
-    # Set by the adapter before each step when the load-aware policy is on: the expected
-    # accepted tokens one more draft token must bring to pay for verifying it (scorers/policy.py).
-    token_cost: Optional[float] = None
     # True: the plugin weighs its own drafting time itself (``hybrid``'s source pricing), so the load-aware
     # policy fits the target's step time without it. Otherwise a slow source (a draft model's chain) is
     # counted in the price of every verified token, twice over with the pricing.
     prices_own_time: bool = False
+    # Deprecated (API 0): the bar as the adapter set it before each step; read only by proposers that
+    # still implement ``propose`` alone (see ``draft``).
+    token_cost: Optional[float] = None
 
     def __init__(self, options: ProposerOptions, num_speculative_tokens: int) -> None:
         self.options = options
         self.k = num_speculative_tokens
 
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        # Written against API 0: ``propose`` is defined below the class that defines ``draft`` (a plugin that
+        # overrides ``propose`` of Proposer, or of one of freespec's proposers). Its ``draft`` is the shim.
+        proposes, drafts = _defined_in(cls, "propose"), _defined_in(cls, "draft")
+        cls._legacy = proposes is not drafts and issubclass(proposes, drafts)
+        if cls._legacy and cls.draft is not _draft_through_propose:
+            cls._draft_before_shim = cls.draft
+            cls.draft = _draft_through_propose
+
+    _legacy: ClassVar[bool] = False
+
+    @classmethod
+    def is_concrete(cls) -> bool:
+        """Whether the class can draft: it implements ``draft`` (or, deprecated, ``propose``) and is not abstract."""
+        return ((cls.draft is not Proposer.draft or cls._legacy)
+                and not getattr(cls, "__abstractmethods__", None))
+
     def gain_threshold(self, fixed: float) -> float:
-        """The bar for one more draft token: the policy's measured cost, else the plugin's fixed option."""
+        """Deprecated (API 0): the bar, ``StepContext.bar`` now."""
         return fixed if self.token_cost is None else self.token_cost
+
+    def fixed_bar(self) -> Optional[float]:
+        """The bar the policy cuts this proposer's drafts at while it has no price (``StepContext.token_cost``
+        None): the proposer's ``min_token_gain`` option where it has one; None: not cut."""
+        value = getattr(self.options, "min_token_gain", None)
+        return float(value) if isinstance(value, (int, float)) else None
 
     def bind(self, info: EngineInfo) -> None:
         """Called once before the first step with what is known about the target model."""
 
     def observe(self, scored: ScoredPositions) -> None:
         """The target's top-k at the positions scored in the last step (only if ``target_topk``)."""
-
-    def observe_capture_seconds(self, seconds: float) -> None:
-        """Seconds the adapter spent in the last step capturing the target's top-k for this proposer
-        (0 when it captured none); ``hybrid`` charges them to its ``recycle`` source."""
 
     def wants_target_topk(self) -> bool:
         """Whether the next step's top-k should be captured (asked after each step's drafts).
@@ -105,20 +191,33 @@ class Proposer(ABC):
         """
         return self.target_topk > 0
 
-    @abstractmethod
-    def propose(self, rows: Sequence[Row]) -> list[list[int]]:
-        """One draft (0..k token ids) per row, in row order."""
+    def draft(self, rows: Sequence[Row], step: StepContext) -> list[Draft]:
+        """One ``Draft`` per row, in row order. Every subclass implements it."""
+        raise NotImplementedError(f"{type(self).__name__} implements neither draft() nor propose()")
 
-    def candidates(self, rows: Sequence[Row]) -> list[Optional["Candidates"]]:
+    def propose(self, rows: Sequence[Row], step: Optional[StepContext] = None) -> list[list[int]]:
+        """The token ids vLLM would be given for these rows: ``draft``, cut where the policy cuts
+        (``scorers.policy.cut``) at ``step``'s bar. For tests and offline replays; the adapter calls
+        ``draft``. (A proposer written against API 0 overrides this instead of ``draft``.)"""
+        from freespec.scorers.policy import cut
+
+        step = step or StepContext(token_cost=self.token_cost)
+        bar = step.token_cost if step.token_cost is not None else self.fixed_bar()
+        draft = type(self).draft
+        if draft is _draft_through_propose:  # an API 0 subclass asking its parent (``super().propose``)
+            draft = type(self)._draft_before_shim
+        return [cut(d, bar).tokens for d in draft(self, rows, step)]
+
+    def candidates(self, rows: Sequence[Row], step: Optional[StepContext] = None) -> list[Optional["Candidates"]]:
         """Each row's candidate chains, for a plugin that fuses several sources (``hybrid``).
 
-        By default the one draft ``propose`` returns; a source that knows several continuations
-        (``retrieval``: every sampled occurrence) offers them all, so fusion weighs them.
+        By default the draft ``draft`` returns, cut at the step's bar; a source that knows several
+        continuations (``retrieval``: every sampled occurrence) offers them all, so fusion weighs them.
         """
         from freespec.scorers.fusion import Candidates
 
         return [Candidates(type(self).__name__, np.asarray([d], dtype=np.int64), np.ones(1)) if d else None
-                for d in self.propose(rows)]
+                for d in self.propose(rows, step or StepContext())]
 
     def release(self, key: int) -> None:
         """The request ``key`` left the batch: drop what is kept for it."""
@@ -137,22 +236,55 @@ class Proposer(ABC):
         """Approximate bytes of state held now (for docs and the bounds tests)."""
         return 0
 
-    def draft_sources(self) -> Optional[list[Optional[str]]]:
-        """For the last ``propose``: the source each row's draft came from (metrics label it by source);
-        None when the plugin is its own one source."""
-        return None
-
-    def draft_chances(self) -> Optional[list[list[float]]]:
-        """For the last ``propose``: per row, the chance that each draft token and all before it are
-        accepted, as the plugin estimates it (the adapter may then drop a draft's last tokens where a
-        smaller step pays better: ``GoodputPolicy.step_size``); None when the plugin does not estimate it."""
-        return None
-
-    def source_seconds(self) -> Optional[dict[str, float]]:
-        """For the last ``propose``: the seconds each of the plugin's sources took (metrics, the benchmark's
-        per-source time); None when the plugin is its own one source."""
-        return None
-
     def file_events(self) -> dict[str, int]:
         """Counts so far of persisted-state work (``save``, ``save_error``, ``merge``), for metrics."""
         return {}
+
+
+_warned_legacy: set[str] = set()
+
+
+def _defined_in(cls: type, name: str) -> type:
+    return next(c for c in cls.__mro__ if name in c.__dict__)
+
+
+def _draft_through_propose(self: Proposer, rows: Sequence[Row], step: StepContext) -> list[Draft]:
+    """``draft`` of a proposer written against API 0, which implemented ``propose(rows) -> list[list[int]]``
+    and read ``self.token_cost``: warns once, sets the attribute, and reads the old per-call getters
+    (``draft_chances``, ``draft_sources``, ``source_seconds``). It goes in the next major release."""
+    _warn_legacy(type(self))
+    self.token_cost = step.token_cost
+    if hasattr(self, "observe_capture_seconds"):
+        self.observe_capture_seconds(step.capture_seconds)
+    tokens = self.propose(rows)
+    chances = _legacy_answer(self, "draft_chances", len(tokens))
+    sources = _legacy_answer(self, "draft_sources", len(tokens))
+    seconds = _legacy_answer(self, "source_seconds", None)
+    if isinstance(seconds, dict):
+        step.source_seconds.update(seconds)
+    return [Draft(list(t), chances[i] if chances else None, sources[i] if sources else None)
+            for i, t in enumerate(tokens)]
+
+
+def _warn_legacy(cls: type) -> None:
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    if name not in _warned_legacy:
+        _warned_legacy.add(name)
+        logger.warning(
+            "freespec: proposer %s implements propose(rows), the API 0 contract; it runs through a shim that "
+            "goes in the next major release: implement draft(rows, step) (docs/proposer-api.md)", name)
+
+
+def _legacy_answer(proposer: Proposer, getter: str, rows: Optional[int]):
+    """An API 0 per-call getter's answer (``draft_chances``, ``draft_sources``, ``source_seconds``); None when
+    the proposer has none, it raises, or it answers for another number of rows."""
+    method = getattr(proposer, getter, None)
+    if method is None:
+        return None
+    try:
+        answer = method()
+    except Exception:
+        return None
+    if rows is not None and (not isinstance(answer, list) or len(answer) != rows):
+        return None
+    return answer

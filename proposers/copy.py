@@ -11,9 +11,11 @@ followed them then are a good guess for what follows now. Two sources are search
 
 Each source keeps an index from every ``min_match``-gram to its most recent end
 positions, updated incrementally, so a step costs the same at 2k and 32k tokens
-of context. The longest match wins (ties: own sequence, then most recent); its
-draft length comes from an online estimate of how often drafts of that source
-and match length are accepted (``freespec.scorers.acceptance``).
+of context. The longest match wins (ties: own sequence, then most recent); each
+token of its continuation is offered with its chance of being accepted from an
+online estimate of how often tokens of that source and match length are
+(``freespec.scorers.acceptance``), learned by scoring every chain against what the
+target produced next; the policy cuts the draft where that chance stops paying.
 
 Memory (bounded): per live request, a copy of its tokens (4 B/token, bounded by
 vLLM's ``max_model_len``) and its gram index (at most one entry per distinct gram,
@@ -33,13 +35,12 @@ from typing import Sequence
 
 from pydantic import Field, model_validator
 
-from freespec.proposers.base import Proposer, ProposerOptions, Row
-from freespec.scorers.acceptance import AcceptanceEstimate, draft_length
+from freespec.proposers.base import Draft, Proposer, ProposerOptions, Row, StepContext
+from freespec.scorers.acceptance import AcceptanceEstimate, matched_prefix
 
 OWN, POOL = 0, 1  # draft sources
 MATCH_BUCKETS = 8  # acceptance is estimated per source and per match length (capped)
 ESTIMATE_WINDOW = 2000.0  # evidence kept per estimate before it is halved
-PROBE_EVERY = 16  # a class judged not worth drafting still drafts one token this often, to keep learning
 
 
 class CopyOptions(ProposerOptions):
@@ -104,14 +105,15 @@ class _GramIndex:
 class _Sequence:
     """What the proposer keeps for one live request."""
 
-    __slots__ = ("seq", "indexed", "output_start", "index", "last_draft", "last_class")
+    __slots__ = ("seq", "indexed", "output_start", "index", "last_chain", "last_class")
 
     def __init__(self, g: int, per_key: int, output_start: int) -> None:
         self.seq = array("i")
         self.indexed = 0  # grams ending before this position are in the index
         self.output_start = output_start
         self.index = _GramIndex(g, per_key)
-        self.last_draft = 0
+        # the chain offered last step (whole, before the policy's cut) and its estimate class
+        self.last_chain: list[int] = []
         self.last_class: tuple[int, int] | None = None
 
 
@@ -196,17 +198,19 @@ class CopyProposer(Proposer):
         return live + self._pool.nbytes()
 
     # -- drafting --------------------------------------------------------
-    def propose(self, rows: Sequence[Row]) -> list[list[int]]:
-        return [self._propose_one(row) for row in rows]
+    def draft(self, rows: Sequence[Row], step: StepContext) -> list[Draft]:
+        return [self._draft_one(row) for row in rows]
 
-    def _propose_one(self, row: Row) -> list[int]:
+    def _draft_one(self, row: Row) -> Draft:
         n = len(row.tokens)
         st = self._seqs.get(row.key)
         if st is None:
             st = self._seqs[row.key] = _Sequence(self.g, self.options.candidates_per_key, n - row.num_new)
-        elif st.last_draft:
-            self._learn(st.last_class, st.last_draft, row.num_new - 1)
-        st.last_draft, st.last_class = 0, None
+        elif st.last_chain and row.num_new > 0:
+            # Learn counterfactually: the step's new tokens are the target's own continuation, so the whole
+            # chain is scored against them, however much of it the policy let through.
+            self._learn(st.last_class, st.last_chain, row.tokens[n - row.num_new :].tolist())
+        st.last_chain, st.last_class = [], None
         if len(st.seq) < n:
             st.seq.frombytes(row.tokens[len(st.seq) :].astype("int32", copy=False).tobytes())
         # Index every gram that ends before the last token (the last one is the query), within the budget
@@ -217,19 +221,18 @@ class CopyProposer(Proposer):
             self._live_indexed += stop - st.indexed
             st.indexed = stop
         if row.num_new == 0 or n < self.g + 1:
-            return []  # partial prefill: vLLM takes no draft for this row
-        draft, cls = self._best_continuation(st, n)
-        if not draft:
-            return []
-        if self.options.adaptive:
-            est = self._estimates[cls[0]][cls[1]]
-            length = draft_length(est.alpha, self.k, self.gain_threshold(self.options.min_token_gain))
-            if length == 0:
-                est.skipped += 1
-                length = 1 if est.skipped % PROBE_EVERY == 0 else 0
-            draft = draft[:length]
-        st.last_draft, st.last_class = len(draft), cls
-        return draft
+            return Draft([])  # partial prefill: vLLM takes no draft for this row
+        chain, cls = self._best_continuation(st, n)
+        if not chain:
+            return Draft([])
+        st.last_chain, st.last_class = chain, cls
+        if not self.options.adaptive:
+            return Draft(chain)
+        alpha = self._estimates[cls[0]][cls[1]].alpha
+        return Draft(chain, [alpha ** (i + 1) for i in range(len(chain))])
+
+    def fixed_bar(self) -> float | None:
+        return self.options.min_token_gain if self.options.adaptive else None
 
     def _best_continuation(self, st: _Sequence, n: int) -> tuple[list[int], tuple[int, int]]:
         """Continuation (up to k tokens) of the longest earlier match of the suffix ending at n-1.
@@ -254,10 +257,11 @@ class CopyProposer(Proposer):
         bucket = min(best_len - g, MATCH_BUCKETS - 1)
         return best_seq[best_end + 1 : stop].tolist(), (best_src, bucket)
 
-    def _learn(self, cls: tuple[int, int] | None, drafted: int, accepted: int) -> None:
+    def _learn(self, cls: tuple[int, int] | None, chain: list[int], produced: list[int]) -> None:
         if cls is None:
             return
+        matched, compared = matched_prefix(chain, produced)
         est = self._estimates[cls[0]][cls[1]]
-        est.observe(drafted, accepted)
+        est.observe(compared, matched)
         if est.successes + est.failures > ESTIMATE_WINDOW:
             est.decay(0.5)

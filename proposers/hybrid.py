@@ -1,17 +1,13 @@
 """The ``hybrid`` proposer: every source proposes, one fused chain per request is drafted.
 
-Sources: ``suffix`` (SuffixDecoding's frequency-scored suffix trees of the request and of recent
-outputs, through arctic-inference, with each token's acceptance learned; ``proposers/suffix_tree.py``),
-``copy`` (the request's own context and recent outputs, longest match), ``recycle`` (the target's own
-top-k from earlier steps), ``retrieval`` (a datastore; needs the ``datastore`` option) and ``draft`` (a
-draft model run as ``pearl`` runs it, drafting while the target verifies; needs the ``draft_model``
-option). Default:
-``DEFAULT_SOURCES`` (no options needed); without a supported arctic-inference the default runs without
-``suffix`` and says so once, while naming ``suffix`` explicitly without it is refused at start. Each source
-is built through the registry (``SOURCE_PLUGINS``) with its own options under its name, e.g.
+Sources are one table, ``SOURCE_TABLE``: each entry names the plugin that drafts it, what it offers, the
+hybrid option it needs (``retrieval`` a ``datastore``, ``draft`` a ``draft_model``; given, it adds its
+source to the defaults) and whether it is a default. A new source is one entry there plus its plugin.
+Default: ``DEFAULT_SOURCES`` (no options needed); without a supported arctic-inference the default runs
+without ``suffix`` and says so once, while naming ``suffix`` explicitly without it is refused at start.
+Each source is built through the registry with its own options under its name, e.g.
 ``{"plugin": "hybrid", "copy": {"min_match": 3}}``, checked by that plugin's Options (errors name
-``copy.min_match``); the retrieval source's datastore is hybrid's ``datastore``, the draft source's model
-hybrid's ``draft_model``; either, given, adds its source to the default ones.
+``copy.min_match``).
 
 Each source offers its candidates (``Proposer.candidates``): ``suffix`` one chain with a learned
 chance per token, ``copy`` and ``recycle`` their one chain, ``retrieval`` every sampled continuation of
@@ -20,8 +16,8 @@ falls below its ``min_confidence`` (RASD's pruning of the draft by its confidenc
 common prefix (``scorers.fusion``): a token's support is the sum
 over sources of the source's chance for that token (``suffix``) or its learned per-token acceptance
 rate (the others) times the share of its candidates that agree up to it; the draft follows the
-best-supported token while that support is at least ``min_support`` and, with the goodput policy, while
-the chance that the whole prefix is accepted pays for verifying it.
+best-supported token while that support is at least ``min_support``, and is returned with the chance that
+each prefix is accepted, which the policy cuts where it stops paying for its verification.
 
 Learning is counterfactual: a step's new tokens are the target's own continuation, so every source's
 chain is scored against them (``acceptance.matched_prefix``), whichever chain was verified.
@@ -38,51 +34,71 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
 
-from freespec.proposers.base import EngineInfo, Proposer, Row, ScoredPositions
+from freespec.proposers.base import Draft, EngineInfo, Proposer, Row, ScoredPositions, StepContext
 from freespec.proposers.registry import CopySourceOptions, build_proposer, load_options
 from freespec.proposers.suffix_tree import available as suffix_available
 from freespec.scorers.acceptance import matched_prefix
 from freespec.scorers.fusion import PROBE_EVERY, Candidates, SourcePricing, SourceWeights, fuse_sources
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationInfo, create_model, field_validator, model_validator
 
 logger = logging.getLogger("freespec")
 
-# Source -> the plugin that drafts it (``suffix`` has no short name: vLLM's own method is called that).
-SOURCE_PLUGINS = {"suffix": "freespec.proposers.suffix_tree:SuffixTreeProposer", "copy": "copy",
-                  "recycle": "recycle", "retrieval": "retrieval", "draft": "pearl"}
-# Sources that need a hybrid option (a file or a model), and which: given, it adds the source to the defaults.
-SOURCE_NEEDS = {"retrieval": "datastore", "draft": "draft_model"}
-SOURCES = tuple(SOURCE_PLUGINS)
-DEFAULT_SOURCES = ("suffix", "recycle")
+
+@dataclass(frozen=True)
+class Source:
+    """One of ``hybrid``'s sources: the plugin that drafts it and what ``hybrid`` must know about it."""
+
+    plugin: str  # a registry name or ``module:Class``
+    offers: str  # what it offers to the fusion (docs, the options' descriptions)
+    default: bool = False  # run when no ``sources`` are given
+    # The hybrid option the source needs (a file or a model), with its description: given, it adds the source
+    # to the defaults, and the source is built with it under the same name.
+    needs: Optional[tuple[str, str]] = None
+    fixed: dict[str, Any] = field(default_factory=dict)  # options hybrid gives it unless the user's say otherwise
+    # It offers each token with its own learned chance, so the bar cuts its chain token by token: it is never
+    # skipped for its average acceptance.
+    per_token_chances: bool = False
+    available: Optional[Callable[[], tuple[bool, str]]] = None  # whether it can run here, and why not
+    # Checks the needed option's value when the config is read (raises ValueError naming the problem); None:
+    # the source's options are checked with it instead.
+    check_need: Optional[Callable[[str], None]] = None
+
+
+# ``suffix`` has no short plugin name: vLLM's own method is called that.
+SOURCE_TABLE: dict[str, Source] = {
+    "suffix": Source("freespec.proposers.suffix_tree:SuffixTreeProposer", default=True, per_token_chances=True,
+                     available=suffix_available,
+                     offers="SuffixDecoding's suffix trees of the request and of recent outputs, a learned chance "
+                            "per token"),
+    "copy": Source("copy", offers="the longest earlier match in the request's context and recent outputs"),
+    "recycle": Source("recycle", default=True, offers="the target's own top-k from earlier steps"),
+    "retrieval": Source("retrieval", needs=("datastore", "datastore directory: adds the retrieval source to "
+                                            "the default sources"),
+                        fixed={"fuse_copy": False},  # the context is the copy source's, unless told
+                        check_need=lambda path: _check_datastore(path),
+                        offers="every sampled continuation of the longest match in a datastore"),
+    "draft": Source("pearl", needs=("draft_model", "draft model (as `pearl`'s): adds the draft source to the "
+                                    "default sources"),
+                    offers="a draft model's chain, cut where its own confidence falls below min_confidence"),
+}
+SOURCES = tuple(SOURCE_TABLE)
+DEFAULT_SOURCES = tuple(name for name, s in SOURCE_TABLE.items() if s.default)
+NEEDS = {s.needs[0]: name for name, s in SOURCE_TABLE.items() if s.needs}  # needed option -> its source
 _warned_default = False
 
 
-class HybridOptions(CopySourceOptions):
+class _HybridOptions(CopySourceOptions):
     sources: Optional[tuple[str, ...]] = Field(
         None, min_length=1, description=f"any of {list(SOURCES)} (default {list(DEFAULT_SOURCES)})"
-    )
-    datastore: Optional[str] = Field(
-        None, description="datastore directory: adds the retrieval source to the default sources"
-    )
-    draft_model: Optional[str] = Field(
-        None, description="draft model (as `pearl`'s): adds the draft source to the default sources"
     )
     min_support: float = Field(
         0.05, ge=0.0, le=10.0,
         description="stop the draft where support falls below this (the goodput policy cuts where the prefix stops paying)",
     )
     price_sources: bool = Field(True, description="stop running a source whose own tokens do not pay for its time")
-    # Each source's own options, checked by its plugin's Options (`copy` is CopySourceOptions' field).
-    suffix: Optional[dict[str, Any]] = Field(None, description="options of the suffix source (SuffixOptions)")
-    recycle: Optional[dict[str, Any]] = Field(None, description="options of the recycle source (`recycle`)")
-    retrieval: Optional[dict[str, Any]] = Field(
-        None, description="options of the retrieval source (`retrieval`; its datastore: `datastore` above)"
-    )
-    draft: Optional[dict[str, Any]] = Field(
-        None, description="options of the draft source (`pearl`; its model: `draft_model` above)"
-    )
 
     @field_validator("sources")
     @classmethod
@@ -92,40 +108,24 @@ class HybridOptions(CopySourceOptions):
         unknown = [s for s in sources if s not in SOURCES]
         if unknown or len(set(sources)) != len(sources):
             raise ValueError(f"sources must be distinct names among {list(SOURCES)}, got {list(sources)}")
-        if "suffix" in sources:
-            ok, why = suffix_available()
+        for name in sources:
+            check = SOURCE_TABLE[name].available
+            ok, why = check() if check is not None else (True, "")
             if not ok:
-                raise ValueError(f'sources: "suffix" needs arctic-inference: {why}')
+                raise ValueError(f'sources: "{name}" cannot run here: {why}')
         return sources
 
-    @field_validator("suffix", "recycle", "retrieval", "draft")
-    @classmethod
-    def _source_options(cls, raw: Optional[dict[str, Any]], info: ValidationInfo) -> Optional[dict[str, Any]]:
-        """A source's options, checked by its plugin's Options (a bad field fails as ``copy.min_match``)."""
-        name = info.field_name
-        if raw is None:
-            return None
-        needs = SOURCE_NEEDS.get(name)
-        if needs is not None:
-            if needs in raw:
-                raise ValueError(f'give the {name} source\'s {needs} as hybrid\'s "{needs}" option')
-            if info.data.get(needs) is None:
-                return raw  # refused below, for the missing option
-        load_options(SOURCE_PLUGINS[name], _with_fixed(name, raw, info.data))
-        return raw
-
     @model_validator(mode="after")
-    def _needs_given(self) -> "HybridOptions":
+    def _needs_given(self) -> "_HybridOptions":
         chosen = self.sources or ()
-        for name, needs in SOURCE_NEEDS.items():
+        for needs, name in NEEDS.items():
             if name in chosen and getattr(self, needs) is None:
                 raise ValueError(f'the "{name}" source needs the "{needs}" option')
             if getattr(self, needs) is not None and self.sources is not None and name not in chosen:
                 raise ValueError(f'"{needs}" is given but "{name}" is not among the sources')
-        if self.datastore is not None:
-            _check_datastore(self.datastore)
-        if self.draft_model is not None and self.draft is None:  # else checked with the draft's options
-            load_options(SOURCE_PLUGINS["draft"], self.source_options("draft"))
+            if (getattr(self, needs) is not None and getattr(self, name) is None  # else checked with its options
+                    and SOURCE_TABLE[name].check_need is None):
+                load_options(SOURCE_TABLE[name].plugin, self.source_options(name))
         for name in SOURCES:
             if getattr(self, name) is not None and name not in (self.sources or self._defaults()):
                 raise ValueError(f'"{name}" options are given but "{name}" is not among the sources')
@@ -133,36 +133,79 @@ class HybridOptions(CopySourceOptions):
 
     def source_options(self, name: str) -> dict[str, Any]:
         """What source ``name`` is built with: its own options, and the datastore or draft model it needs."""
-        return _with_fixed(name, getattr(self, name) or {}, {needs: getattr(self, needs) for needs in SOURCE_NEEDS.values()})
+        return _built_with(name, getattr(self, name) or {}, {needs: getattr(self, needs) for needs in NEEDS})
 
     def _defaults(self) -> tuple[str, ...]:
-        """The default sources, and each source whose datastore or draft model is given."""
-        return DEFAULT_SOURCES + tuple(name for name, needs in SOURCE_NEEDS.items() if getattr(self, needs) is not None)
+        """The default sources, and each source whose needed option is given."""
+        return DEFAULT_SOURCES + tuple(name for needs, name in NEEDS.items() if getattr(self, needs) is not None)
 
     def chosen_sources(self) -> tuple[str, ...]:
-        """The sources to run: the given ones, else the defaults that can run here (with ``retrieval`` when a
-        datastore is given, ``draft`` when a draft model is)."""
+        """The sources to run: the given ones, else the defaults that can run here (with each source whose
+        needed option is given)."""
         if self.sources is not None:
             return self.sources
-        defaults = self._defaults()
-        ok, why = suffix_available()
-        if ok:
-            return defaults
-        global _warned_default
-        if not _warned_default:
-            _warned_default = True
-            logger.warning("freespec: hybrid runs without its suffix source: %s", why)
-        return tuple(s for s in defaults if s != "suffix") or ("copy",)
+        runnable = []
+        for name in self._defaults():
+            check = SOURCE_TABLE[name].available
+            ok, why = check() if check is not None else (True, "")
+            if ok:
+                runnable.append(name)
+                continue
+            global _warned_default
+            if not _warned_default:
+                _warned_default = True
+                logger.warning("freespec: hybrid runs without its %s source: %s", name, why)
+        return tuple(runnable) or ("copy",)
 
 
-def _with_fixed(name: str, raw: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
-    """The retrieval source reads hybrid's datastore and, unless told, leaves the context to ``copy``; the
-    draft source runs hybrid's draft model."""
-    if name == "retrieval":
-        return {"datastore": given.get("datastore"), "fuse_copy": False, **raw}
-    if name == "draft":
-        return {"draft_model": given.get("draft_model"), **raw}
+def _built_with(name: str, raw: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """Source ``name``'s options: the hybrid option it needs, what hybrid fixes for it, then its own."""
+    source = SOURCE_TABLE[name]
+    needed = {source.needs[0]: given.get(source.needs[0])} if source.needs else {}
+    return {**needed, **source.fixed, **raw}
+
+
+def _needed_option(cls, value: Optional[str], info: ValidationInfo) -> Optional[str]:
+    """A needed option (a datastore, a draft model), checked by its source's ``check_need`` where it has one."""
+    name = NEEDS[info.field_name]
+    check = SOURCE_TABLE[name].check_need
+    chosen = info.data.get("sources")
+    if value is not None and check is not None and (chosen is None or name in chosen):  # else refused for that
+        check(value)
+    return value
+
+
+def _source_options(cls, raw: Optional[dict[str, Any]], info: ValidationInfo) -> Optional[dict[str, Any]]:
+    """A source's options, checked by its plugin's Options (a bad field fails as ``recycle.candidates``)."""
+    name = info.field_name
+    if raw is None:
+        return None
+    source = SOURCE_TABLE[name]
+    if source.needs is not None:
+        needs = source.needs[0]
+        if needs in raw:
+            raise ValueError(f'give the {name} source\'s {needs} as hybrid\'s "{needs}" option')
+        if info.data.get(needs) is None:
+            return raw  # refused by _needs_given, for the missing option
+    load_options(source.plugin, _built_with(name, raw, info.data))
     return raw
+
+
+# Every source but ``copy`` (CopySourceOptions' field, shared with ``retrieval``) gets an options field under its
+# name, and every needed option its own field, from the table.
+_OWN_OPTIONS = tuple(name for name in SOURCES if name != "copy")
+HybridOptions = create_model(
+    "HybridOptions",
+    __base__=_HybridOptions,
+    __module__=__name__,
+    __validators__={"_source_options": field_validator(*_OWN_OPTIONS)(classmethod(_source_options)),
+                    "_needed_option": field_validator(*NEEDS)(classmethod(_needed_option))},
+    **{s.needs[0]: (Optional[str], Field(None, description=s.needs[1])) for s in SOURCE_TABLE.values() if s.needs},
+    **{name: (Optional[dict[str, Any]],
+              Field(None, description=f"options of the {name} source (plugin `{SOURCE_TABLE[name].plugin}`): "
+                                      f"{SOURCE_TABLE[name].offers}"))
+       for name in _OWN_OPTIONS},
+)
 
 
 def _check_datastore(path: str) -> None:
@@ -204,13 +247,13 @@ def displaced(draft: Sequence[int], supported: dict[str, int], got: dict[str, in
 
 class HybridProposer(Proposer):
     Options = HybridOptions
-    target_topk = 8  # when recycle is a source (set per instance)
+    target_topk = 8  # when a source learns from the target's top-k (set per instance)
 
     def __init__(self, options: HybridOptions, num_speculative_tokens: int) -> None:
         super().__init__(options, num_speculative_tokens)
         names = options.chosen_sources()
         self.sources: dict[str, Proposer] = {
-            name: build_proposer(SOURCE_PLUGINS[name], options.source_options(name), num_speculative_tokens)
+            name: build_proposer(SOURCE_TABLE[name].plugin, options.source_options(name), num_speculative_tokens)
             for name in names
         }
         self.target_topk = max((s.target_topk for s in self.sources.values()), default=0)
@@ -220,13 +263,10 @@ class HybridProposer(Proposer):
         # key -> (sequence length when drafted, each source's own chain then, the fused draft, tokens each
         # source supported)
         self._offered: dict[int, tuple[int, dict[str, list[int]], list[int], dict[str, int]]] = {}
-        self._capture_seconds = 0.0  # the adapter's capture of the target's top-k in the last step (for recycle)
         self._last_call: Optional[float] = None
         self._paused: list[str] = []
         self._steps = 0
-        self._sources: Optional[list[Optional[str]]] = None
-        self._chances: Optional[list[list[float]]] = None
-        self._seconds: Optional[dict[str, float]] = None
+        self._bar: Optional[float] = None  # the last step's price of a draft token (whether a source is worth running)
 
     def bind(self, info: EngineInfo) -> None:
         for source in self.sources.values():
@@ -237,24 +277,24 @@ class HybridProposer(Proposer):
             if source.target_topk:
                 source.observe(scored)
 
-    def _runs(self, name: str) -> bool:
+    def fixed_bar(self) -> Optional[float]:
+        return None  # without a price the draft is ``min_support``'s alone
+
+    def _runs(self, name: str, bar: Optional[float]) -> bool:
         """Whether ``name`` drafts this step: it pays for its time, and its tokens can clear the bar.
 
-        ``suffix`` offers each token with its own learned chance, so the bar cuts its chain token by
-        token; the others are skipped while their average acceptance is below the bar, except one step
-        in ``PROBE_EVERY``, so an estimate that fell there can recover.
+        A source with per-token chances (``suffix``) is cut token by token; the others are skipped while
+        their average acceptance is below the bar, except one step in ``PROBE_EVERY``, so an estimate that
+        fell there can recover.
         """
         if self.pricing is not None and not self.pricing.runs(name):
             return False
-        return (name == "suffix" or self.weights.can_pay(name, self.token_cost)
+        return (SOURCE_TABLE[name].per_token_chances or self.weights.can_pay(name, bar)
                 or self._steps % PROBE_EVERY == 0)
 
-    def observe_capture_seconds(self, seconds: float) -> None:
-        self._capture_seconds = seconds
-
     def wants_target_topk(self) -> bool:
-        # Only recycle learns from the target's top-k; while it is not run it needs none.
-        return "recycle" in self.sources and self._runs("recycle")
+        # Only the sources that learn from the target's top-k need it, and only while they run.
+        return any(source.target_topk and self._runs(name, self._bar) for name, source in self.sources.items())
 
     def _learn(self, rows: Sequence[Row]) -> None:
         """Score each source's last chain against what the target produced since (counterfactually)."""
@@ -287,53 +327,42 @@ class HybridProposer(Proposer):
         if self.pricing is not None:
             self.pricing.observe_tokens(right, produced_total)
 
-    def propose(self, rows: Sequence[Row]) -> list[list[int]]:
+    def draft(self, rows: Sequence[Row], step: StepContext) -> list[Draft]:
         now = time.perf_counter()
         if self.pricing is not None and self._last_call is not None:
             self.pricing.observe_step(now - self._last_call)
         self._last_call = now
         self._steps += 1
+        self._bar = step.token_cost
         self._learn(rows)
-        offered, seconds = {}, {}
+        offered = {}
         for name, source in self.sources.items():
-            if not self._runs(name):
+            if not self._runs(name, step.token_cost):
                 continue
-            source.token_cost = self.token_cost
             t0 = time.perf_counter()
-            offered[name] = source.candidates(rows)
-            seconds[name] = time.perf_counter() - t0
-            if self.pricing is not None:  # recycle's price includes the top-k captured for it
-                self.pricing.observe_cost(name, seconds[name] + (self._capture_seconds if name == "recycle" else 0.0))
-        self._seconds = seconds
+            offered[name] = source.candidates(rows, step)
+            seconds = step.source_seconds[name] = time.perf_counter() - t0
+            if self.pricing is not None:  # a source's price includes the top-k captured for it
+                self.pricing.observe_cost(name, seconds + (step.capture_seconds if source.target_topk else 0.0))
         if self.pricing is not None:
             self.pricing.step_done(tuple(offered))
             paused = self.pricing.paused()
             if paused != self._paused:
                 self._paused = paused
                 logger.info("freespec: hybrid sources paused %s (%s)", paused, self.pricing.describe())
-        drafts, sources, chances = [], [], []
+        drafts = []
         for i, row in enumerate(rows):
             fused = fuse_sources({name: found[i] for name, found in offered.items()}, self.weights, self.k,
-                                 self.options.min_support, self.token_cost)
+                                 self.options.min_support, step.token_cost)
             # metrics: the source that supported most of the draft (the first named, on a tie)
-            sources.append(max(fused.supported, key=fused.supported.get) if fused.tokens and fused.supported
-                           else None)
+            source = (max(fused.supported, key=fused.supported.get)
+                      if fused.paying and fused.supported else None)
             if row.num_new > 0:
                 own = {c.name: _own_chain(c, self.k) for c in fused.sources}
-                self._offered[row.key] = (len(row.tokens), own, list(fused.tokens), dict(fused.supported))
-            drafts.append(fused.tokens)
-            chances.append(fused.chances)
-        self._sources, self._chances = sources, chances
+                # judged on the draft as the policy will keep it
+                self._offered[row.key] = (len(row.tokens), own, fused.tokens[: fused.paying], dict(fused.supported))
+            drafts.append(Draft(fused.tokens, fused.chances, source))
         return drafts
-
-    def draft_sources(self) -> Optional[list[Optional[str]]]:
-        return self._sources
-
-    def draft_chances(self) -> Optional[list[list[float]]]:
-        return self._chances
-
-    def source_seconds(self) -> Optional[dict[str, float]]:
-        return self._seconds
 
     def file_events(self) -> dict[str, int]:
         total: dict[str, int] = {}

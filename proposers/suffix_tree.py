@@ -9,9 +9,9 @@ the match).
 
 What this adapter adds: those frequencies are counts, not acceptance rates. It learns, online, how
 often a drafted token is accepted given its tree probability and the length of the match that found it
-(``TokenCalibration``), and offers every token with that learned chance; ``hybrid`` (or ``propose``,
-used alone) then keeps the prefix whose chance of being accepted pays for verifying it at the current
-load (``token_cost``, scorers/policy.py). Learning uses what the target actually produced: a step's new
+(``TokenCalibration``), and offers every token with that learned chance; ``hybrid`` (or the policy, when
+the source is used alone) then keeps the prefix whose chance of being accepted pays for verifying it at
+the current load (``token_cost``, scorers/policy.py). Learning uses what the target actually produced: a step's new
 tokens are the target's own continuation, so each drafted token is scored against it even when the
 fused draft that was verified was another source's.
 
@@ -34,15 +34,17 @@ estimate; 295 MiB of resident memory; ``scripts/suffix_memory.py``). ``state_byt
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import math
+import operator
 import time
 from collections import OrderedDict, deque
 from importlib import metadata
 from typing import Optional, Sequence
 
 import numpy as np
-from freespec.proposers.base import EngineInfo, Proposer, ProposerOptions, Row
+from freespec.proposers.base import Draft, EngineInfo, Proposer, ProposerOptions, Row, StepContext
 from freespec.scorers.acceptance import matched_prefix
 from freespec.scorers.calibration import TokenCalibration
 from freespec.scorers.fusion import Candidates
@@ -94,7 +96,7 @@ class SuffixOptions(ProposerOptions):
         "260 bytes a token in memory at max_tree_depth 24: 0.5 GiB at the default)",
     )
     # Longer than vLLM's `suffix` defaults (1 and 0.1): the goodput bar cuts each chain by its tokens' learned
-    # chances, so the tree may offer more (run AZ; docs/hybrid.md).
+    # chances, so the tree may offer more (docs/hybrid.md).
     max_spec_factor: float = Field(
         4.0, ge=0.0, le=64.0, description="a match of m tokens drafts at most max_spec_factor * m + 1 tokens"
     )
@@ -323,7 +325,7 @@ class SuffixTreeProposer(Proposer):
         st.chain, st.cells = tokens, cells
         return tokens, self.calibration.estimate(cells)
 
-    def candidates(self, rows: Sequence[Row]) -> list[Optional[Candidates]]:
+    def candidates(self, rows: Sequence[Row], step: Optional[StepContext] = None) -> list[Optional[Candidates]]:
         if self.store is not None:
             self._files_tick()
         out: list[Optional[Candidates]] = []
@@ -336,18 +338,13 @@ class SuffixTreeProposer(Proposer):
             )
         return out
 
-    def propose(self, rows: Sequence[Row]) -> list[list[int]]:
+    def draft(self, rows: Sequence[Row], step: StepContext) -> list[Draft]:
+        """Each row's tree chain, with the chance that each token and those before it are accepted (the
+        product of the learned per-token chances): the policy cuts it where that falls below the bar."""
         if self.store is not None:
             self._files_tick()
-        bar = self.gain_threshold(self.options.min_token_gain)
         drafts = []
         for row in rows:
             tokens, q = self.chain(row)
-            keep, chance = 0, 1.0
-            for x in q:  # the prefix whose chance of being accepted is at least the bar
-                chance *= x
-                if chance < bar:
-                    break
-                keep += 1
-            drafts.append(tokens[:keep])
+            drafts.append(Draft(tokens, list(itertools.accumulate(q, operator.mul))))
         return drafts

@@ -26,6 +26,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 from freespec.scorers.acceptance import AcceptanceEstimate
 from freespec.scorers.calibration import TokenCalibration
+from freespec.scorers.policy import paying_prefix
 
 
 @dataclass
@@ -168,39 +169,32 @@ def prefix_chances(support: list[float]) -> list[float]:
     return out
 
 
-def paying_prefix(support: list[float], token_cost: float) -> int:
-    """Tokens of a fused draft worth verifying: while the chance the prefix is accepted is at least the
-    policy's per-token cost."""
-    n = 0
-    for p in prefix_chances(support):
-        if p < token_cost:
-            break
-        n += 1
-    return n
-
-
 class FusedDraft(NamedTuple):
     tokens: list[int]
     supported: dict[str, int]  # source -> leading draft tokens it supported
     sources: list[Candidates]  # the candidates fused, named and weighted
     chances: list[float]  # per draft token: the chance it and the tokens before it are accepted
+    paying: int  # leading tokens the policy keeps at the bar fused with (all of them without one)
 
 
 def fuse_sources(offered: dict[str, Optional[Candidates]], weights: SourceWeights, max_len: int,
                  min_support: float, token_cost: Optional[float]) -> FusedDraft:
     """One request's draft from its sources' candidates (None: the source has none): each named and
-    weighted by its learned acceptance, fused, and cut where, under the goodput policy (``token_cost``),
-    the prefix stops paying for its verification."""
+    weighted by its learned acceptance, and fused. The draft is whole; with a bar (``token_cost``)
+    ``supported`` counts only the leading tokens the policy will keep (``scorers.policy.paying_prefix``),
+    which is what the sources are then judged on."""
     sources = []
     for name, found in offered.items():
         if found is not None:
             found.name, found.source_weight = name, weights.weight(name)
             sources.append(found)
     draft, support, supported = fuse(sources, max_len, min_support)
+    chances = prefix_chances(support)
+    kept = len(draft)
     if token_cost is not None:
-        draft = draft[: paying_prefix(support, token_cost)]
-        supported = {name: min(n, len(draft)) for name, n in supported.items()}
-    return FusedDraft(draft, supported, sources, prefix_chances(support[: len(draft)]))
+        kept = paying_prefix(chances, token_cost)
+        supported = {name: min(n, kept) for name, n in supported.items()}
+    return FusedDraft(draft, supported, sources, chances, kept)
 
 
 @dataclass

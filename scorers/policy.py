@@ -26,6 +26,11 @@ import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+import numpy as np
+
+from freespec.proposers.base import Draft
+from freespec.scorers.padding import context_padding
+
 HALFLIFE_STEPS = 256.0  # evidence half-life of the step-time fit
 MIN_STEPS = 16  # observations before the fit is trusted
 MIN_SPREAD = 0.5  # tokens: below this standard deviation of T the slope is not identified
@@ -273,3 +278,64 @@ class GoodputPolicy:
                 if key > best_key:
                     best, best_key = t, key
         return best if (1.0 - PAD_MARGIN) * best_key[0] >= own_rate else scored
+
+
+def paying_prefix(chances: Sequence[float], bar: float) -> int:
+    """Tokens of a draft worth verifying: while the chance that the prefix is accepted (``Draft.chances``) is
+    at least ``bar``, the price of one more draft token in expected accepted tokens."""
+    n = 0
+    for p in chances:
+        if p < bar:
+            break
+        n += 1
+    return n
+
+
+def cut(draft: Draft, bar: Optional[float]) -> Draft:
+    """``draft`` cut where it stops paying at ``bar``: the goodput cut, the one place it is decided. A draft
+    without chances, or no bar (the fixed policy of a proposer without one), is left whole."""
+    if bar is None or draft.chances is None:
+        return draft
+    n = paying_prefix(draft.chances, bar)
+    if n >= len(draft.tokens):
+        return draft
+    return Draft(draft.tokens[:n], draft.chances[:n], draft.source)
+
+
+@dataclass
+class ShapedDrafts:
+    """What the policy makes of one step's drafts: the token ids vLLM is given, and how they were shaped."""
+
+    tokens: list[list[int]]
+    padding: list[int]  # per row: filler tokens appended to reach a faster step size
+    trimmed: int = 0  # draft tokens dropped for a step size that pays better
+    expected: float = 0.0  # draft tokens (not padding) the proposer expected accepted, where it says
+
+
+def shape_drafts(drafts: Sequence[Draft], bar: Optional[float], policy: Optional[GoodputPolicy],
+                 contexts: Sequence[np.ndarray], rooms: Sequence[int], pad: bool = True,
+                 trim: bool = True) -> ShapedDrafts:
+    """One step's drafts as vLLM takes them: each cut at ``bar`` (``cut``) and at its row's ``rooms[i]``
+    (tokens it may add: k, the model's length, 0 mid-prefill); then, with ``policy`` and ``pad``, a step of
+    one decoding request padded or trimmed to the size with the most expected output per measured second
+    (``GoodputPolicy.step_size``: only there was a larger step measured faster, docs/policy.md); ``trim``
+    lets it drop a draft's last tokens where the proposer gave their chances. ``contexts[i]``: the row's
+    tokens so far, which the padding continues."""
+    shaped = [cut(d, bar) for d in drafts]
+    tokens = [d.tokens[: max(0, room)] for d, room in zip(shaped, rooms)]
+    out = ShapedDrafts(tokens, [0] * len(tokens))
+    if policy is None or not pad or len(tokens) != 1 or rooms[0] <= 0:
+        return out
+    draft, chances = tokens[0], shaped[0].chances
+    chances = [float(c) for c in chances[: len(draft)]] if trim and chances and len(chances) >= len(draft) else None
+    extra = policy.step_size(1 + len(draft), 1 + max(len(draft), rooms[0]), chances) - 1 - len(draft)
+    if extra < 0:
+        out.trimmed = -extra
+        draft = draft[:extra]
+    if chances is not None:
+        out.expected = sum(chances[: len(draft)])
+    if extra > 0:
+        out.padding = [extra]
+        draft = draft + context_padding(contexts[0], draft, extra)
+    out.tokens = [draft]
+    return out

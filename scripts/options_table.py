@@ -130,7 +130,7 @@ def plugin_options() -> dict[str, type[BaseModel]]:
 
 def config_keys() -> list[tuple[str, str, str, str, str]]:
     """The keys of a ``{"plugin": ...}`` config that are not a plugin's options (vllm_plugins/frontend.py)."""
-    from freespec.vllm_plugins.frontend import ADAPTER_KEYS, ADAPTER_NUMBERS, MAX_SPECULATIVE_TOKENS, VLLM_KEYS
+    from freespec.vllm_plugins.frontend import MAX_SPECULATIVE_TOKENS, VLLM_KEYS
 
     rows = [("`plugin`", "str", "required", "",
              'a registered plugin name (tables below) or `"package.module:Class"`')]
@@ -140,28 +140,9 @@ def config_keys() -> list[tuple[str, str, str, str, str]]:
                          "the most draft tokens per request and step (vLLM's own field, K)"))
         else:
             rows.append((f"`{key}`", "", "", "", "vLLM's own field"))
-    policy_text = {
-        "policy": '`"goodput"`: every step, draft only tokens whose expected gain pays for verifying them at '
-                  'the measured load (docs/policy.md); `"fixed"`: each plugin\'s own fixed threshold, for '
-                  "experiments",
-        "pad": '`"auto"`: with the goodput policy and one request decoding, score the step size with the most '
-               'expected output per measured second, 3% more than the draft\'s own: pad the draft, or drop '
-               'its last tokens where the plugin estimates their chances (`hybrid`; on some CPUs a step '
-               'scoring 5 tokens is faster than one scoring 1 or 9; docs/policy.md); `"longer"`: only pad; '
-               '`"off"`: neither',
-    }
-    for key, allowed in ADAPTER_KEYS.items():
-        rows.append((f"`{key}`", _cell(" or ".join(json.dumps(a) for a in allowed)), f"`{json.dumps(allowed[0])}`",
-                     "", _cell(policy_text.get(key, "freespec adapter key"))))
-    number_text = {
-        "step_budget_ms": "the circuit breaker's budget for one plugin step: 3 steps over it in a row, or one over "
-                          "10x, switch the plugin off for a back-off period (docs/reliability.md). Not set, it "
-                          "is raised to what the plugin's own options need (pearl with sync_feed_tokens above "
-                          "16: its step_timeout_s)",
-    }
-    for key, (default, low, high) in ADAPTER_NUMBERS.items():
-        rows.append((f"`{key}`", "float", f"`{default:g}`", f"{low:g} ≤ x ≤ {high:,.0f}",
-                     _cell(number_text.get(key, "freespec adapter key"))))
+    from freespec.vllm_plugins.adapter_options import AdapterOptions
+
+    rows.extend(option_rows(AdapterOptions))
     return rows
 
 

@@ -4,6 +4,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from freespec.proposers.base import Draft
+from freespec.scorers.policy import cut
 from freespec.vllm_plugins import adapter as adapter_module
 from freespec.vllm_plugins.adapter import FreespecProposer, step_tokens
 from freespec.vllm_plugins.frontend import translate
@@ -36,14 +38,15 @@ def drive(adapter, monkeypatch, steps=200, plugin_s_per_token=0.0):
     clock = {"t": 0.0}
     monkeypatch.setattr(adapter_module.time, "perf_counter", lambda: clock["t"])
     if plugin_s_per_token:
-        own = adapter.proposer.propose
+        own = adapter.proposer.draft
 
-        def timed(rows):
-            drafts = own(rows)
-            clock["t"] += plugin_s_per_token * sum(len(d) for d in drafts)
+        def timed(rows, step):  # a plugin whose time grows with the tokens it drafts (a draft model's chain)
+            drafts = own(rows, step)
+            bar = step.token_cost if step.token_cost is not None else adapter.proposer.fixed_bar()
+            clock["t"] += plugin_s_per_token * sum(len(cut(d, bar).tokens) for d in drafts)
             return drafts
 
-        monkeypatch.setattr(adapter.proposer, "propose", timed)
+        monkeypatch.setattr(adapter.proposer, "draft", timed)
     # Random text over a tiny alphabet: copy finds matches of varying promise, so draft lengths vary.
     tokens = np.random.default_rng(0).integers(0, 6, size=(1, 2000)).astype(np.int32)
     length = np.array([100], dtype=np.int32)
@@ -53,7 +56,7 @@ def drive(adapter, monkeypatch, steps=200, plugin_s_per_token=0.0):
         accepted = min(len(drafts[0]), 1)
         length[0] += accepted + 1
         drafts = adapter.propose([tokens[0, length[0] - accepted - 1 : length[0]].tolist()], length, tokens)
-    return adapter.proposer.token_cost
+    return adapter.token_cost
 
 
 def test_goodput_policy_sets_the_bar_from_measured_step_times(monkeypatch):
@@ -114,7 +117,8 @@ def test_the_adapter_tells_the_proposer_how_long_each_step_s_top_k_capture_took(
     adapter = make_adapter("goodput")
     adapter.target_topk = adapter_module.TargetTopK(8)
     seen = []
-    monkeypatch.setattr(adapter.proposer, "observe_capture_seconds", seen.append)
+    own = adapter.proposer.draft
+    monkeypatch.setattr(adapter.proposer, "draft", lambda rows, step: seen.append(step.capture_seconds) or own(rows, step))
     tokens = np.zeros((1, 200), dtype=np.int32)
     adapter.target_topk._unclaimed_seconds = 0.003  # the capture during the first step's forward
     adapter.propose([[0]], np.array([100], dtype=np.int32), tokens)
@@ -159,8 +163,9 @@ def test_a_draft_s_unlikely_last_tokens_are_dropped_where_a_smaller_step_pays_be
     for pad, length in (("auto", 3), ("longer", 4)):
         adapter = make_adapter("goodput")
         adapter.trim = pad == "auto"
-        monkeypatch.setattr(adapter.proposer, "propose", lambda rows: [[7, 7, 7, 7] for _ in rows])
-        monkeypatch.setattr(adapter.proposer, "draft_chances", lambda: [[0.5, 0.25, 0.125, 0.0625]])
+        monkeypatch.setattr(adapter.policy, "token_cost", lambda rows=None: 0.0)  # no goodput cut: sizing alone
+        monkeypatch.setattr(adapter.proposer, "draft",
+                            lambda rows, step: [Draft([7, 7, 7, 7], [0.5, 0.25, 0.125, 0.0625]) for _ in rows])
         drafts, _ = drive_shaped(adapter, monkeypatch, steps=800, shape=shape)
         assert len(drafts[0]) == length, pad
         assert (adapter.stats.trimmed_tokens > 150) == (pad == "auto") and adapter.stats.padded_tokens == 0
@@ -171,9 +176,9 @@ def test_a_draft_s_unlikely_last_tokens_are_dropped_where_a_smaller_step_pays_be
 def test_drafts_are_never_cut_without_the_plugin_s_chances(monkeypatch):
     shape = {1: 0.051, 2: 0.055, 3: 0.047, 4: 0.046, 5: 0.060}
     adapter = make_adapter("goodput")
-    monkeypatch.setattr(adapter.proposer, "propose", lambda rows: [[7, 7, 7, 7] for _ in rows])
-    for chances in (lambda: None, lambda: [[0.5, 0.25]], lambda: 1 / 0):  # none, too few, failing
-        monkeypatch.setattr(adapter.proposer, "draft_chances", chances)
+    monkeypatch.setattr(adapter.policy, "token_cost", lambda rows=None: 0.0)  # no goodput cut: sizing alone
+    for chances in (None, [0.5, 0.25]):  # none, too few
+        monkeypatch.setattr(adapter.proposer, "draft", lambda rows, step: [Draft([7, 7, 7, 7], chances) for _ in rows])
         drafts, _ = drive_shaped(adapter, monkeypatch, steps=600, shape=shape)
         assert len(drafts[0]) == 4 and adapter.stats.trimmed_tokens == 0 and adapter.stats.errors == 0
 
@@ -189,7 +194,7 @@ def test_pad_is_an_adapter_key_checked_at_start():
 
 
 def test_padding_copies_what_followed_the_last_token_and_repeats_it_where_that_runs_out():
-    from freespec.proposers.padding import context_padding
+    from freespec.scorers.padding import context_padding
 
     tokens = np.array([5, 6, 7, 8, 5, 9, 3], dtype=np.int32)
     assert context_padding(tokens, [5], 3) == [9, 3, 5]  # after the latest 5: 9, 3, then 5 repeated

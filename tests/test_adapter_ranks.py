@@ -136,7 +136,8 @@ def test_the_drafting_rank_builds_the_plugin_and_drafts(monkeypatch, caplog):
 
 def test_a_bad_option_is_refused_on_every_rank(monkeypatch):
     monkeypatch.setattr(adapter_module, "draft_rank", lambda cfg: DraftRank(False, "TP rank 1 of 2", ""))
-    cfg = SimpleNamespace(additional_config={"freespec": {"plugin": "copy", "options": {"colour": 1}}})
+    cfg = SimpleNamespace(additional_config={"freespec": {"plugin": "copy", "options": {"colour": 1}}},
+                          speculative_config=SimpleNamespace(num_speculative_tokens=4))
     with pytest.raises(ValueError, match="colour"):
         adapter_module.FreespecProposer(cfg)
 

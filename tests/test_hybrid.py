@@ -1,7 +1,8 @@
 """The hybrid proposer: several sources, one fused chain per request."""
 import numpy as np
 import pytest
-from freespec.proposers.base import EngineInfo, Row, ScoredPositions
+from freespec.proposers.base import Draft, EngineInfo, Row, ScoredPositions, StepContext
+from freespec.scorers.policy import cut
 from freespec.proposers import hybrid as hybrid_module
 from freespec.proposers.hybrid import DEFAULT_SOURCES, HybridOptions, HybridProposer, displaced
 from freespec.proposers.suffix_tree import available as suffix_available
@@ -55,34 +56,32 @@ def test_each_request_gets_the_source_that_knows_something():
 
 def test_each_source_that_ran_reports_its_own_time():
     p = make(sources=("copy", "recycle"), price_sources=False)
-    assert p.source_seconds() is None  # before the first step
-    p.propose([row(0, [5, 6, 7, 8, 9, 10, 11, 5, 6, 7])])
-    seconds = p.source_seconds()
+    step = StepContext()
+    p.draft([row(0, [5, 6, 7, 8, 9, 10, 11, 5, 6, 7])], step)
+    seconds = step.source_seconds
     assert set(seconds) == {"copy", "recycle"} and all(s > 0 for s in seconds.values())
 
 
 def test_a_high_bar_cuts_drafts():
     p = make(sources=("copy",))
     copying = [5, 6, 7, 8, 9, 10, 11, 5, 6, 7]
-    p.token_cost = 0.99
-    assert p.propose([row(0, copying)]) == [[]]
+    assert p.propose([row(0, copying)], StepContext(token_cost=0.99)) == [[]]
 
 
 def test_a_source_that_cannot_pay_on_its_own_is_not_asked(monkeypatch):
     p = make(sources=("copy", "recycle"))
     calls = []
     for name, source in p.sources.items():
-        monkeypatch.setattr(source, "candidates", lambda rows, name=name: calls.append(name) or [None] * len(rows))
+        monkeypatch.setattr(source, "candidates",
+                            lambda rows, step, name=name: calls.append(name) or [None] * len(rows))
     for _ in range(30):  # recycle's drafts keep failing, copy's are accepted
         p.weights.observe({"recycle": 2}, 0)
         p.weights.observe({"copy": 2}, 2)
-    p.token_cost = 0.5
-    p.propose([row(0, [1, 2, 3])])
+    p.propose([row(0, [1, 2, 3])], StepContext(token_cost=0.5))
     assert calls == ["copy"]
     assert not p.wants_target_topk()  # recycle is not asked, so nothing needs the target's top-k
     calls.clear()
-    p.token_cost = None  # fixed bars: every source is asked
-    p.propose([row(0, [1, 2, 3])])
+    p.propose([row(0, [1, 2, 3])], StepContext(token_cost=None))  # fixed bars: every source is asked
     assert calls == ["copy", "recycle"]
     assert p.wants_target_topk()
 
@@ -190,12 +189,13 @@ def test_token_probs_stand_in_for_the_source_weight():
 def test_each_draft_token_comes_with_the_chance_it_and_the_ones_before_are_accepted():
     sure = Candidates("suffix", np.array([[1, 2, 3, 4]]), np.ones(1), token_probs=np.array([[0.9, 0.8, 0.5, 0.1]]))
     fused = fusion.fuse_sources({"suffix": sure}, fusion.SourceWeights(), 4, 0.05, 0.3)
-    assert fused.tokens == [1, 2, 3] and fused.chances == pytest.approx([0.9, 0.72, 0.36])  # 0.036 < 0.3: cut
+    assert fused.tokens == [1, 2, 3, 4] and fused.chances == pytest.approx([0.9, 0.72, 0.36, 0.036])
+    assert fused.paying == 3  # 0.036 < 0.3: the policy cuts there
+    assert cut(Draft(fused.tokens, fused.chances), 0.3).tokens == [1, 2, 3]
     p = make()
-    assert p.draft_chances() is None  # before the first step
-    drafts = p.propose([row(0, [5, 6, 7, 8, 9, 10, 11, 5, 6, 7]), row(1, [1, 2, 3])])
-    chances = p.draft_chances()
-    assert [len(c) for c in chances] == [len(d) for d in drafts] and len(drafts[0]) > 0
+    drafts = p.draft([row(0, [5, 6, 7, 8, 9, 10, 11, 5, 6, 7]), row(1, [1, 2, 3])], StepContext())
+    chances = [d.chances for d in drafts]
+    assert [len(c) for c in chances] == [len(d.tokens) for d in drafts] and len(drafts[0].tokens) > 0
     assert all(1 >= a >= b > 0 for a, b in zip(chances[0], chances[0][1:]))
 
 
@@ -285,7 +285,7 @@ def test_hybrid_stops_running_a_source_that_never_contributes_and_resumes_it(mon
     calls = []
     real = p.sources["recycle"].candidates
 
-    def timed(rows):  # recycle's own work takes 1 ms; an engine step 50 ms
+    def timed(rows, step=None):  # recycle's own work takes 1 ms; an engine step 50 ms
         calls.append(True)
         clock[0] += 0.001
         return real(rows)
@@ -363,12 +363,12 @@ def run_rival(monkeypatch, steps: int):
     def truth(r):
         return [int(r.tokens[-1]) + j + 1 for j in range(4)]
 
-    def rival(rows):
+    def rival(rows, _step=None):
         clock[0] += 0.001
         chain = (lambda r: truth(r)) if step[0] % 8 == 0 else (lambda r: truth(r)[:1] + [998, 997, 996])
         return [Candidates("copy", np.array([chain(r)]), np.ones(1)) for r in rows]
 
-    def suffix(rows):
+    def suffix(rows, _step=None):
         if step[0] % 8 == 0:
             return [None for _ in rows]
         return [Candidates("suffix", np.array([truth(r)]), np.ones(1), token_probs=np.full((1, 4), 0.3)) for r in rows]
@@ -397,8 +397,7 @@ def test_hybrid_pauses_a_source_whose_wrong_chains_displace_more_than_its_own_to
 def test_recycle_is_charged_the_top_k_captured_for_it():
     p = HybridProposer(HybridOptions(sources=("suffix", "recycle")), 4)
     p.bind(EngineInfo(vocab_size=1000))
-    p.observe_capture_seconds(0.004)
-    p.propose([row(0, [1, 2, 3])])
+    p.propose([row(0, [1, 2, 3])], StepContext(capture_seconds=0.004))
     assert p.pricing.prices["recycle"].seconds >= 0.004
     assert p.pricing.prices["suffix"].seconds < 0.004
 

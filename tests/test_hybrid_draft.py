@@ -6,7 +6,7 @@ from pydantic import ValidationError
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from freespec.proposers.base import EngineInfo, Row  # noqa: E402
+from freespec.proposers.base import EngineInfo, Row, StepContext  # noqa: E402
 from freespec.proposers.hybrid import HybridOptions, HybridProposer  # noqa: E402
 from pearl_helpers import VOCAB, arr  # noqa: E402
 
@@ -44,10 +44,10 @@ def test_the_draft_chain_is_drafted_where_no_other_source_knows_anything(tiny_di
     p = make(tiny_dir, k, sources=("copy", "draft"))
     try:
         context = [5, 17, 33, 2, 60]  # repeats nothing: copy has no match
-        drafts = p.propose([Row(0, arr(context), 1)])
-        assert drafts[0] == reference(context, k)
-        assert p.draft_sources() == ["draft"]
-        assert set(p.source_seconds()) == {"copy", "draft"}
+        step = StepContext()
+        drafts = p.draft([Row(0, arr(context), 1)], step)
+        assert drafts[0].tokens == reference(context, k) and drafts[0].source == "draft"
+        assert set(step.source_seconds) == {"copy", "draft"}
     finally:
         p.sources["draft"].close()
 

@@ -10,8 +10,9 @@ import sys
 
 import numpy as np
 import pytest
+from freespec.proposers.base import Draft
 from freespec.proposers.copy import CopyProposer
-from freespec.vllm_plugins import metrics, patches, vllm_cli
+from freespec.vllm_plugins import accounting as accounting_module, metrics, patches, vllm_cli
 from freespec.vllm_plugins.adapter import FreespecProposer, accepted_tokens
 
 from tests.adapter_helpers import adapter_for
@@ -202,9 +203,8 @@ def test_a_plugin_refused_at_engine_start_shows_as_off_with_the_reason(monkeypat
 
 
 def test_the_adapter_exports_the_policys_step_time_fit(monkeypatch):
-    from freespec.vllm_plugins import adapter as adapter_module
 
-    monkeypatch.setattr(adapter_module, "FIT_EVERY_S", 0.0)
+    monkeypatch.setattr(accounting_module, "FIT_EVERY_S", 0.0)
     plugin = "test_metrics:Fit"
     adapter = adapter_for({"plugin": "copy", "num_speculative_tokens": 4})  # the goodput policy, the default
     adapter.metrics = metrics.PluginMetrics(plugin)
@@ -219,12 +219,10 @@ class TwoSources(CopyProposer):
 
     calls = 0
 
-    def propose(self, rows):
+    def draft(self, rows, step):
         TwoSources.calls += 1
-        return super().propose(rows)
-
-    def draft_sources(self):
-        return ["even" if TwoSources.calls % 2 == 0 else "odd"]
+        name = "even" if TwoSources.calls % 2 == 0 else "odd"
+        return [Draft(d.tokens, d.chances, name) for d in super().draft(rows, step)]
 
     def file_events(self):
         return {"save": TwoSources.calls, "merge": 1}
@@ -249,8 +247,9 @@ def test_drafted_and_accepted_tokens_are_split_by_the_source_the_plugin_names():
 class TimedSources(CopyProposer):
     """Copy's drafts, with a fixed share of each step's time named as two sources' (as hybrid times its sources)."""
 
-    def source_seconds(self):
-        return {"fast": 1e-6, "slow": 2e-6}
+    def draft(self, rows, step):
+        step.source_seconds.update({"fast": 1e-6, "slow": 2e-6})
+        return super().draft(rows, step)
 
 
 def test_the_plugins_time_is_split_by_source_and_the_rest_is_its_own():

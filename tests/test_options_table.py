@@ -68,10 +68,10 @@ def test_rows_carry_type_default_and_bounds_from_the_model():
 
 
 def test_the_policy_key_lists_its_values_and_default():
-    from freespec.vllm_plugins.frontend import ADAPTER_KEYS
+    from freespec.vllm_plugins.adapter_options import AdapterOptions
 
     rows = {row[0]: row for row in gen.config_keys()}
-    assert rows["`policy`"][2] == f'`"{ADAPTER_KEYS["policy"][0]}"`'
+    assert rows["`policy`"][2] == f'`"{AdapterOptions().policy}"`'
     assert rows["`num_speculative_tokens`"][2] == "required"
 
 

@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from freespec.proposers.base import EngineInfo, Row  # noqa: E402
+from freespec.proposers.base import EngineInfo, Row, StepContext  # noqa: E402
 from freespec.proposers.pearl.proposer import PearlOptions, PearlProposer  # noqa: E402
 from freespec.proposers.pearl.draft import TorchDraftModel, parse_cores  # noqa: E402
 from freespec.proposers.pearl.state import Feed  # noqa: E402
@@ -119,14 +119,14 @@ def test_memory_bounds_are_respected(tiny_dir):
             keys = [(step + i) % 4 for i in range(3)]  # three of four requests per step
             chains = p.propose([Row(key, arr(contexts[key]), 1) for key in keys])
             p.wait_idle()
-            assert p.draft.cached_requests() <= 2
-            assert p.draft.cached_tokens() <= 60
-            assert p.draft.kv_bytes() <= 60 * p.draft.kv_bytes_per_token()
+            assert p.draft_model.cached_requests() <= 2
+            assert p.draft_model.cached_tokens() <= 60
+            assert p.draft_model.kv_bytes() <= 60 * p.draft_model.kv_bytes_per_token()
             assert sum(1 for c in chains if c) <= 2
             for key, chain in zip(keys, chains):
                 contexts[key] = contexts[key] + [rng.randrange(VOCAB)]
         assert p.stats()["evictions"] > 0 and p.stats()["refused"] > 0
-        assert p.state_bytes() == p.draft.weight_bytes() + p.draft.kv_bytes()
+        assert p.state_bytes() == p.draft_model.weight_bytes() + p.draft_model.kv_bytes()
     finally:
         p.close()
 
@@ -136,11 +136,11 @@ def test_release_frees_the_request_cache(tiny_dir):
     try:
         p.propose([Row(0, arr([1, 2, 3]), 1), Row(1, arr([4, 5, 6]), 1)])
         p.wait_idle()
-        assert p.draft.cached_requests() == 2
+        assert p.draft_model.cached_requests() == 2
         p.release(0)
         p.propose([Row(1, arr([4, 5, 6, 7]), 1)])
         p.wait_idle()
-        assert p.draft.cached_requests() == 1 and set(p.drafter.states) == {1}
+        assert p.draft_model.cached_requests() == 1 and set(p.drafter.states) == {1}
     finally:
         p.close()
 
@@ -161,10 +161,11 @@ def test_adaptive_defaults_stay_within_k(tiny_dir):
 def test_the_load_aware_bar_reaches_the_draft_thread(tiny_dir, reference):
     p = make(tiny_dir, "thread", k=3)
     try:
-        p.token_cost = 1.0  # a full machine: only certain tokens pay; a tiny random model is never certain
-        assert p.propose([Row(0, arr([1, 2, 3]), 1)]) == [[]] and p.stats()["policy_cut_tokens"] == 3
-        p.token_cost = 0.0  # an idle accelerator: the whole chain
-        assert p.propose([Row(1, arr([4, 5, 6]), 1)])[0] == reference([4, 5, 6], 3)
+        # a full machine: only certain tokens pay; a tiny random model is never certain
+        assert p.propose([Row(0, arr([1, 2, 3]), 1)], StepContext(token_cost=1.0)) == [[]]
+        assert p.stats()["policy_cut_tokens"] == 3
+        # an idle accelerator: the whole chain
+        assert p.propose([Row(1, arr([4, 5, 6]), 1)], StepContext(token_cost=0.0))[0] == reference([4, 5, 6], 3)
     finally:
         p.close()
 

@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from freespec.proposers.base import Row  # noqa: E402
+from freespec.proposers.base import Row, StepContext  # noqa: E402
 from freespec.proposers.pearl.proposer import PearlOptions, PearlProposer  # noqa: E402
 from pearl_helpers import VOCAB, arr, make, scripted_steps, wait_for_chain  # noqa: E402
 
@@ -39,7 +39,7 @@ def test_process_drafts_like_the_reference_pinned_and_without_the_workers_omp_bi
     p = make(tiny_dir, "process", k=k, draft_cores=str(core))
     try:
         pid = p.worker.pid
-        assert pid != os.getpid() and p.draft is None  # the model lives in the child only
+        assert pid != os.getpid() and p.draft_model is None  # the model lives in the child only
         with open(f"/proc/{pid}/environ", "rb") as f:
             env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
         assert b"OMP_PLACES" not in env and b"OMP_PROC_BIND" not in env and env[b"OMP_NUM_THREADS"] == b"1"
@@ -62,8 +62,9 @@ def test_process_drafts_like_the_reference_pinned_and_without_the_workers_omp_bi
         with pytest.raises(RuntimeError, match="pearl draft process"):
             p.propose([Row(2, arr([VOCAB + 50, 1]), 1)])  # an id the embedding does not have
         assert p.propose([Row(0, arr([1, 2, 3]), 1)])[0] == reference([1, 2, 3], k)
-        p.token_cost = 1.0  # the load-aware bar reaches the child: a tiny random model is never that sure
-        assert p.propose([Row(3, arr([4, 5, 6]), 1)]) == [[]] and p.stats()["policy_cut_tokens"] == k
+        # the load-aware bar reaches the child: a tiny random model is never that sure
+        assert p.propose([Row(3, arr([4, 5, 6]), 1)], StepContext(token_cost=1.0)) == [[]]
+        assert p.stats()["policy_cut_tokens"] == k
         assert p.worker.pid == pid and p.stats()["deaths"] == 0
     finally:
         p.close()

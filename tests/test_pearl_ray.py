@@ -43,7 +43,7 @@ def test_the_actor_drafts_what_the_process_drafts_and_survives_being_killed_or_h
     p = make(tiny_dir, "ray", k=k)
     try:
         info = p.worker.info
-        assert p.draft is None and info["pid"] != os.getpid() and info["ray_actor_id"]
+        assert p.draft_model is None and info["pid"] != os.getpid() and info["ray_actor_id"]
         assert scripted_steps(p, k, reference) == expected
         stats = p.stats()
         assert stats["placement"] == "ray" and stats["steps"] == 5 and stats["deaths"] == 0

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from freespec.proposers.base import EngineInfo, Row
+from freespec.proposers.base import EngineInfo, Row, StepContext
 from freespec.proposers.retrieval.datastore import FORMAT, SEPARATOR, VERSION, Datastore, DatastoreError, file_sha256
 from freespec.proposers.retrieval.proposer import RetrievalOptions, RetrievalProposer
 from freespec.proposers.retrieval.search import continuations, longest_match, sa_range
@@ -207,10 +207,8 @@ def test_under_a_bar_the_datastore_cannot_clear_it_is_not_searched(tmp_path, mon
     searched = []
     original = p.lookup
     monkeypatch.setattr(p, "lookup", lambda tokens: searched.append(1) or original(tokens))
-    p.token_cost = 0.5
-    assert p.propose([row(0, [7, 10, 11, 12])]) == [[]] and not searched
-    p.token_cost = 0.01  # a bar it can clear: searched again
-    p.propose([row(0, [7, 10, 11, 12])])
+    assert p.propose([row(0, [7, 10, 11, 12])], StepContext(token_cost=0.5)) == [[]] and not searched
+    p.propose([row(0, [7, 10, 11, 12])], StepContext(token_cost=0.01))  # a bar it can clear: searched again
     assert searched
 
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from freespec.proposers import hybrid as hybrid_module
 from freespec.proposers import suffix_tree
-from freespec.proposers.base import Row
+from freespec.proposers.base import Row, StepContext
 from freespec.proposers.hybrid import DEFAULT_SOURCES, HybridOptions
 from freespec.proposers.suffix_tree import SuffixOptions, SuffixTreeProposer
 from freespec.scorers.calibration import TokenCalibration
@@ -35,7 +35,7 @@ def test_an_unsupported_version_is_refused_by_name_and_the_default_goes_on_witho
     monkeypatch.setattr(suffix_tree.metadata, "version", lambda name: "0.2.3")
     ok, why = suffix_tree.available()
     assert not ok and "0.2.3" in why
-    with pytest.raises(ValidationError, match='sources: "suffix" needs arctic-inference'):
+    with pytest.raises(ValidationError, match='sources: "suffix" cannot run here: arctic-inference'):
         HybridOptions(sources=("suffix", "copy"))
     with pytest.raises(RuntimeError, match="needs arctic-inference"):
         make()
@@ -102,11 +102,9 @@ def test_learns_from_what_the_target_produced_even_when_its_chain_was_not_verifi
 def test_a_high_bar_cuts_the_draft_and_a_low_one_keeps_it():
     prompt = [5, 6, 7, 8, 9, 10, 11, 12, 40, 41, 5, 6, 7, 8]
     p = make()
-    p.token_cost = 0.999
-    assert p.propose([row(0, prompt)]) == [[]]
+    assert p.propose([row(0, prompt)], StepContext(token_cost=0.999)) == [[]]
     p = make()
-    p.token_cost = 0.0
-    assert len(p.propose([row(0, prompt)])[0]) >= 2
+    assert len(p.propose([row(0, prompt)], StepContext(token_cost=0.0))[0]) >= 2
 
 
 def test_a_short_match_drafts_longer_than_vllms_defaults_and_the_bar_still_cuts_it():
@@ -114,14 +112,11 @@ def test_a_short_match_drafts_longer_than_vllms_defaults_and_the_bar_still_cuts_
     # one token from it; the source's defaults offer up to K and leave the cut to the goodput bar.
     tokens = [50, 1, 2, 3, 4, 5, 6, 7, 8, 60, 50]
     p = make()
-    p.token_cost = 0.0
-    assert p.propose([row(0, tokens)]) == [[1, 2, 3, 4]]
+    assert p.propose([row(0, tokens)], StepContext(token_cost=0.0)) == [[1, 2, 3, 4]]
     p = make(max_spec_factor=1.0, min_token_prob=0.1)
-    p.token_cost = 0.0
-    assert p.propose([row(0, tokens)]) == [[1]]
+    assert p.propose([row(0, tokens)], StepContext(token_cost=0.0)) == [[1]]
     p = make()
-    p.token_cost = 0.5
-    assert len(p.propose([row(0, tokens)])[0]) < 4
+    assert len(p.propose([row(0, tokens)], StepContext(token_cost=0.5))[0]) < 4
 
 
 def test_global_cache_is_bounded_by_max_cached_tokens_oldest_first():

@@ -21,6 +21,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from freespec.proposers.registry import load_proposer_class
+from freespec.vllm_plugins.adapter_options import ADAPTER_KEYS, AdapterOptions, adapter_options
 
 logger = logging.getLogger("freespec")
 
@@ -75,35 +76,46 @@ REFUSED_KEYS = {
         "remove the key"
     ),
 }
-# The adapter's keys, with their allowed values (first: default). ``policy``: "goodput" sets every
-# step's bar for one more draft token from measured step times (scorers/policy.py); "fixed" uses each
-# plugin's own threshold, for experiments. Goodput is the default: in the load sweep (docs/policy.md)
-# it was as fast or faster than "fixed" at every load, and within 4% of no speculation at 39 requests.
-# ``pad``: "auto" gives a one-request step the size with the most expected output per measured second
-# (GoodputPolicy.step_size; on the CPU here a step scoring 5 tokens was faster than one scoring 1 or 9): the
-# draft is padded, or its last tokens dropped where the plugin estimates their chances; "longer" only pads;
-# "off" neither. It needs the goodput policy's step times: with "fixed" there are none.
-ADAPTER_KEYS = {"policy": ("goodput", "fixed"), "pad": ("auto", "longer", "off")}
-# The adapter's numeric keys: (default, lowest, highest). ``step_budget_ms``: a plugin step (everything the
-# adapter calls on the plugin in one engine step) that takes longer counts as a bad step for the circuit
-# breaker (adapter.CircuitBreaker: 3 bad steps in a row, or one over 10x the budget, switch the plugin off
-# for a back-off period). 1000 ms: far above what the context sources take per step, and above what
-# `pearl` waits for its draft model's chain on a CPU, whose step legitimately blocks on the draft
-# (docs/reliability.md). Not given, it is left None here: the adapter raises the default to what a plugin's
-# own options need (``Proposer.step_time_needed``: pearl with a large ``sync_feed_tokens``).
-ADAPTER_NUMBERS = {"step_budget_ms": (1000.0, 1.0, 60_000.0)}
-
-
-def adapter_number(key: str, value: Any) -> float:
-    """One of the adapter's numeric keys, checked against its bounds; the error names the field."""
-    default, low, high = ADAPTER_NUMBERS[key]
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+def check_k(plugin: str, k: Any) -> int:
+    """``num_speculative_tokens``, checked against ``MAX_SPECULATIVE_TOKENS``; the error names the field."""
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
         raise FreespecConfigError(
-            f"freespec: speculative_config {key!r} must be a number in [{low:g}, {high:g}], got {value!r}"
+            f"freespec plugin {plugin!r}: 'num_speculative_tokens' must be an integer in "
+            f"[1, {MAX_SPECULATIVE_TOKENS}], got {k!r}"
         )
-    return float(value)
+    return k
+
+
+def checked_adapter_options(raw: dict[str, Any]) -> AdapterOptions:
+    """The adapter's keys of a speculative config (``adapter_options``), refused as a FreespecConfigError."""
+    try:
+        return adapter_options(raw)
+    except ValueError as e:
+        raise FreespecConfigError(str(e)) from None
+
+
+def check_additional_config(cfg: Any, k: Any) -> tuple[str, Any, AdapterOptions]:
+    """``additional_config["freespec"]`` as the adapter reads it, with the checks ``translate`` applies to the
+    ``{"plugin": ...}`` spelling, so the plain-vLLM spelling (``--additional-config``) is refused with the
+    same messages: (plugin, its validated options, the adapter's options)."""
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("plugin"), str):
+        raise FreespecConfigError(
+            "freespec's custom_class adapter needs additional_config "
+            '{"freespec": {"plugin": NAME, "options": {...}}}; '
+            'or use --speculative-config \'{"plugin": NAME, ...}\''
+        )
+    plugin = cfg["plugin"]
+    unknown = sorted(set(cfg) - {"plugin", "options", *ADAPTER_KEYS})
+    if unknown:
+        raise FreespecConfigError(
+            f"freespec: additional_config {ADDITIONAL_CONFIG_KEY!r} has unknown key(s) {unknown}; allowed: "
+            f"plugin, options, {', '.join(ADAPTER_KEYS)}"
+        )
+    options = cfg.get("options") or {}
+    if not isinstance(options, dict):
+        raise FreespecConfigError(f"freespec plugin {plugin!r}: 'options' must be a JSON object, got {options!r}")
+    check_k(plugin, k)
+    return plugin, validate_options(plugin, options), checked_adapter_options(cfg)
 
 
 def translate(
@@ -122,27 +134,13 @@ def translate(
             raise FreespecConfigError(
                 f"speculative_config has both 'plugin' and {key!r}: 'plugin' selects the method itself"
             )
-    k = spec.get("num_speculative_tokens")
-    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
-        raise FreespecConfigError(
-            f"freespec plugin {plugin!r}: 'num_speculative_tokens' must be an integer in "
-            f"[1, {MAX_SPECULATIVE_TOKENS}], got {k!r}"
-        )
+    check_k(plugin, spec.get("num_speculative_tokens"))
     for key, why in REFUSED_KEYS.items():
         if key in spec:
             raise FreespecConfigError(f"freespec plugin {plugin!r}: speculative_config {key!r} {why}")
-    adapter = {}
-    for key, allowed in ADAPTER_KEYS.items():
-        value = spec.pop(key, allowed[0])
-        if value not in allowed:
-            raise FreespecConfigError(
-                f"freespec: speculative_config {key!r} must be one of {list(allowed)}, got {value!r}"
-            )
-        adapter[key] = value
-    for key in ADAPTER_NUMBERS:
-        value = spec.pop(key, None)
-        adapter_number(key, value)  # checked here, so vllm serve does not start with a bad value
-        adapter[key] = value  # None: the adapter's default (or what the plugin's options need)
+    # checked here, so vllm serve does not start with a bad value; step_budget_ms not given stays None: the
+    # adapter's default, or what the plugin's options need
+    adapter = checked_adapter_options({key: spec.pop(key) for key in ADAPTER_KEYS if key in spec}).model_dump()
     raw_options = {key: spec.pop(key) for key in list(spec) if key not in VLLM_KEYS}
     options = validate_options(plugin, raw_options)
     new_spec = {"method": "custom_class", "model": ADAPTER_CLASS, **spec}

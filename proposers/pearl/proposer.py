@@ -36,7 +36,7 @@ from typing import Any, Literal, Optional, Sequence
 from pydantic import Field, field_validator, model_validator
 
 from freespec import settings
-from freespec.proposers.base import EngineInfo, Proposer, ProposerOptions, Row
+from freespec.proposers.base import Draft, EngineInfo, Proposer, ProposerOptions, Row, StepContext
 
 logger = logging.getLogger("freespec")
 # sync_feed_tokens' default: a draft this far behind catches up inside the step in a few draft passes.
@@ -213,7 +213,7 @@ class PearlProposer(Proposer):
                     "give vLLM the others with VLLM_CPU_OMP_THREADS_BIND (docs/pearl.md)",
                     sorted(cores), sorted(os.sched_getaffinity(0)),
                 )
-        self.draft = self.drafter = None  # placement "thread" only: the others keep them in the draft's process
+        self.draft_model = self.drafter = None  # placement "thread" only: the others keep them in the draft's process
         if options.placement in ("process", "ray"):
             from freespec.proposers.pearl.remote import DraftError
 
@@ -242,15 +242,15 @@ class PearlProposer(Proposer):
             from freespec.proposers.pearl.state import PearlDrafter
 
             try:
-                self.draft = TorchDraftModel.load(options.draft_model, options.device, options.dtype)
+                self.draft_model = TorchDraftModel.load(options.draft_model, options.device, options.dtype)
             except Exception as e:
                 raise ValueError(f"pearl: option 'draft_model' ({options.draft_model}) cannot be loaded: {e}") from e
-            self.drafter = PearlDrafter(self.draft, num_speculative_tokens, max_position=self.draft.max_position,
+            self.drafter = PearlDrafter(self.draft_model, num_speculative_tokens, max_position=self.draft_model.max_position,
                                         **drafter_options)
             self.worker = TimedDraftWorker(self.drafter, cores=cores, threads=options.draft_threads,
                                            device=options.device, step_timeout_s=options.step_timeout_s)
             self.worker.start()  # a bad core list fails here, at engine start, not at the first step
-            self._vocab_size = self.draft.vocab_size
+            self._vocab_size = self.draft_model.vocab_size
         self._bound = False
         self._closed = False
         self._last_log = time.monotonic()
@@ -278,21 +278,24 @@ class PearlProposer(Proposer):
             )
         # Same tokenizer, possibly padded differently: never draft an id the target does not have.
         vocab_limit = min(self._vocab_size, info.vocab_size)
-        if self.draft is not None:
-            self.draft.vocab_limit = vocab_limit
+        if self.draft_model is not None:
+            self.draft_model.vocab_limit = vocab_limit
         else:
             self.worker.bind(vocab_limit)
         self._bound = True
 
-    def propose(self, rows: Sequence[Row]) -> list[list[int]]:
+    def draft(self, rows: Sequence[Row], step: StepContext) -> list[Draft]:
+        """The draft model's chains. PEARL drafts on after the chain it proposes while the target verifies it,
+        so the chain must be the one verified: the draft cuts it at the step's price itself (by its own
+        confidences, ``scorers.policy.paying_prefix``) and returns no chances for the policy to cut again."""
         if not self._bound:
             raise RuntimeError("pearl proposer used before bind()")
-        chains = self.worker.step(rows, self.token_cost)
+        chains = self.worker.step(rows, step.token_cost)
         now = time.monotonic()
         if now - self._last_log >= self._log_every_s:
             self._last_log = now
             logger.info("freespec: pearl %s", self.stats())
-        return chains
+        return [Draft(chain) for chain in chains]
 
     def release(self, key: int) -> None:
         self.worker.release(key)
@@ -307,8 +310,8 @@ class PearlProposer(Proposer):
                 f"drafts up inside the step, within step_timeout_s {self.options.step_timeout_s:g}")
 
     def state_bytes(self) -> int:
-        if self.draft is not None:
-            return self.draft.weight_bytes() + self.draft.kv_bytes()
+        if self.draft_model is not None:
+            return self.draft_model.weight_bytes() + self.draft_model.kv_bytes()
         s = self.worker.stats()  # as of the child's last reply
         return int(s.get("weight_bytes", self.worker.info.get("weight_bytes", 0))) + int(s.get("kv_bytes", 0))
 
@@ -319,7 +322,7 @@ class PearlProposer(Proposer):
         waited for drafts); ``draft_idle_ms`` the mean time per step the draft had nothing
         to do (it waited for the target).
         """
-        if self.draft is not None:
+        if self.draft_model is not None:
             s = {**self.drafter.stats.as_dict(), **self.worker.times.as_dict()}
         else:
             s = self.worker.stats()

@@ -51,7 +51,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 from freespec.kernels.tree import expand_tree, tree_template
-from freespec.proposers.base import EngineInfo, Proposer, ProposerOptions, Row, ScoredPositions
+from freespec.proposers.base import Draft, EngineInfo, Proposer, ProposerOptions, Row, ScoredPositions, StepContext
 from freespec.proposers.exit_save import save_at_exit
 from freespec.proposers.file_worker import FileWorker, error_kind
 from freespec.proposers.recycle.matrix import (
@@ -338,7 +338,10 @@ class RecycleProposer(Proposer):
         self.updates += len(scored.tokens)
 
     # ---------------------------------------------------------------- drafting
-    def propose(self, rows: Sequence[Row]) -> list[list[int]]:
+    def draft(self, rows: Sequence[Row], step: StepContext) -> list[Draft]:
+        """The best chain of each row's candidate tree. The bar (``step.bar``) chooses the chain among the
+        tree's paths, so it is drafted whole: no chances are returned and the policy does not cut it again,
+        which keeps what is learned next step (``num_new - 1`` of this chain accepted) exact."""
         if self.ids is None:
             raise RuntimeError("recycle proposer used before bind()")
         for row in rows:
@@ -351,7 +354,7 @@ class RecycleProposer(Proposer):
             if self.options.adaptive:
                 p = self.acceptance.estimate(np.broadcast_to(self.ranks, tokens.shape), edge_probs)
                 chains = best_chains(
-                    tokens, p, self.parents, self.depths, self.gain_threshold(self.options.min_token_gain), self.k
+                    tokens, p, self.parents, self.depths, step.bar(self.options.min_token_gain), self.k
                 )
             else:
                 chains = [self._top1_path(tokens[j]) for j in range(len(live))]
@@ -374,7 +377,7 @@ class RecycleProposer(Proposer):
                 # A copy of the matrix (milliseconds); the write, its fsync and the peers' reads are the thread's.
                 self._files.request(self.snapshot() if self.options.matrix_path else None, self.options.merge_from)
                 self._last_save = time.monotonic()
-        return drafts
+        return [Draft(d) for d in drafts]
 
     def _top1_path(self, tokens: np.ndarray) -> np.ndarray:
         """The rank-0 chain's nodes, cut before the first node whose token is unknown."""

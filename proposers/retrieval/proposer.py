@@ -23,7 +23,7 @@ import os
 from typing import Optional, Sequence
 
 import numpy as np
-from freespec.proposers.base import EngineInfo, Proposer, Row
+from freespec.proposers.base import Draft, EngineInfo, Proposer, Row, StepContext
 from freespec.proposers.registry import CopySourceOptions, build_proposer
 from freespec.proposers.retrieval.datastore import SEPARATOR, Datastore, read_manifest
 from freespec.proposers.retrieval.search import continuations, longest_match
@@ -77,7 +77,9 @@ class RetrievalProposer(Proposer):
             else None
         self.weights = SourceWeights()
         self.calibration = TokenCalibration()
-        self._supported: dict[int, dict[str, int]] = {}  # key -> leading draft tokens each source supported
+        # key -> (sequence length when drafted, the draft as the policy keeps it, leading tokens each source
+        # supported)
+        self._supported: dict[int, tuple[int, list[int], dict[str, int]]] = {}
         self._chains: dict[int, tuple[int, list[int], list[int]]] = {}  # key -> (length then, own chain, cells)
 
     def bind(self, info: EngineInfo) -> None:
@@ -98,8 +100,8 @@ class RetrievalProposer(Proposer):
     def _warm_up(self) -> None:
         """Load the numba search kernels now, at start, with one lookup of the datastore's own first tokens.
 
-        Their first call loads (or compiles) them: 143 ms on the 2-core EPYC (results/run-ab), which on the engine's
-        thread would stall a step and make ``hybrid``'s pricing take the source for a slow one.
+        Their first call loads (or compiles) them, which takes longer than many steps; on the engine's thread
+        that would stall a step and make ``hybrid``'s pricing take the source for a slow one.
         """
         for shard in self.store.shards:
             if len(shard.sa) and len(shard.tokens) >= self.options.min_match:
@@ -152,36 +154,43 @@ class RetrievalProposer(Proposer):
                 self._chains[row.key] = (len(row.tokens), chain, TokenCalibration.cells(shares, found.match_len))
         return found
 
-    def propose(self, rows: Sequence[Row]) -> list[list[int]]:
+    def draft(self, rows: Sequence[Row], step: StepContext) -> list[Draft]:
         if self.store is None:
             raise RuntimeError("retrieval proposer used before bind()")
         self.check_files()
-        if self.copy is not None:
-            self.copy.token_cost = self.token_cost
-        copy_drafts = self.copy.propose(rows) if self.copy is not None else [[] for _ in rows]
-        ask_store = self.weights.can_pay("retrieval", self.token_cost)
-        drafts: list[list[int]] = []
+        copy_drafts = self.copy.propose(rows, step) if self.copy is not None else [[] for _ in rows]
+        ask_store = self.weights.can_pay("retrieval", step.token_cost)
+        drafts: list[Draft] = []
         for row, copy_draft in zip(rows, copy_drafts):
-            supported = self._supported.pop(row.key, None)
-            if supported is not None and row.num_new > 0:
-                self.weights.observe(supported, row.num_new - 1)
+            last = self._supported.pop(row.key, None)
+            if last is not None and row.num_new > 0:
+                self._learn(row, *last)
             if row.num_new == 0 or len(row.tokens) < self.options.min_match:
-                drafts.append([])
+                drafts.append(Draft([]))
                 continue
             from_copy = None
             if copy_draft:
                 from_copy = Candidates("copy", np.asarray([copy_draft], dtype=np.int64), np.ones(1))
             offered = {"retrieval": self._lookup_learning(row) if ask_store else None, "copy": from_copy}
-            fused = fuse_sources(offered, self.weights, self.k, self.options.min_support, self.token_cost)
-            if fused.tokens:
-                self._supported[row.key] = fused.supported
-            drafts.append(fused.tokens)
+            fused = fuse_sources(offered, self.weights, self.k, self.options.min_support, step.token_cost)
+            if fused.paying:
+                self._supported[row.key] = (len(row.tokens), fused.tokens[: fused.paying], fused.supported)
+            drafts.append(Draft(fused.tokens, fused.chances))
         return drafts
 
-    def candidates(self, rows: Sequence[Row]) -> list[Optional[Candidates]]:
+    def _learn(self, row: Row, start: int, draft: list[int], supported: dict[str, int]) -> None:
+        """Each source's supported tokens scored against what the target produced since: as far as it could
+        be compared (the policy may have sent fewer tokens than were kept here)."""
+        matched, compared = matched_prefix(draft, row.tokens[start : start + len(draft) + 1].tolist())
+        for name, n in supported.items():
+            n = min(n, compared)
+            if n > 0:
+                self.weights.observe({name: n}, matched)
+
+    def candidates(self, rows: Sequence[Row], step: Optional[StepContext] = None) -> list[Optional[Candidates]]:
         """Every sampled continuation of each row's longest match (retrieval only), for ``hybrid``."""
         if self.copy is not None:  # fusing with its own copy source: offer the fused draft
-            return super().candidates(rows)
+            return super().candidates(rows, step)
         if self.store is None:
             raise RuntimeError("retrieval proposer used before bind()")
         self.check_files()

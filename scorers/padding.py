@@ -1,4 +1,4 @@
-"""Filler tokens for a draft padded to a faster step size (``GoodputPolicy.padded``).
+"""Filler tokens for a draft padded to a faster step size (``scorers.policy.shape_drafts``).
 
 Padding is verified like any draft token, so it never changes the output; it only has to be cheap and,
 where it can, right. The filler continues the request the way it went on after the latest earlier

@@ -1,0 +1,73 @@
+"""The adapter's own keys of a ``{"plugin": ...}`` speculative config: one model, each default stated once.
+
+``policy``: "goodput" (default) sets every step's bar for one more draft token from measured step times
+(scorers/policy.py); "fixed" uses each plugin's own threshold, for experiments. In the load sweep of
+docs/policy.md goodput was as fast or faster than "fixed" at every load.
+``pad``: "auto" (default) gives a one-request step the size with the most expected output per measured
+second (``GoodputPolicy.step_size``): the draft is padded, or its last tokens dropped where the plugin gives
+their chances; "longer" only pads; "off" neither. It needs the goodput policy's step times: with "fixed"
+there are none, and it is off.
+``step_budget_ms``: a plugin step (everything the adapter calls on the plugin in one engine step) that takes
+longer counts as a bad step for the circuit breaker (``breaker.CircuitBreaker``). Not given, it is
+``DEFAULT_STEP_BUDGET_MS``, far above what the context sources take per step, raised to what a plugin's own
+options need (``Proposer.step_time_needed``: pearl with a large ``sync_feed_tokens``).
+"""
+from __future__ import annotations
+
+from typing import Any, Literal, Optional, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+DEFAULT_STEP_BUDGET_MS = 1000.0
+
+
+class AdapterOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    policy: Literal["goodput", "fixed"] = Field(
+        "goodput",
+        description='`"goodput"`: every step, draft only tokens whose expected gain pays for verifying them at the '
+                    'measured load (docs/policy.md); `"fixed"`: each plugin\'s own fixed threshold, for experiments',
+    )
+    pad: Literal["auto", "longer", "off"] = Field(
+        "auto",
+        description='`"auto"`: with the goodput policy and one request decoding, score the step size with the '
+                    'most expected output per measured second, 3% more than the draft\'s own: pad the draft, or '
+                    'drop its last tokens where the plugin gives their chances (on some CPUs a step scoring 5 '
+                    'tokens is faster than one scoring 1 or 9; docs/policy.md); `"longer"`: only pad; `"off"`: '
+                    'neither',
+    )
+    step_budget_ms: Optional[float] = Field(
+        None, ge=1.0, le=60_000.0, strict=True,
+        description=f"the circuit breaker's budget for one plugin step: 3 steps over it in a row, or one over 10x, "
+                    f"switch the plugin off for a back-off period (docs/reliability.md). Not set: "
+                    f"{DEFAULT_STEP_BUDGET_MS:g}, raised to what the plugin's own options need (pearl with "
+                    f"sync_feed_tokens above 16: its step_timeout_s)",
+    )
+
+    @property
+    def budget_s(self) -> float:
+        return (self.step_budget_ms if self.step_budget_ms is not None else DEFAULT_STEP_BUDGET_MS) / 1000.0
+
+
+ADAPTER_KEYS = tuple(AdapterOptions.model_fields)
+
+
+def adapter_options(raw: dict[str, Any]) -> AdapterOptions:
+    """The adapter's keys of ``raw`` (others ignored), checked; the error names the key and what it allows."""
+    given = {key: raw[key] for key in ADAPTER_KEYS if key in raw and raw[key] is not None}
+    try:
+        return AdapterOptions.model_validate(given)
+    except ValidationError as e:
+        key = str(e.errors()[0]["loc"][0])
+        raise ValueError(f"freespec: speculative_config {key!r} {_allowed(key)}, got {given.get(key)!r}") from None
+
+
+def _allowed(key: str) -> str:
+    field = AdapterOptions.model_fields[key]
+    choices = get_args(field.annotation)
+    if key != "step_budget_ms" and choices:
+        return f"must be one of {list(choices)}"
+    low = next(m.ge for m in field.metadata if getattr(m, "ge", None) is not None)
+    high = next(m.le for m in field.metadata if getattr(m, "le", None) is not None)
+    return f"must be a number in [{low:g}, {high:g}]"
