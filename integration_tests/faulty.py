@@ -23,11 +23,11 @@ class FaultyProposer(CopyProposer):
 
     calls = 0
 
-    def propose(self, rows):
+    def draft(self, rows, step):
         self.calls += 1
         if self.calls % 3 == 0:
             raise RuntimeError("injected proposer fault")
-        return super().propose(rows)
+        return super().draft(rows, step)
 
 
 class FaultOptions(CopyProposer.Options):
@@ -56,13 +56,13 @@ class FaultInjector(CopyProposer):
     def _faulty(self) -> bool:
         return self.options.fault_file is None or os.path.exists(self.options.fault_file)
 
-    def propose(self, rows):
+    def draft(self, rows, step):
         if self._faulty():
             if self.options.sleep_ms:
                 time.sleep(self.options.sleep_ms / 1000.0)
             if self._draws.random() < self.options.raise_rate:
                 raise RuntimeError("injected proposer fault")
-        return super().propose(rows)
+        return super().draft(rows, step)
 
 
 @contextlib.contextmanager

@@ -28,7 +28,7 @@ class MappingCheckProposer(RecycleProposer):
         self.pending = scored
         super().observe(scored)
 
-    def propose(self, rows):
+    def draft(self, rows, step):
         c = self.counts
         c["steps"] += 1
         c["rows_seen"] += len(rows)
@@ -55,8 +55,8 @@ class MappingCheckProposer(RecycleProposer):
                         if len(self.examples) < 5:
                             self.examples.append(f"step {c['steps']} row {row.key} pos {t}: want {want} got {got}")
                 offset += 1 + len(self.drafted.get(row.key, []))
-        drafts = super().propose(rows)
-        self.drafted = {row.key: d for row, d in zip(rows, drafts)}
+        drafts = super().draft(rows, step)
+        self.drafted = {row.key: d.tokens for row, d in zip(rows, drafts)}
         with open(os.environ["FREESPEC_TOPK_CHECK_OUT"], "w") as f:
             json.dump({**c, "examples": self.examples}, f)
         return drafts

@@ -3,10 +3,15 @@
 freespec's own proposers are declared in its ``pyproject.toml``; a third-party
 package adds ``[project.entry-points."freespec.proposers"] name = "pkg.mod:Class"``.
 A plugin name of the form ``"pkg.mod:Class"`` loads that class directly, for
-proposers that are not installed as a package (experiments, tests).
+proposers that are not installed as a package (experiments, tests). Naming a class
+path imports its module, which runs that module's top-level code in the process that
+reads the config and in every worker, as vLLM's own ``custom_class`` does: name only
+code you trust. The path is checked for its form before anything is imported, and
+the class must be a concrete ``Proposer`` subclass (docs/proposer-api.md).
 """
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Mapping
 from importlib.metadata import EntryPoint, entry_points
@@ -16,6 +21,8 @@ from freespec.proposers.base import Proposer, ProposerOptions
 from pydantic import Field, field_validator
 
 GROUP = "freespec.proposers"
+# ``package.module:Class`` (or ``:Outer.Inner``): dotted Python identifiers on both sides of one colon.
+_CLASS_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 
 class UnknownPluginError(ValueError):
@@ -28,19 +35,36 @@ def available_plugins() -> dict[str, str]:
 
 
 def load_proposer_class(name: str) -> type[Proposer]:
+    """The proposer class a plugin name names: a registered short name, or a ``package.module:Class`` path.
+
+    Refused with ``UnknownPluginError`` naming it: a name of another form, one nothing registers, a module
+    that cannot be imported (whatever its code raises), and anything that is not a concrete ``Proposer``
+    subclass (``Proposer.is_concrete``).
+    """
+    if not isinstance(name, str) or not name:
+        raise UnknownPluginError(f"freespec plugin name must be a non-empty string, got {name!r}")
     if ":" in name:
+        if not _CLASS_PATH.fullmatch(name):
+            raise UnknownPluginError(
+                f"freespec plugin {name[:200]!r} is neither a registered name nor a class path of the form "
+                "'package.module:Class'")
         target = EntryPoint(name=name, value=name, group=GROUP)
     else:
         target = next((ep for ep in entry_points(group=GROUP) if ep.name == name), None)
     if target is None:
         known = ", ".join(sorted(available_plugins())) or "none installed"
-        raise UnknownPluginError(f"unknown freespec plugin {name!r}; available plugins: {known}")
+        raise UnknownPluginError(f"unknown freespec plugin {name[:200]!r}; available plugins: {known}")
     try:
         cls = target.load()
-    except (ImportError, AttributeError) as e:
-        raise UnknownPluginError(f"freespec plugin {name!r} ({target.value}) cannot be loaded: {e}") from e
+    except Exception as e:  # whatever the module's code raises: the config is refused, naming it
+        raise UnknownPluginError(f"freespec plugin {name!r} ({target.value}) cannot be loaded: "
+                                 f"{type(e).__name__}: {str(e)[:300]}") from e
     if not (isinstance(cls, type) and issubclass(cls, Proposer)):
         raise UnknownPluginError(f"freespec plugin {name!r} ({target.value}) is not a freespec Proposer subclass")
+    if not cls.is_concrete():
+        raise UnknownPluginError(
+            f"freespec plugin {name!r} ({target.value}) is abstract: a plugin implements draft(rows, step) "
+            "(docs/proposer-api.md)")
     return cls
 
 

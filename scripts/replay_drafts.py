@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from freespec.proposers.base import EngineInfo, Row
+from freespec.proposers.base import EngineInfo, Row, StepContext
 from freespec.proposers.registry import load_proposer_class
 from freespec.questions import BUILTIN, resolve_questions
 
@@ -52,7 +52,6 @@ class VllmSuffix:
 
         self.cache = SuffixDecodingCache(max_tree_depth=max_tree_depth, max_cached_requests=max_cached_requests)
         self.k, self.depth, self.factor, self.min_prob = k, max_tree_depth, max_spec_factor, min_token_prob
-        self.token_cost = None
 
     def propose(self, rows: list[Row]) -> list[list[int]]:
         out = []
@@ -87,7 +86,6 @@ class ThroughAdapter:
             additional_config=extra, speculative_config=SimpleNamespace(num_speculative_tokens=k),
             model_config=SimpleNamespace(get_vocab_size=lambda: vocab, max_model_len=max_len, model="replay",
                                          tokenizer=None)))
-        self.token_cost = None
         self._tokens = np.zeros((1, max_len), dtype=np.int32)  # vLLM's token_ids_cpu, one row
         self._written = 0
 
@@ -101,6 +99,20 @@ class ThroughAdapter:
 
     def release(self, key: int) -> None:
         self._written = 0  # the adapter sees the request leave when the next one takes its row
+
+
+class AtBar:
+    """A freespec plugin drafting at a fixed price of a draft token (``--token-cost``; None: its own fixed bar),
+    its drafts cut by the policy as the adapter cuts them (``Proposer.propose``)."""
+
+    def __init__(self, proposer, token_cost: float | None) -> None:
+        self.proposer, self.token_cost = proposer, token_cost
+
+    def propose(self, rows: list[Row]) -> list[list[int]]:
+        return self.proposer.propose(rows, StepContext(token_cost=self.token_cost))
+
+    def release(self, key: int) -> None:
+        self.proposer.release(key)
 
 
 def replay(proposer, key: int, prompt: list[int], output: list[int], cost: float,
@@ -229,8 +241,7 @@ def main() -> int:
         cls = load_proposer_class(args.plugin)
         proposer = cls(cls.Options(**options), args.k)
         proposer.bind(EngineInfo(vocab_size=vocab, model=model or ""))
-        proposer.token_cost = args.token_cost
-        return proposer
+        return AtBar(proposer, args.token_cost)
 
     if args.adapter and (args.plugin == "vllm-suffix" or not args.memory):
         p.error("--adapter runs a freespec plugin, with --memory (one adapter, as one server)")

@@ -26,7 +26,7 @@ def sample(name: str, **labels) -> float:
 
 
 class AlwaysFails(CopyProposer):
-    def propose(self, rows):
+    def draft(self, rows, step):
         raise RuntimeError("injected fault")
 
 

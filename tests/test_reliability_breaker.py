@@ -26,7 +26,7 @@ class AlwaysFails(CopyProposer):
 
     calls = 0
 
-    def propose(self, rows):
+    def draft(self, rows, step):
         type(self).calls += 1
         raise RuntimeError("injected fault")
 
@@ -37,11 +37,11 @@ class Slow(CopyProposer):
     calls = 0
     slow = True
 
-    def propose(self, rows):
+    def draft(self, rows, step):
         type(self).calls += 1
         if type(self).slow:
             time.sleep(0.25)
-        return super().propose(rows)
+        return super().draft(rows, step)
 
 
 class Forgets(CopyProposer):
@@ -50,12 +50,12 @@ class Forgets(CopyProposer):
     released: list = []
     slow = fail = False
 
-    def propose(self, rows):
+    def draft(self, rows, step):
         if type(self).fail:
             raise RuntimeError("injected fault")
         if type(self).slow:
             time.sleep(0.05)
-        return super().propose(rows)
+        return super().draft(rows, step)
 
     def release(self, key):
         type(self).released.append(key)

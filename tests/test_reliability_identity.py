@@ -36,9 +36,9 @@ class Recording(CopyProposer):
 
     seen: list = []
 
-    def propose(self, rows):
+    def draft(self, rows, step):
         type(self).seen.append([(row.key, int(row.tokens[HEAD_TOKENS + 10])) for row in rows])
-        return super().propose(rows)
+        return super().draft(rows, step)
 
 
 class FakeRunner:

@@ -1,0 +1,176 @@
+"""The proposer API (freespec.proposers.base): the step contract, the policy's one cut, the API 0 shim, and
+which plugin names and classes are refused at the config stage."""
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from freespec.proposers.base import API_VERSION, Draft, Proposer, ProposerOptions, Row, StepContext
+from freespec.proposers.copy import CopyProposer
+from freespec.proposers.registry import UnknownPluginError, load_proposer_class
+from freespec.scorers.policy import cut, paying_prefix
+from freespec.vllm_plugins import metrics
+from prometheus_client import REGISTRY
+from freespec.vllm_plugins.frontend import FreespecConfigError, check_additional_config, translate
+
+from tests.adapter_helpers import adapter_for, fake_vllm_config
+
+REPEATS = [5, 6, 7, 8, 9, 10, 11, 5, 6, 7]
+
+
+class Fixed(Proposer):
+    """Drafts the same four tokens with halving chances; records every step context it is given."""
+
+    def __init__(self, options: ProposerOptions, k: int) -> None:
+        super().__init__(options, k)
+        self.steps: list[StepContext] = []
+
+    def draft(self, rows, step):
+        self.steps.append(step)
+        step.source_seconds["fixed-source"] = 0.001
+        return [Draft([1, 2, 3, 4], [0.5, 0.25, 0.125, 0.0625], "fixed-source") for _ in rows]
+
+
+class OldStyle(Proposer):
+    """A plugin written against API 0: propose(rows), self.token_cost and the per-call getters."""
+
+    seen_costs: list = []
+
+    def propose(self, rows):
+        type(self).seen_costs.append(self.token_cost)
+        return [[1, 2, 3] for _ in rows]
+
+    def draft_sources(self):
+        return ["old-source"]
+
+    def source_seconds(self):
+        return {"old-source": 0.002}
+
+
+class OldCopy(CopyProposer):
+    """An API 0 plugin built on one of freespec's proposers: it overrides propose and calls the parent's."""
+
+    calls = 0
+
+    def propose(self, rows):
+        type(self).calls += 1
+        return super().propose(rows)
+
+
+class Abstract(Proposer):
+    pass
+
+
+def step_through(adapter, tokens, steps=3):
+    length = np.array([len(tokens)], dtype=np.int32)
+    ids = np.zeros((1, 400), dtype=np.int32)
+    ids[0, : len(tokens)] = tokens
+    out = []
+    for _ in range(steps):
+        out.append(adapter.propose([[int(ids[0, length[0] - 1])]], length, ids))
+        length[0] += 1
+    return out
+
+
+def test_the_api_has_a_version():
+    assert API_VERSION.split(".")[0] == "1"
+
+
+def test_the_policy_cuts_a_draft_where_its_chance_falls_below_the_bar_and_nowhere_else():
+    d = Draft([1, 2, 3, 4], [0.9, 0.6, 0.3, 0.1], "s")
+    assert cut(d, 0.3) == Draft([1, 2, 3], [0.9, 0.6, 0.3], "s")
+    assert cut(d, None) is d and cut(Draft([1, 2]), 0.99).tokens == [1, 2]  # no bar, no chances: whole
+    assert paying_prefix([0.9, 0.6], 0.95) == 0
+    assert StepContext(token_cost=None).bar(0.2) == 0.2 and StepContext(token_cost=0.7).bar(0.2) == 0.7
+
+
+def test_the_adapter_passes_the_step_in_the_call_and_sets_nothing_on_the_proposer():
+    adapter = adapter_for({"plugin": "tests.test_proposer_api:Fixed", "num_speculative_tokens": 4,
+                           "policy": "fixed"})
+    adapter.metrics = metrics.PluginMetrics("test_proposer_api:Fixed")
+    before = dict(vars(adapter.proposer))
+    out = step_through(adapter, [9] * 50)
+    assert all(isinstance(s, StepContext) and s.budget_s == adapter.breaker.budget_s
+               for s in adapter.proposer.steps)
+    assert set(vars(adapter.proposer)) == set(before) and "token_cost" not in vars(adapter.proposer)
+    assert out[-1] == [[1, 2, 3, 4]]  # the fixed policy and no fixed bar: the draft whole
+    assert adapter.stats.draft_tokens == 12
+
+
+def test_the_goodput_price_cuts_what_the_proposer_returns(monkeypatch):
+    adapter = adapter_for({"plugin": "tests.test_proposer_api:Fixed", "num_speculative_tokens": 4, "pad": "off"})
+    monkeypatch.setattr(adapter.policy, "token_cost", lambda rows=None: 0.2)
+    out = step_through(adapter, [9] * 50)
+    assert out[-1] == [[1, 2]]  # 0.125 < 0.2
+    assert adapter.proposer.steps[-1].token_cost == 0.2
+
+
+def test_a_plugin_written_against_api_0_runs_through_the_shim_and_warns_once(caplog):
+    plugin = "tests.test_proposer_api:OldStyle"
+    adapter = adapter_for({"plugin": plugin, "num_speculative_tokens": 4, "policy": "fixed"})
+    adapter.metrics = metrics.PluginMetrics(plugin)
+    with caplog.at_level(logging.WARNING, logger="freespec"):
+        out = step_through(adapter, [9] * 50)
+        step_through(adapter, [8] * 50)
+    assert out[-1] == [[1, 2, 3]] and type(adapter.proposer).seen_costs[-6:] == [None] * 6
+    assert sum("API 0" in r.message for r in caplog.records) == 1
+    counted = REGISTRY.get_sample_value(
+        "freespec:draft_tokens_total", {"plugin": plugin, "source": "old-source"})
+    assert counted == 18
+    assert REGISTRY.get_sample_value(
+        "freespec:source_seconds_total", {"plugin": plugin, "source": "old-source"}) == pytest.approx(0.012)
+
+
+def test_an_api_0_subclass_of_a_freespec_proposer_keeps_its_parents_drafting():
+    p = OldCopy(CopyProposer.Options(), 4)
+    rows = [Row(0, np.asarray(REPEATS), 1)]
+    drafts = p.draft(rows, StepContext(token_cost=0.0))
+    assert OldCopy.calls == 1 and drafts[0].tokens[:3] == [8, 9, 10]
+    assert p.token_cost == 0.0  # the shim hands API 0 code its bar as before
+
+
+def test_plugin_names_of_the_wrong_form_or_abstract_classes_are_refused_before_any_engine():
+    for name in ("..x:y", ":", "a:b:c", "x y:Z"):
+        with pytest.raises(UnknownPluginError, match="class path of the form"):
+            load_proposer_class(name)
+    with pytest.raises(UnknownPluginError, match="is abstract"):
+        load_proposer_class("freespec.proposers.base:Proposer")
+    with pytest.raises(UnknownPluginError, match="is abstract"):
+        load_proposer_class("tests.test_proposer_api:Abstract")
+    with pytest.raises(UnknownPluginError, match="not a freespec Proposer subclass"):
+        load_proposer_class("os:path")
+    with pytest.raises(UnknownPluginError, match="cannot be loaded"):
+        load_proposer_class("tests.no_such_module:X")
+    assert load_proposer_class("tests.test_proposer_api:OldStyle").is_concrete()
+
+
+@pytest.mark.parametrize("extra, field", [
+    ({"policy": "fast"}, "'policy' must be one of"),
+    ({"pad": "bogus"}, "'pad' must be one of"),
+    ({"step_budget_ms": 0}, "'step_budget_ms' must be a number"),
+    ({"colour": 1}, "unknown key"),
+    ({"options": {"min_match": "x"}}, "min_match"),
+])
+def test_the_plain_vllm_spelling_gets_the_front_ends_checks_and_messages(extra, field):
+    cfg = {"plugin": "copy", "options": {}, **extra}
+    with pytest.raises(FreespecConfigError, match=field):
+        check_additional_config(cfg, 4)
+    spelled = {"plugin": "copy", "num_speculative_tokens": 4,
+               **{k: v for k, v in extra.items() if k not in ("options", "colour")}}
+    if "policy" in extra or "pad" in extra or "step_budget_ms" in extra:  # the same message both ways
+        with pytest.raises(FreespecConfigError) as front:
+            translate(spelled, None)
+        with pytest.raises(FreespecConfigError) as plain:
+            check_additional_config(cfg, 4)
+        assert str(front.value) == str(plain.value)
+
+
+def test_the_plain_vllm_spelling_refuses_a_k_the_front_end_refuses():
+    cfg = SimpleNamespace(**vars(fake_vllm_config({"freespec": {"plugin": "copy", "options": {}}}, k=8000)))
+    with pytest.raises(FreespecConfigError, match="num_speculative_tokens"):
+        from freespec.vllm_plugins.adapter import FreespecProposer
+
+        FreespecProposer(cfg)
