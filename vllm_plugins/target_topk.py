@@ -57,7 +57,7 @@ class TargetTopK:
         # forward's logits are not copied (a full batch has no time for what nobody will use). Off until
         # the adapter's first step: the engine's warm-up forwards (the profile run, the dummy sampler run:
         # up to max_num_seqs rows each) are no request's, and their copies' time was charged to the first
-        # step's recycle source (31 ms on SmolLM2 against about 1 ms a step after), which got it paused.
+        # step's recycle source (many times a normal step's capture), which got it paused.
         self.active = False
 
     def install(self, target_model) -> None:
