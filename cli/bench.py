@@ -8,6 +8,8 @@ import sys
 
 from freespec.bench.options import BenchOptions
 from freespec.bench.run import run as run_bench
+from freespec.bench.workloads import CHOICES, SPECBENCH, SUITE, WORKLOADS
+from freespec.bench.workloads.runner import REPEAT_MODES
 from freespec.cli.arguments import int_in
 from freespec.questions import BUILTIN, ENV_PATH, SPEC_BENCH_URL
 
@@ -26,7 +28,8 @@ def run(args: argparse.Namespace) -> int:
 
 DESCRIPTION = (
     "Compare speculative-decoding configs (none, ngram, suffix, freespec plugins) on the same "
-    "Spec-Bench prompts, one vLLM server per config, and write results.json/.md/.png."
+    "Spec-Bench prompts (or multi-turn workloads: --workload), one vLLM server per config, and write "
+    "results.json/.md/.png."
 )
 
 
@@ -35,6 +38,25 @@ def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help=f"a Spec-Bench-style question.jsonl, or '{BUILTIN}' for freespec's own prompt "
                         f"set (default: ${ENV_PATH}, else Spec-Bench cached under ~/.cache/freespec, else "
                         f"downloaded there from {SPEC_BENCH_URL}, else the built-in set)")
+    p.add_argument("--workload", nargs="+", choices=CHOICES, metavar="WORKLOAD",
+                   help=f"what to measure: {SPECBENCH} (default: Spec-Bench-style questions), or multi-turn "
+                        f"workloads built from this machine's material, each its own table: "
+                        f"{', '.join(WORKLOADS)}, or {SUITE} (all of them; chat only where ShareGPT data is "
+                        f"installed)")
+    p.add_argument("--sessions", type=POSITIVE, help="workloads: sessions per workload (default %(default)s)")
+    p.add_argument("--turns", type=POSITIVE,
+                   help="workloads: user turns per session; tool-loop: model turns (default %(default)s)")
+    p.add_argument("--source-chars", type=POSITIVE,
+                   help="code-edit, tool-loop: the source file trimmed to this many characters, whole "
+                        "statements (default %(default)s)")
+    p.add_argument("--context-chars", type=POSITIVE,
+                   help="rag: the document's characters; chat: a conversation's human turns at most "
+                        "(default %(default)s)")
+    p.add_argument("--repeat-traffic", nargs="+", choices=REPEAT_MODES, metavar="MODE",
+                   help="workloads: the same sessions again after the first pass, once per MODE: same (the "
+                        "same server), restart (after stopping and starting it), replica (on a second server "
+                        "of the same config); each its own rows")
+    p.add_argument("--chat-data", help="chat: a ShareGPT .json/.jsonl (default: an installed *sharegpt* package's)")
     p.add_argument("--categories", help="comma-separated categories (default: all in the file)")
     p.add_argument("--per-category", type=POSITIVE, nargs="+",
                    help="questions per category, the first ones in file order (default: all); one value, "
@@ -52,7 +74,9 @@ def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="model path or name (default: freespec's prepared model; with --base-url, the first "
                         "model the server lists)")
     p.add_argument("--configs", nargs="+",
-                   help="configs to compare: none, ngram, suffix, or a freespec plugin, optionally with JSON "
+                   help="configs to compare: none, ngram, suffix, ngram-table, suffix-table (vLLM's method "
+                        "with its batch-size table num_speculative_tokens_per_batch_size, default "
+                        "[[1,4,K],[5,12,K/2],[13,512,0]]), or a freespec plugin, optionally with JSON "
                         "options, e.g. --configs none ngram 'copy:{\"min_match\":3}' "
                         "(comma-separated also works), or a whole plugin config as JSON, e.g. "
                         "'{\"plugin\": \"mypackage.drafts:MyProposer\"}'; "

@@ -59,12 +59,13 @@ def repeated_run():
     return requests, blocks
 
 
-# The fake vLLM server: `python fake_server.py PORT plain|spec`; `spec` adds vLLM's counters to /metrics.
+# The fake vLLM server: `python fake_server.py PORT plain|spec|die`; `spec` adds vLLM's counters to /metrics, `die`
+# exits at the first chat request with an AssertionError in its log.
 FAKE_SERVER = r'''
 import json, sys, threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-port, spec = int(sys.argv[1]), sys.argv[2] == "spec"
+port, spec, die = int(sys.argv[1]), sys.argv[2] == "spec", sys.argv[2] == "die"
 counters = {"drafts": 0, "draft_tokens": 0, "accepted": 0}
 lock = threading.Lock()
 
@@ -108,7 +109,13 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        prompt = body["messages"][0]["content"]
+        if die:  # as vLLM's suffix decoding with a batch-size table does at its first request
+            import os
+            print('  File "/venv/site-packages/vllm/v1/spec_decode/suffix_decoding.py", line 43, in propose\n'
+                  "    assert num_speculative_tokens == self.num_speculative_tokens\n"
+                  "AssertionError", flush=True)
+            os._exit(1)
+        prompt = body["messages"][-1]["content"]
         if "FAIL" in prompt:
             return self._send(400, json.dumps({"error": "prompt too long"}))
         tokens = body["max_tokens"]

@@ -68,11 +68,14 @@ def read_stream(lines: Iterable[bytes], start: float, clock: Callable[[], float]
     }
 
 
-def chat_request(base_url: str, model: str, prompt: str, options: BenchOptions) -> dict[str, Any]:
-    """One streamed chat completion; returns output, token counts, latency figures, or the error."""
+def chat_request(base_url: str, model: str, prompt: str | list[dict[str, str]],
+                 options: BenchOptions) -> dict[str, Any]:
+    """One streamed chat completion of a prompt (one user turn) or a whole conversation (a list of chat
+    messages, as a multi-turn client sends them); returns output, token counts, latency figures, or the error."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
     body = {
         "model": model,
-        "messages": [{"role": "user", "content": prompt}],
+        "messages": messages,
         "max_tokens": options.max_tokens,
         "temperature": options.temperature,
         "seed": options.seed,

@@ -1,5 +1,9 @@
 """``--configs`` entries: ``none``, vLLM's own methods, or a freespec plugin with JSON options.
 
+``ngram-table`` and ``suffix-table`` are stock vLLM at its best under load: the method with vLLM 0.32's
+batch-size table (``num_speculative_tokens_per_batch_size``, dynamic speculative decoding; see
+``freespec.bench.batch_table``), the default table unless the options give one.
+
 A plugin's speculative config is checked here by the same rules ``vllm serve`` applies to it
 (``freespec.vllm_plugins.frontend.translate``: option names and values, reserved keys), so a typo fails
 before a server is started instead of minutes later in its log.
@@ -12,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from freespec.bench.batch_table import TABLE_CONFIGS, TABLE_KEY, check_table, default_table
 from freespec.bench.errors import ConfigSpecError
 from freespec.proposers.registry import UnknownPluginError
 from freespec.vllm_plugins.frontend import FreespecConfigError, translate
@@ -39,6 +44,11 @@ class BenchConfig:
     @property
     def is_baseline(self) -> bool:
         return self.speculative_config is None
+
+    @property
+    def method(self) -> str | None:
+        """vLLM's method (``ngram``, ``suffix``, ...) for stock configs, table ones included; else None."""
+        return (self.speculative_config or {}).get("method")
 
 
 def split_config_list(text: str) -> list[str]:
@@ -113,12 +123,15 @@ def parse_config_spec(spec: str, num_speculative_tokens: int) -> BenchConfig:
         if options:
             raise ConfigSpecError(f"config {spec!r}: '{BASELINE}' (no speculation) takes no options")
         return BenchConfig(label=BASELINE, name=BASELINE, speculative_config=None)
-    chooser = "method" if name in VLLM_METHODS else "plugin"
+    method = TABLE_CONFIGS.get(name, name)
+    chooser = "method" if method in VLLM_METHODS else "plugin"
     if chooser in options:
         raise ConfigSpecError(f"config {spec!r}: option {chooser!r} is set by the config name; leave it out")
-    sc: dict[str, Any] = {chooser: name, "num_speculative_tokens": num_speculative_tokens}
-    if name == "ngram" and not ({"prompt_lookup_min", "prompt_lookup_max"} & options.keys()):
+    sc: dict[str, Any] = {chooser: method, "num_speculative_tokens": num_speculative_tokens}
+    if method == "ngram" and not ({"prompt_lookup_min", "prompt_lookup_max"} & options.keys()):
         sc.update(NGRAM_DEFAULTS)
+    if name in TABLE_CONFIGS and TABLE_KEY not in options:
+        sc[TABLE_KEY] = default_table(int(options.get("num_speculative_tokens", num_speculative_tokens)))
     if name == "draft_model" and "model" not in options:
         raise ConfigSpecError(
             f"config {spec!r}: draft_model needs option 'model', the draft checkpoint, "
@@ -127,6 +140,10 @@ def parse_config_spec(spec: str, num_speculative_tokens: int) -> BenchConfig:
     sc.update(options)
     if chooser == "plugin":
         _check_plugin_config(spec, sc)
+    elif TABLE_KEY in sc:
+        problem = check_table(sc[TABLE_KEY])
+        if problem:
+            raise ConfigSpecError(f"config {spec!r}: {TABLE_KEY}: {problem}")
     return BenchConfig(label=spec, name=name, speculative_config=sc)
 
 

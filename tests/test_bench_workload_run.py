@@ -1,0 +1,122 @@
+"""Whole workload runs of ``freespec bench --workload`` against fake servers: no vLLM, no model."""
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from bench_helpers import FAKE_SERVER
+
+from freespec.bench import run, server
+from freespec.bench.workloads import chat, runner
+from freespec.cli import bench
+from test_bench_run import parse_bench_args
+
+
+@pytest.fixture
+def fake_server(tmp_path, monkeypatch):
+    script = tmp_path / "fake_server.py"
+    script.write_text(FAKE_SERVER)
+    monkeypatch.setattr(server, "HEALTH_POLL_S", 0.05)
+    monkeypatch.setattr(server, "METRICS_SETTLE_S", 0.01)
+    monkeypatch.setattr(chat, "installed_data_files", lambda: [])  # the same on every machine
+    return script
+
+
+def modes(script, started, mode_of, shares=None):
+    def fake_command(model, port, config, options, cpu):
+        started.append(config.label)
+        if shares is not None:
+            shares.append(options.gpu_memory_utilization)
+        return [sys.executable, str(script), str(port), mode_of(config)]
+    return fake_command
+
+
+def test_agent_suite_with_repeated_traffic(tmp_path, monkeypatch, capsys, fake_server):
+    started, shares = [], []
+    monkeypatch.setattr(run, "server_command", modes(fake_server, started,
+                                                     lambda c: "plain" if c.is_baseline else "spec", shares))
+    monkeypatch.setattr(server, "available_ram_fraction", lambda: 0.9)
+    monkeypatch.setattr(runner, "server_command", run.server_command)
+    out = tmp_path / "out"
+    args = parse_bench_args(
+        "--workload", "agent-suite", "--model", "fake-model", "--configs", "none", "ngram-table",
+        "--sessions", "2", "--turns", "3", "--max-tokens", "8", "--warmup", "1", "--dtype", "float32",
+        "--repeat-traffic", "same", "restart", "replica", "--out", str(out), "--server-timeout", "60")
+    assert bench.run(args) == 0
+    printed = capsys.readouterr().out
+    assert "workload chat skipped: no ShareGPT conversations" in printed
+    # A server per config, started again for the restart pass, and a replica each.
+    assert started == ["none", "none", "ngram-table", "ngram-table"]
+    # With a replica two servers of a config are up at once: each has half the share, as --interleave gives.
+    half = server.interleaved_options(run.BenchOptions(), 2, cpu=run.is_cpu_vllm()).gpu_memory_utilization
+    assert shares == [half] * 4
+    result = json.loads((out / "results.json").read_text())
+    assert result["status"] == "complete"
+    assert [w["name"] for w in result["settings"]["workloads"]] == ["code-edit", "tool-loop", "rag", "chat"]
+    ngram = next(c for c in result["configs"] if c["label"] == "ngram-table")
+    assert ngram["speculative_config"]["num_speculative_tokens_per_batch_size"] == [[1, 4, 8], [5, 12, 4],
+                                                                                   [13, 512, 0]]
+    assert [s.get("role") for s in ngram["servers"]] == [None, "replica"] and len(ngram["servers"][0]["restart_s"]) == 1
+    turns = [r for r in result["requests"] if r["config"] == "none" and r["pass"] == "first"]
+    assert len(turns) == 3 * 2 * 3  # workloads x sessions x turns
+    assert {(r["workload"], r["turn"]) for r in turns} >= {("code-edit", 2), ("tool-loop", 2), ("rag", 2)}
+    assert all(r["question_id"] == f"{r['session_id']}/t{r['turn']}" for r in turns)
+    rows = {(r["config"], r["concurrency"], r["category"]): r for r in result["aggregates"]}
+    for category in ("code-edit", "tool-loop · same", "rag · restart", "code-edit · replica"):
+        row = rows[("ngram-table", 1, category)]
+        assert row["text_compared"] == 6 and row["ratio"] is not None  # every turn of every session compared
+    md = (out / "results.md").read_text()
+    for section in ("## code-edit", "## tool-loop", "## rag", "## chat", "## All workloads", "## Latency"):
+        assert section in md
+    assert "skipped: no ShareGPT conversations" in md
+    assert "| ngram-table | rag · restart |" in md and "match*" not in md
+    assert "match compares every turn's text" in md
+    assert "| ngram-table | code-edit |" in printed
+
+
+def test_a_server_that_dies_is_a_row_and_the_run_goes_on(tmp_path, monkeypatch, capsys, fake_server):
+    started = []
+    monkeypatch.setattr(run, "server_command", modes(
+        fake_server, started, lambda c: "die" if c.label == "suffix-table" else ("plain" if c.is_baseline else "spec")))
+    monkeypatch.setattr(run, "suffix_available", lambda: True)
+    out = tmp_path / "out"
+    args = parse_bench_args(
+        "--workload", "rag", "--model", "fake-model", "--configs", "none", "suffix-table", "ngram",
+        "--sessions", "1", "--turns", "2", "--max-tokens", "4", "--warmup", "0", "--dtype", "bfloat16",
+        "--out", str(out), "--server-timeout", "60")
+    assert bench.run(args) == 1
+    captured = capsys.readouterr()
+    result = json.loads((out / "results.json").read_text())
+    assert {c["label"]: c["status"] for c in result["configs"]} == {"none": "ok", "suffix-table": "failed",
+                                                                     "ngram": "ok"}
+    note = next(c["note"] for c in result["configs"] if c["label"] == "suffix-table")
+    assert "the vLLM server died during the rag workload" in note
+    assert "AssertionError in propose (vllm/v1/spec_decode/suffix_decoding.py:43)" in note
+    md = (out / "results.md").read_text()
+    died = next(line for line in md.splitlines() if line.startswith("| suffix-table |"))
+    assert died.startswith("| suffix-table | server died: AssertionError in propose "
+                           "(vllm/v1/spec_decode/suffix_decoding.py:43): assert num_speculative_tokens == ")
+    assert "| ngram | rag |" in md
+    # bfloat16: the match column says why it may not match, and how to check identity.
+    assert "match*" in md and "run with `--dtype float32` for an identity check" in md
+    assert "not expected to hold in bfloat16" in md
+    assert "--dtype float32" in captured.out and "server died:" in captured.out
+
+
+def test_workload_options_that_do_not_apply_are_refused(tmp_path, capsys):
+    for extra, message in ((["--interleave"], "--interleave is for Spec-Bench"),
+                           (["--repeats", "2"], "--repeats is for Spec-Bench"),
+                           (["--base-url", "http://127.0.0.1:9", "--label", "x", "--repeat-traffic", "restart"],
+                            "only 'same'")):
+        args = parse_bench_args("--workload", "rag", "--model", "m", "--out", str(tmp_path / "out"), *extra)
+        assert bench.run(args) == 2
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_specbench_stays_the_default_and_runs_alone(tmp_path, capsys):
+    args = parse_bench_args("--workload", "specbench", "rag", "--model", "m", "--out", str(tmp_path / "out"))
+    assert bench.run(args) == 2
+    assert "runs alone" in capsys.readouterr().err
+    assert parse_bench_args().workload == ["specbench"]
