@@ -27,9 +27,9 @@ at start, naming it.
 Memory: per live request a tree over its sequence (O(tokens), path-compressed, depth at most
 ``max_tree_depth``); the global tree holds at most ``max_cached_requests`` outputs and at most
 ``max_cached_tokens`` of their tokens (arctic bounds only the count; a response's length is bounded by the
-model's context, so the count alone allows 10,000 x max_model_len tokens). Measured with arctic-inference
-0.1.x: about 260-270 bytes a token held (333 MiB for 10,000 distinct 128-token responses, by its own
-estimate; 295 MiB of resident memory; ``scripts/suffix_memory.py``). ``state_bytes`` asks the trees (arctic's own estimate). With ``responses_path``: each live request's output once more
+model's context, so the count alone allows 10,000 x max_model_len tokens); docs/hybrid.md gives the bytes a
+held token takes. ``state_bytes`` asks the trees (arctic's own estimate). With ``responses_path``: each live
+request's output once more
 (4 bytes a token) and the store (``ResponseStore.max_bytes``: 15 MB at the defaults, twice that while saving).
 """
 from __future__ import annotations

@@ -18,7 +18,7 @@ Scenarios (``--scenarios``, default all):
 - ``matrix-read-only``: ``recycle``'s matrix directory made read-only (``save_every_s: 2``), then writable;
 - ``pearl-killed``: ``pearl``'s draft process (SmolLM2 drafting for itself) killed with SIGKILL.
 
-    .venv/bin/python scripts/fault_injection.py --out results/faults
+    .venv/bin/python scripts/fault_injection.py --out bench_results/faults
     .venv/bin/python scripts/fault_injection.py --dry-run   # the plan and the configs, without vLLM
 """
 from __future__ import annotations
@@ -333,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
                    "RAM reserved for the KV cache)")
     p.add_argument("--kv-cache-gib", type=int, default=1, help="the servers' KV cache (vLLM's VLLM_CPU_KVCACHE_SPACE on a "
                    "CPU build: a fixed size instead of a share of RAM that must be free at start)")
-    p.add_argument("--out", default="results/faults")
+    p.add_argument("--out", default="bench_results/faults")
     p.add_argument("--dry-run", action="store_true", help="print the plan; start nothing")
     args = p.parse_args(argv)
     from freespec.questions import resolve_questions

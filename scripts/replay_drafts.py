@@ -3,11 +3,11 @@
 Under greedy decoding the target's text is known, so the tokens a draft would get accepted are its common
 prefix with what really followed. This replays each question step by step, one request at a time, and prints
 output tokens per target forward pass per category and a modeled speed-up over no speculation: a step that
-verifies d draft tokens is taken to cost ``1 + cost * d`` plain steps (``--cost``; on the 2-core AMD EPYC in
-float32, SmolLM2 steps took 14.5 ms with no draft and about 0.8 ms more per draft token in-process, and a
-served step about 24 ms, so 0.03-0.06; results/run-q found a served draft token dearer than 0.033, so rank rules
-by tokens per forward and confirm with `freespec bench`). A quick estimate for comparing drafting rules, not a
-benchmark: no batching, no proposer time, and no target top-k (so `recycle` drafts nothing).
+verifies d draft tokens is taken to cost ``1 + cost * d`` plain steps (``--cost``: a draft token's share of a
+plain step, which depends on the machine, the model and the dtype; docs/benchmark.md has measured values). A
+served draft token tends to cost more than an in-process one, so rank rules by tokens per forward and confirm
+with `freespec bench`. A quick estimate for comparing drafting rules, not a benchmark: no batching, no
+proposer time, and no target top-k (so `recycle` drafts nothing).
 
 Inputs: a greedy `freespec bench` run's results.json that includes `none` (its outputs are re-tokenized), or
 the JSON lines `--generate` writes (token ids as the engine produced them):
@@ -33,13 +33,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
-from freespec.proposers.base import EngineInfo, Row, StepContext
+from freespec.proposers.base import EngineInfo, Row
 from freespec.proposers.registry import load_proposer_class
+from freespec.testing.replay import AtBar, replay  # noqa: F401 (the replay itself; tests and results use it here)
 from freespec.questions import BUILTIN, resolve_questions
 
 
@@ -76,16 +76,10 @@ class ThroughAdapter:
     time a step, not for tokens per forward."""
 
     def __init__(self, plugin: str, options: dict, k: int, vocab: int, max_len: int = 65536) -> None:
-        from types import SimpleNamespace
+        from freespec.testing.adapter_checks import adapter_for
 
-        from freespec.vllm_plugins.adapter import FreespecProposer
-        from freespec.vllm_plugins.frontend import translate
-
-        _, extra = translate({"plugin": plugin, "num_speculative_tokens": k, **options}, None)
-        self.adapter = FreespecProposer(SimpleNamespace(
-            additional_config=extra, speculative_config=SimpleNamespace(num_speculative_tokens=k),
-            model_config=SimpleNamespace(get_vocab_size=lambda: vocab, max_model_len=max_len, model="replay",
-                                         tokenizer=None)))
+        self.adapter = adapter_for({"plugin": plugin, "num_speculative_tokens": k, **options}, vocab_size=vocab,
+                                   max_model_len=max_len, model="replay")
         self._tokens = np.zeros((1, max_len), dtype=np.int32)  # vLLM's token_ids_cpu, one row
         self._written = 0
 
@@ -99,54 +93,6 @@ class ThroughAdapter:
 
     def release(self, key: int) -> None:
         self._written = 0  # the adapter sees the request leave when the next one takes its row
-
-
-class AtBar:
-    """A freespec plugin drafting at a fixed price of a draft token (``--token-cost``; None: its own fixed bar),
-    its drafts cut by the policy as the adapter cuts them (``Proposer.propose``)."""
-
-    def __init__(self, proposer, token_cost: float | None) -> None:
-        self.proposer, self.token_cost = proposer, token_cost
-
-    def propose(self, rows: list[Row]) -> list[list[int]]:
-        return self.proposer.propose(rows, StepContext(token_cost=self.token_cost))
-
-    def release(self, key: int) -> None:
-        self.proposer.release(key)
-
-
-def replay(proposer, key: int, prompt: list[int], output: list[int], cost: float,
-           times: list[float] | None = None, evict: np.ndarray | None = None,
-           on_draft=None) -> tuple[int, int, float]:
-    """(output tokens, target forward passes, modeled plain steps) when ``proposer`` drafts for this output.
-
-    ``times``: each propose call's seconds are appended; ``evict``: a buffer read before each call, so the
-    call starts with the CPU's caches flushed, as it does after a target forward pass; ``on_draft``: called
-    with each draft and how many of its tokens were accepted, right after the call that drafted it."""
-    if not output:
-        return 0, 0, 0.0
-    # The prefill produces the first token; drafting starts after it, as in the engine.
-    seq, t, steps, spent, new = list(prompt) + output[:1], 1, 1, 1.0, 1
-    while t < len(output):
-        tokens = np.asarray(seq, dtype=np.int32)
-        if evict is not None:
-            evict.sum()
-        started = time.perf_counter()
-        draft = proposer.propose([Row(key=key, tokens=tokens, num_new=new)])[0]
-        if times is not None:
-            times.append(time.perf_counter() - started)
-        accepted = 0
-        while accepted < len(draft) and t + accepted < len(output) and draft[accepted] == output[t + accepted]:
-            accepted += 1
-        if on_draft is not None:
-            on_draft(draft, accepted)
-        new = min(accepted + 1, len(output) - t)  # the accepted drafts plus the target's own token
-        seq += output[t:t + new]
-        t += new
-        steps += 1
-        spent += 1.0 + cost * len(draft)
-    proposer.release(key)
-    return len(output), steps, spent
 
 
 def read_greedy(path: Path) -> tuple[str | None, list[tuple[str, list[int], list[int]]]]:
@@ -231,7 +177,7 @@ def main() -> int:
 
         vocab = len(AutoTokenizer.from_pretrained(model))
     else:  # a file written before --generate recorded its model
-        vocab = 1 + max(max(prompt + output, default=0) for _, prompt, output in data)
+        vocab = 1 + max((max(prompt + output, default=0) for _, prompt, output in data), default=0)
 
     def make():
         if args.plugin == "vllm-suffix":

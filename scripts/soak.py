@@ -7,7 +7,7 @@ Each minute: requests served / cancelled / failed so far and the resident memory
 server (printed, and kept). A fixed greedy probe is asked alone at the start and at the end; both must equal
 the probe's text from a server without speculation, asked first (``--no-reference``: start against end).
 
-    .venv/bin/python scripts/soak.py --minutes 30 --out results/soak
+    .venv/bin/python scripts/soak.py --minutes 30 --out bench_results/soak
     .venv/bin/python scripts/soak.py --dry-run   # the plan, without vLLM
 
 Writes OUT/soak.json (every minute's sample, totals, probes) and OUT/soak.md (the summary).
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kv-cache-gib", type=int, default=1, help="the servers' KV cache (vLLM's VLLM_CPU_KVCACHE_SPACE on a "
                    "CPU build: a fixed size instead of a share of RAM that must be free at start)")
     p.add_argument("--no-reference", action="store_true", help="skip the server without speculation")
-    p.add_argument("--out", default="results/soak")
+    p.add_argument("--out", default="bench_results/soak")
     p.add_argument("--dry-run", action="store_true", help="print the plan; start nothing")
     args = p.parse_args(argv)
     spec = None if args.plugin == "none" else {"plugin": args.plugin, "num_speculative_tokens": args.num_speculative_tokens}
