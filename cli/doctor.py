@@ -1,4 +1,4 @@
-"""``freespec doctor``: vLLM version, seam probe report, usable plugins."""
+"""``freespec doctor``: vLLM version, seam probe report, usable plugins, plugins other packages install."""
 from __future__ import annotations
 
 import argparse

@@ -2,13 +2,13 @@
 distribution of decoding without speculation (``copy``, ``recycle`` and the default ``hybrid`` have theirs in
 test_lossless, test_recycle_engine and test_hybrid_engine; all use the same check, ``assert_same_distribution``).
 
-The check (``integration_tests/lossless.py``): the copy-heavy prompt sampled 160 times, 24 tokens each, with and
-without speculation, compared by two statistics against 1000 permutations of the pooled samples, each at
+The check (``freespec/testing/lossless.py``): the copy-heavy prompt sampled 160 times, 24 tokens each, with and
+without speculation, compared by two statistics against 4000 permutations of the pooled samples, each at
 p <= 0.0005 (so the test fails at p <= 0.001): the sum over positions of the two-sample chi-square of the token
 at each position, and the mean length of common prefix with the prompt's greedy text (what the context sources
 draft here; a verification that accepts drafts without the rejection test makes requests follow it).
 
-Power, measured with ``scripts/distribution_power.py`` (docs/reliability.md, two runs of 640 + 640
+Power, measured by the study in docs/reliability.md (two runs of 640 + 640
 no-speculation samples) against that shift modelled as a share of requests replaced by the greedy text: at
 160 samples a side the prefix statistic detects 30% (power 1.00 and 0.99), the chi-square 50% only
 sometimes (0.86 and 0.18); at 640 a side the prefix statistic detects 20% (1.00 in both) and 10% in one run
@@ -31,7 +31,7 @@ from integration_tests.conftest import (
     build_datastore_of,
     sample_jobs,
 )
-from integration_tests.lossless import (
+from freespec.testing.lossless import (
     STATISTICS,
     detection_power,
     null_statistics,

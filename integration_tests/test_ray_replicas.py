@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from integration_tests.conftest import K, REPO, spec_bench_prompts
-from integration_tests.lossless import greedy_mismatches
+from freespec.testing.lossless import greedy_mismatches
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
@@ -56,7 +56,7 @@ class Replica:
     def generate(self, prompts: list[str]) -> dict:
         from vllm import SamplingParams
 
-        from integration_tests.engine_run import spec_counters
+        from freespec.testing.engine_run import spec_counters
 
         before = spec_counters(self.llm)
         outputs = self.llm.chat(

@@ -4,11 +4,11 @@ Run by scripts/gpu_check.sh (the GPU owner's one command); on its own:
 
     python scripts/gpu_lossless.py --model Qwen/Qwen2.5-0.5B-Instruct --out gpu_check/lossless
 
-Each config is one offline vLLM engine in its own process (``integration_tests/engine_run.py``, as the
+Each config is one offline vLLM engine in its own process (``freespec/testing/engine_run.py``, as the
 integration tests run engines), on the same prompts with greedy decoding: first without speculation
 (with the target's top-2 logprobs), then vLLM's own ``ngram`` (the control: vLLM's own method must pass
 the same check) and each freespec plugin. A prompt passes when its token ids are identical, or when the
-first difference sits on a numerical tie of the target's top-2 (``integration_tests/lossless.py``: a
+first difference sits on a numerical tie of the target's top-2 (``freespec/testing/lossless.py``: a
 different batch shape may flip a tie). Writes ``lossless.json`` and ``lossless.md``; exit status 1 when a
 config differs beyond a tie or its engine fails, 0 otherwise.
 
@@ -93,7 +93,7 @@ def run_engine(name: str, model_dir: str, dtype: str, spec: dict | None, jobs: l
                                    workdir / f"{name}.log")
     spec_in.write_text(json.dumps({"model": model_dir, "dtype": dtype, "speculative_config": spec, "jobs": jobs}))
     # The checkout goes last on sys.path: the installed freespec wins over the clone's folders.
-    launcher = (f"import sys; sys.path.append({str(REPO)!r}); from integration_tests.engine_run import main; "
+    launcher = (f"import sys; sys.path.append({str(REPO)!r}); from freespec.testing.engine_run import main; "
                 f"main({str(spec_in)!r}, {str(spec_out)!r})")
     started = time.perf_counter()
     with open(log_path, "w") as log:
@@ -120,7 +120,7 @@ def build_datastore(model_dir: str, texts: list[str], workdir: Path) -> str:
 def judge(baseline: dict, got: dict, epsilon: float) -> dict:
     """Identical prompts, tie divergences and real differences of one config against the baseline."""
     sys.path.append(str(REPO))
-    from integration_tests.lossless import first_divergence, greedy_mismatches
+    from freespec.testing.lossless import first_divergence, greedy_mismatches
 
     base_ids, base_top2, ids = baseline["token_ids"], baseline["top_logprobs"], got["token_ids"]
     identical = sum(1 for a, b in zip(base_ids, ids) if first_divergence(a, b) is None)
@@ -170,12 +170,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="float32 (default: ties are rare and recognisable) or bfloat16")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--tie-epsilon", type=float, default=None,
-                        help="top-2 logprob gap counted as a tie (default: integration_tests/lossless.py's)")
+                        help="top-2 logprob gap counted as a tie (default: freespec/testing/lossless.py's)")
     parser.add_argument("--pearl-device", default="cuda:0", help="where pearl's draft model runs")
     parser.add_argument("--out", default="lossless", help="output folder")
     args = parser.parse_args(argv)
     sys.path.append(str(REPO))
-    from integration_tests.lossless import TIE_EPSILON
+    from freespec.testing.lossless import TIE_EPSILON
 
     epsilon = TIE_EPSILON if args.tie_epsilon is None else args.tie_epsilon
     out = Path(args.out)

@@ -14,3 +14,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 -m "not cluster and not release and not long" tests integration_tests "$@"
+# The example plugin package (examples/phrase-proposer), installed as its users install it (a wheel, not
+# editable; its one dependency is the freespec installed above), and its own tests, written only with
+# freespec.testing: options, the circuit breaker, an offline replay, and one greedy-identity run on
+# SmolLM2 (about 80 s on 2 cores); its sampling-distribution test (marked slow) is left out.
+rm -rf examples/phrase-proposer/build
+.venv/bin/pip install -q --no-build-isolation --no-deps --force-reinstall ./examples/phrase-proposer
+.venv/bin/python -m pytest -q -p no:cacheprovider -m "not slow" examples/phrase-proposer/tests

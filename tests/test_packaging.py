@@ -36,7 +36,7 @@ def test_wheel_installs_every_folder_under_freespec_and_only_freespecs_commands(
     wheel = next(tmp_path.glob("vllm_freespec-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     for module in ("vllm_plugins/adapter.py", "proposers/copy.py", "scorers/acceptance.py",
-                   "kernels/__init__.py", "cli/main.py", "cli/serve.py"):
+                   "kernels/__init__.py", "cli/main.py", "cli/serve.py", "testing/engine_run.py"):
         assert f"freespec/{module}" in names
     assert not [n for n in names if n.split("/")[0] in ("kernels", "proposers", "tests", "integration_tests")]
     entry_points = configparser.ConfigParser()

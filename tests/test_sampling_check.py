@@ -1,9 +1,9 @@
-"""The sampling check's statistics (integration_tests/lossless.py), on made-up token ids."""
+"""The sampling check's statistics (freespec/testing/lossless.py), on made-up token ids."""
 from __future__ import annotations
 
 import numpy as np
 
-from integration_tests.lossless import (
+from freespec.testing.lossless import (
     PooledChi2,
     detection_power,
     distribution_pvalues,

@@ -1,4 +1,5 @@
-"""The report ``freespec doctor`` prints: vLLM version, the machine, each seam probe by name, usable plugins.
+"""The report ``freespec doctor`` prints: vLLM version, the machine, each seam probe by name, usable plugins,
+and the plugins other packages install (``third_party_plugins``).
 
 Which plugins are usable is decided exactly as the front-end decides it at
 engine start (``version_gate.is_supported`` and ``probes.blocking_probes``), so
@@ -28,6 +29,67 @@ def _status(probe, expand_hook: bool) -> str:
     if probe.seam == "request_ids":  # safe fallback: requests keyed by a fingerprint of their tokens
         return "WARN, requests told apart by their tokens"
     return "WARN"
+
+
+def _entry_points():
+    from importlib.metadata import entry_points
+
+    from freespec.proposers.registry import GROUP
+
+    return entry_points(group=GROUP)
+
+
+def _own_distribution(name: str) -> bool:
+    return name.lower().replace("_", "-") == "vllm-freespec"
+
+
+def third_party_plugins() -> list[dict[str, Any]]:
+    """Plugins other distributions register in the ``freespec.proposers`` entry-point group: each one's name,
+    class path, distribution and version, whether it loads as a concrete Proposer (the checks a speculative
+    config gets), and a dry validation of its default options (``Options()``; fields without a default are
+    reported as ``needs``, not as a failure: the operator gives them)."""
+    from pydantic import ValidationError
+
+    from freespec.proposers.registry import load_proposer_class
+
+    found = []
+    for ep in sorted(_entry_points(), key=lambda e: (e.name, e.value)):
+        dist = getattr(ep, "dist", None)
+        name = dist.metadata["Name"] if dist is not None else "unknown"
+        if _own_distribution(name):
+            continue
+        entry: dict[str, Any] = {"name": ep.name, "target": ep.value, "distribution": name,
+                                 "version": dist.version if dist is not None else "unknown",
+                                 "loads": False, "valid": False, "needs": [], "error": None}
+        try:
+            cls = load_proposer_class(ep.value)  # by its class path: the entry point's own target
+        except Exception as e:
+            found.append({**entry, "error": str(e)})
+            continue
+        entry["loads"] = True
+        try:
+            cls.Options.model_validate({})
+            entry["valid"] = True
+        except ValidationError as e:
+            missing = [".".join(str(p) for p in err["loc"]) for err in e.errors() if err["type"] == "missing"]
+            entry["valid"] = len(missing) == len(e.errors())
+            entry["needs"] = missing
+            if not entry["valid"]:
+                entry["error"] = f"default options invalid: {e.errors()[0]['msg']}"
+        except Exception as e:  # an Options class whose own code raises
+            entry["error"] = f"default options invalid: {type(e).__name__}: {e}"
+        found.append(entry)
+    return found
+
+
+def _third_party_line(p: dict[str, Any]) -> str:
+    where = f"{p['name']} ({p['target']}) from {p['distribution']} {p['version']}"
+    if not p["loads"]:
+        return f"  {where}: FAILS to load: {p['error']}"
+    if not p["valid"]:
+        return f"  {where}: loads; FAILS dry validation: {p['error']}"
+    needs = f" (needs options: {', '.join(p['needs'])})" if p["needs"] else ""
+    return f"  {where}: loads, options valid{needs}"
 
 
 def diagnose() -> dict[str, Any]:
@@ -70,6 +132,7 @@ def diagnose() -> dict[str, Any]:
         "seams": [{"seam": p.seam, "ok": p.ok, "status": _status(p, expand_hook), "detail": p.detail}
                   for p in probes],
         "plugins": plugins,
+        "third_party_plugins": third_party_plugins(),
     }
 
 
@@ -97,4 +160,6 @@ def report(data: dict[str, Any] | None = None) -> str:
         else:
             state = "disabled, vLLM decodes plainly: " + ", ".join(p["reasons"])
         lines.append(f"  {p['name']} ({p['target']}): {state}")
+    lines.append("third-party plugins (entry-point group freespec.proposers):")
+    lines += [_third_party_line(p) for p in data.get("third_party_plugins", [])] or ["  none installed"]
     return "\n".join(lines)

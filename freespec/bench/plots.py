@@ -96,3 +96,19 @@ def plot_tpot(rows: Sequence[dict], path: Path, title: str | None = None) -> boo
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return True
+
+
+def draw_charts(rows: Sequence[dict], out: Path, model: str, dtype: str | None) -> None:
+    """``results.png`` (speed-up over the baseline) and ``results_tpot.png`` in ``out``, each path printed; a
+    chart that cannot be drawn is said on stderr and never loses the results."""
+    import sys
+
+    title = f"{Path(model).name} ({dtype})" if dtype else Path(model).name
+    charts = ((plot_speedup, "results.png", f"speed-up over {BASELINE}: {title}"),
+              (plot_tpot, "results_tpot.png", f"time per output token: {title}"))
+    for plot, name, chart_title in charts:
+        try:
+            if plot(rows, out / name, title=chart_title):
+                print(f"plot: {out / name}")
+        except Exception as exc:  # noqa: BLE001 - a plot failure must not lose the results
+            print(f"freespec bench: could not draw {name}: {exc}", file=sys.stderr)

@@ -33,7 +33,7 @@ from freespec.bench.configs import BASELINE, BenchConfig, parse_config_list, spl
 from freespec.bench.errors import BenchError
 from freespec.bench.memory import tree_memory
 from freespec.bench.options import BenchOptions
-from freespec.bench.plots import plot_speedup, plot_tpot
+from freespec.bench.plots import draw_charts
 from freespec.bench.prometheus import counter_delta, source_delta
 from freespec.bench.report import (
     LATENCY_HEADER,
@@ -592,15 +592,7 @@ def _run(options: BenchOptions, argv: list[str]) -> int:
     (out / "results.md").write_text(
         header + table + LATENCY_HEADER + latency + (SOURCES_HEADER + sources if sources else "") + footer,
         encoding="utf-8")
-    title = f"{Path(model).name} ({options.dtype})" if options.dtype else Path(model).name
-    charts = ((plot_speedup, "results.png", f"speed-up over {BASELINE}: {title}"),
-              (plot_tpot, "results_tpot.png", f"time per output token: {title}"))
-    for plot, name, chart_title in charts:
-        try:
-            if plot(state.aggregates, out / name, title=chart_title):
-                print(f"plot: {out / name}")
-        except Exception as exc:  # noqa: BLE001 - a plot failure must not lose the results
-            print(f"freespec bench: could not draw {name}: {exc}", file=sys.stderr)
+    draw_charts(state.aggregates, out, model, options.dtype)
     print()
     print(table, end="")
     print("\n" + LATENCY_HEADER.strip().splitlines()[0])

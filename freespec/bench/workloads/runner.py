@@ -23,7 +23,7 @@ from freespec.bench.client import chat_request
 from freespec.bench.configs import BASELINE, parse_config_list
 from freespec.bench.errors import BenchError
 from freespec.bench.options import BenchOptions
-from freespec.bench.plots import plot_speedup, plot_tpot
+from freespec.bench.plots import draw_charts
 from freespec.bench.prometheus import counter_delta, source_delta
 from freespec.bench.report import LATENCY_HEADER, failure_rows, render_latency_markdown, results_header
 from freespec.bench.selection import select_warmup_prompts
@@ -268,14 +268,7 @@ def _write_report(options: BenchOptions, state, workloads: list[Workload], model
         machine=machine_summary(state.machine) if state.machine else None, measured=measured)
     footer = "\n" + "\n".join(notes) + "\n" if notes else ""
     (out / "results.md").write_text(header + tables + LATENCY_HEADER + latency + footer, encoding="utf-8")
-    title = f"{Path(model).name} ({options.dtype})" if options.dtype else Path(model).name
-    for plot, name, chart_title in ((plot_speedup, "results.png", f"speed-up over {BASELINE}: {title}"),
-                                    (plot_tpot, "results_tpot.png", f"time per output token: {title}")):
-        try:
-            if plot(state.aggregates, out / name, title=chart_title):
-                print(f"plot: {out / name}")
-        except Exception as exc:  # noqa: BLE001 - a plot failure must not lose the results
-            print(f"freespec bench: could not draw {name}: {exc}", file=sys.stderr)
+    draw_charts(state.aggregates, out, model, options.dtype)
     print()
     print(tables, end="")
     print("\n" + LATENCY_HEADER.strip().splitlines()[0])

