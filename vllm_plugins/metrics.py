@@ -4,9 +4,13 @@ vLLM serves ``/metrics`` from its API server, while the proposer runs in the eng
 process. Metrics cross that gap through prometheus_client's multiprocess mode, which vLLM
 supports (``vllm/v1/metrics/prometheus.py``): when ``PROMETHEUS_MULTIPROC_DIR`` is set before vLLM
 starts, every process writes its metrics to files there and the API server's registry collects them
-all (probe ``metrics_registry``). ``freespec serve`` sets it (patch ``prometheus_multiproc``); with
-plain ``vllm serve``, set it to an empty directory. Without prometheus_client, or with
-``FREESPEC_METRICS=0``, every call here does nothing.
+all (probe ``metrics_registry``). Patch ``prometheus_multiproc`` sets it when it is not set:
+``freespec serve`` before vLLM starts, and freespec's general plugin in the API server of a plain
+``vllm serve`` (``export_from_api_server``): vLLM loads general plugins while it builds its argument parser,
+after prometheus_client is imported but before any metric exists (vLLM 0.30 to 0.33), so switching
+prometheus_client's value class there is the same as setting the variable before the start. Where that is
+not so, the plugin logs a warning with the one-line fix (``MULTIPROC_FIX``). Without prometheus_client, or
+with ``FREESPEC_METRICS=0``, every call here does nothing.
 
 Names follow vLLM's (``vllm:`` there, ``freespec:`` here; docs/metrics.md lists them); label values come
 from bounded sets (the configured plugin, fixed reasons). Per step: a few increments on label children
@@ -15,6 +19,8 @@ bound once, no loop over tokens.
 from __future__ import annotations
 
 import logging
+import os
+import sys
 
 from freespec import settings
 
@@ -28,7 +34,16 @@ MAX_SOURCES = 16  # distinct source labels per plugin; more are counted as "othe
 FILE_EVENTS = ("save", "save_error", "merge")
 OFF_REASONS = ("error", "over_budget", "stall", "trial_failed", "unsupported_vllm", "seam_moved")
 
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+# What an operator runs before ``vllm serve`` where freespec cannot set the variable itself.
+MULTIPROC_FIX = "export PROMETHEUS_MULTIPROC_DIR=$(mktemp -d)"
+# ``__main__`` modules that run vLLM's API server: the deprecated ``python -m vllm.entrypoints.openai.api_server``
+# and vLLM's CLI (``vllm serve``; the console script's ``__main__`` is its own file, told by ``argv[0]``).
+API_SERVER_MAINS = ("vllm.entrypoints.openai.api_server",)
+CLI_MAINS = ("vllm.entrypoints.cli.main",)
+
 _families: dict | None = None
+_multiproc_dir = None  # the TemporaryDirectory export_from_api_server made (removed when the process exits)
 
 
 def _make_families() -> dict:
@@ -98,6 +113,81 @@ def exported() -> bool:
     return bool(getattr(values.ValueClass, "_multiprocess", False))
 
 
+def api_server_process(argv: list[str] | None = None, main_module: str | None = None) -> bool:
+    """Whether this process is the API server of ``vllm serve`` or ``python -m vllm.entrypoints.openai.api_server``.
+
+    Not a multiprocessing child (vLLM's engine core and workers are; they inherit the variable), and started as
+    one of vLLM's server commands. ``argv`` and ``main_module`` (``__main__``'s module name) default to this
+    process's.
+    """
+    import multiprocessing
+
+    if multiprocessing.parent_process() is not None:
+        return False
+    argv = sys.argv if argv is None else argv
+    if main_module is None:
+        main_module = getattr(getattr(sys.modules.get("__main__"), "__spec__", None), "name", None)
+    if main_module in API_SERVER_MAINS:
+        return True
+    cli = main_module in CLI_MAINS or (bool(argv) and os.path.basename(argv[0]) == "vllm")
+    return cli and list(argv[1:2]) == ["serve"]
+
+
+def metrics_created() -> bool:
+    """Whether a prometheus_client metric exists in the default registry (its value class is then fixed).
+
+    True when the registry cannot be read (a prometheus_client without ``_collector_to_names``): the caller
+    then leaves the variable to the operator.
+    """
+    from prometheus_client import REGISTRY
+    from prometheus_client.metrics import MetricWrapperBase
+
+    collectors = getattr(REGISTRY, "_collector_to_names", None)
+    if collectors is None:
+        return True
+    return any(isinstance(c, MetricWrapperBase) for c in list(collectors))
+
+
+def export_from_api_server() -> str:
+    """Patch ``prometheus_multiproc`` in the general plugin: in vLLM's API server, a fresh ``PROMETHEUS_MULTIPROC_DIR``.
+
+    What it did, as a word: ``set`` (a fresh directory, removed when the API server exits; the engine's
+    processes inherit it), ``already`` (set by the operator, ``freespec serve`` or vLLM), ``off``
+    (``FREESPEC_METRICS=0`` or no prometheus_client), ``not_api_server`` (the engine's processes, offline
+    ``LLM``, other launchers: nothing to do), ``too_late`` (a metric already exists in the API server, so its
+    multiprocess mode is decided: one warning naming ``MULTIPROC_FIX``).
+    """
+    global _multiproc_dir
+    if MULTIPROC_ENV in os.environ or MULTIPROC_ENV.lower() in os.environ:
+        return "already"
+    if not settings.metrics_enabled():
+        return "off"
+    import importlib.util
+
+    if importlib.util.find_spec("prometheus_client") is None:
+        return "off"
+    if not api_server_process():
+        return "not_api_server"
+    values = sys.modules.get("prometheus_client.values")
+    if values is not None and (metrics_created() or not hasattr(values, "get_value_class")):
+        logger.warning(
+            "freespec: freespec:* metrics will not reach this server's /metrics: prometheus_client metrics existed "
+            "before freespec's plugin loaded, too late to turn on multiprocess mode. Fix: run `%s` before "
+            "`vllm serve` (or start it as `freespec serve`); docs/metrics.md", MULTIPROC_FIX)
+        return "too_late"
+    import tempfile
+
+    _multiproc_dir = tempfile.TemporaryDirectory(prefix="freespec-metrics-")
+    os.environ[MULTIPROC_ENV] = _multiproc_dir.name
+    if values is not None:
+        # prometheus_client picks its value class at import; no metric exists yet, so picking it again now is
+        # what importing it with the variable set would have done.
+        values.ValueClass = values.get_value_class()
+    logger.info("freespec: PROMETHEUS_MULTIPROC_DIR=%s set in vLLM's API server, so freespec:* metrics from the "
+                "engine's workers reach /metrics (patch prometheus_multiproc)", _multiproc_dir.name)
+    return "set"
+
+
 def refused(plugin: str, reason: str) -> None:
     """The front-end dropped speculation at engine start (in the API server): the plugin never runs."""
     f = families()
@@ -134,8 +224,9 @@ class PluginMetrics:
         self._last_cost: float | None = None
         self._enabled.set(1)
         if not exported():
-            logger.info("freespec: metrics for plugin %r are kept in this process only; set PROMETHEUS_MULTIPROC_DIR "
-                        "(freespec serve does) to see them on vLLM's /metrics (docs/metrics.md)", plugin)
+            logger.info("freespec: metrics for plugin %r are kept in this process only; to see them on vLLM's "
+                        "/metrics, run `%s` before starting vLLM (freespec serve and the plugin in `vllm serve` do it "
+                        "themselves; docs/metrics.md)", plugin, MULTIPROC_FIX)
 
     def step(self, draft_tokens: int, accepted_tokens: int, drafted: bool, seconds: float | None,
              draft_by: dict[str, int] | None = None, accepted_by: dict[str, int] | None = None,

@@ -50,9 +50,12 @@ PATCHES = (
     ),
     Patch(
         "prometheus_multiproc",
-        "freespec serve starts vLLM with PROMETHEUS_MULTIPROC_DIR set (a fresh directory, removed at exit) when "
-        "it is not set, so metrics written in the engine's worker processes reach /metrics (see metrics)",
-        applied_by="vllm_cli.main",
+        "PROMETHEUS_MULTIPROC_DIR set to a fresh directory (removed at exit) when it is not set, so metrics written "
+        "in the engine's worker processes reach /metrics (see metrics): by freespec serve before vLLM starts, and by "
+        "the general plugin in the API server of a plain vllm serve (metrics.export_from_api_server; where too late "
+        "there, one warning with the fix)",
+        install="install_prometheus_multiproc",
+        applied_by="install_all and vllm_cli.main",
     ),
 )
 
@@ -118,6 +121,14 @@ def _uses_target_topk(plugin: str) -> bool:
     from freespec.proposers.registry import load_proposer_class
 
     return load_proposer_class(plugin).target_topk > 0  # translate() already checked the name
+
+
+# ---------------------------------------------------------------- patch: prometheus multiprocess directory
+def install_prometheus_multiproc() -> str:
+    """Named patch ``prometheus_multiproc`` in the general plugin (``freespec serve`` applies it before vLLM starts):
+    in the API server of a plain ``vllm serve``, what ``freespec serve`` does. Returns what it did
+    (``metrics.export_from_api_server``)."""
+    return metrics.export_from_api_server()
 
 
 # ---------------------------------------------------------------- patch: CPU expand kernel

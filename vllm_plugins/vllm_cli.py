@@ -13,8 +13,9 @@ pass-through.
 Named patch ``prometheus_multiproc``: ``freespec serve`` starts vLLM with
 ``PROMETHEUS_MULTIPROC_DIR`` set to a fresh directory (removed at exit) when it is
 not set, so the metrics freespec writes in the engine's worker process reach
-vLLM's ``/metrics`` (see ``metrics``). It must be set before prometheus_client is
-first imported, which is why the command does it rather than the general plugin.
+vLLM's ``/metrics`` (see ``metrics``). Here it is set before prometheus_client is
+first imported; the general plugin does the same later, in the API server of a plain
+``vllm serve``, where vLLM still allows it (``metrics.export_from_api_server``).
 
 freespec installs no command named ``vllm``: that file belongs to vLLM's
 distribution (both wheels' RECORDs would list it, and uninstalling one would
