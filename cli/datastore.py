@@ -220,8 +220,7 @@ def _verify(args: argparse.Namespace) -> int:
     try:
         store = Datastore.open(directory)
     except DatastoreError as e:
-        print(f"freespec: datastore {args.dir} is unusable:\n  - {e}", file=sys.stderr)
-        return 1
+        return _error(f"datastore {args.dir} is unusable: {e}", 1)
     total = sum(shard.tokens.nbytes + shard.sa.nbytes for shard in store.shards)
     with tqdm(total=total, desc="verifying", unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr,
               dynamic_ncols=True) as bar:

@@ -28,7 +28,24 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == [serve.COMMAND]:
         return serve.forward(argv[1:])
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except (OSError, ValueError, TypeError, KeyError, RecursionError, MemoryError) as e:
+        # The last net under every subcommand: a file or field nobody foresaw ends in one line, not a
+        # traceback (each subcommand names its files and fields before this where it can).
+        return fail(e)
+
+
+def fail(e: BaseException, code: int = 1) -> int:
+    """Print ``e`` as one line (the file an ``OSError`` names, cut short) and return ``code``."""
+    from freespec.safe_files import clip
+
+    if isinstance(e, OSError) and e.filename is not None:
+        what = f"{clip(str(e.filename))}: {e.strerror or type(e).__name__}"
+    else:
+        what = f"{type(e).__name__}: {e}" if not isinstance(e, ValueError) or not str(e) else str(e)
+    print(f"freespec: error: {clip(' '.join(what.split()), 2000)}", file=sys.stderr, flush=True)
+    return code
 
 
 if __name__ == "__main__":

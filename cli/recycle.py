@@ -46,6 +46,9 @@ def run_merge(args) -> int:
         result, taken = merge_files(list(args.inputs), args.out)
     except (MatrixFileError, FileNotFoundError) as e:
         return _error(str(e))
+    except OSError as e:  # the inputs were read and checked: writing --out failed (full disk, read-only)
+        return _error(f"--out {args.out!r}: could not write the merged matrix ({e.strerror or e}); "
+                      "the file there, if any, is unchanged")
     for path, n in zip(args.inputs, taken):
         print(f"freespec: {path}: {n} rows taken", file=sys.stderr)
     known = int((result.ids[:, 0] >= 0).sum())

@@ -33,6 +33,7 @@ from importlib import metadata as importlib_metadata
 from pathlib import Path
 
 from freespec import settings
+from freespec.safe_files import load_json
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 MARKER_NAME = ".freespec-prepared.json"
@@ -163,7 +164,7 @@ def model_dir(name: str, cache_dir: str | os.PathLike | None = None) -> Path:
 def read_marker(path: Path) -> dict | None:
     """The preparation marker in ``path``, or None when it is missing or unreadable."""
     try:
-        marker = json.loads((Path(path) / MARKER_NAME).read_text())
+        marker = load_json(Path(path) / MARKER_NAME, max_bytes=1 << 20, max_depth=16)
     except (OSError, ValueError):
         return None
     return marker if isinstance(marker, dict) else None

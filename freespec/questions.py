@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from freespec import settings
+from freespec.safe_files import loads_json, open_regular
 
 SPEC_BENCH_URL = "https://github.com/hemingkx/Spec-Bench"
 SPEC_BENCH_COMMIT = "66230f10cb0a02aced5ef3ce1e85163c16160454"  # the commit that last changed the file
@@ -64,12 +65,12 @@ def read_questions(path: Path) -> list[Question]:
             f"(or ${ENV_PATH}), or --questions {BUILTIN} for freespec's own prompt set. Spec-Bench publishes "
             f"its questions at {SPEC_BENCH_URL} (data/spec_bench/question.jsonl).")
     questions: list[Question] = []
-    with path.open(encoding="utf-8") as fh:
+    with open_regular(path, "r", encoding="utf-8") as fh:  # a FIFO or device is refused, never waited on
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
+                record = loads_json(line, what=f"{path}:{lineno}")
                 turns = record["turns"]
                 if not isinstance(turns, list) or not turns or not isinstance(turns[0], str):
                     raise ValueError("'turns' must be a non-empty list of strings")

@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, ClassVar, Optional, Sequence
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from freespec.option_checks import refuse_string_numbers
 
 logger = logging.getLogger("freespec")
 
@@ -36,6 +38,12 @@ class ProposerOptions(BaseModel):
     """Base of every plugin's options: unknown fields are refused."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_coercion_rule(cls, data):
+        """Strings are never converted to numbers (``freespec.option_checks``): one rule for every option."""
+        return refuse_string_numbers(cls, data)
 
 
 @dataclass

@@ -17,7 +17,10 @@ length, vocabulary size, a reserved zero, response count, token count, the horiz
 caller's tokenizer fingerprint (UTF-8), the responses' lengths (uint32) and stamps (int64, nanoseconds since
 the epoch by the clock of the server that added them), their tokens (int32, concatenated, oldest response first), then the SHA-256
 of everything before it. A file that is corrupt, truncated, of another tokenizer or vocabulary, or larger
-than this store's bounds is refused with ``ResponseStoreError`` before anything beyond its header is read.
+than this store's bounds is refused with ``ResponseStoreError`` before anything beyond its header is read;
+so is anything but a regular file (a FIFO is never waited on), and a file whose stamps or horizon lie more
+than ``MAX_CLOCK_AHEAD_NS`` past this server's clock (it would win every merge, erase this replica's
+responses, or push its next stamps to overflow), or that has a horizon and no responses.
 
 Saving writes a temporary file next to the target (created with mode 0666, so the umask applies as to any
 new file), fsyncs it and renames it over the target, so a crash leaves the old file or the new one, never
@@ -50,6 +53,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from freespec.proposers.file_worker import FileWorker, error_kind
+from freespec.safe_files import clip, open_regular, short
 
 logger = logging.getLogger("freespec")
 
@@ -70,6 +74,10 @@ MAX_TOKENS = 1 << 28
 ENTRY_OVERHEAD_BYTES = 700
 
 _DIGEST_BYTES = 16
+# A stamp (or horizon) in a file may be at most this far ahead of this server's clock: a peer's file that
+# says later would win every merge and, as a horizon, erase every response of this replica; near 2**63 the
+# next stamp overflows and no save is written again. Such a file is refused (``CORRUPT``).
+MAX_CLOCK_AHEAD_NS = 3600 * 10**9
 
 
 class ResponseStoreError(ValueError):
@@ -187,7 +195,7 @@ def read_store(
         return ResponseStoreError(path, reason, detail)
 
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, "rb") as f:  # a FIFO or device is refused, never waited on
             size = os.fstat(f.fileno()).st_size
             head = f.read(HEADER_BYTES)
             if head[: len(MAGIC)] != MAGIC[: len(head)]:
@@ -204,7 +212,14 @@ def read_store(
                 raise refuse(TRUNCATED, f"{size} bytes, shorter than its header")
             theirs = fp.decode("utf-8", "replace")
             if theirs != fingerprint:
-                raise refuse(FOREIGN, f"written for tokenizer {theirs!r}, this server's is {fingerprint!r}")
+                raise refuse(FOREIGN, f"written for tokenizer {short(theirs)}, this server's is {fingerprint!r}")
+            latest = time.time_ns() + MAX_CLOCK_AHEAD_NS
+            if not 0 <= h_stamp <= latest:
+                raise refuse(CORRUPT, f"header field 'horizon' is {h_stamp} ns, outside [0, now + "
+                                      f"{MAX_CLOCK_AHEAD_NS // 10**9} s]: it would erase this replica's responses")
+            if count == 0 and (h_stamp, h_digest) != (0, bytes(_DIGEST_BYTES)):
+                raise refuse(CORRUPT, "header field 'horizon' set in a file with no responses (a store that "
+                                      "evicted keeps at least its newest response)")
             if vocab != vocab_size:
                 raise refuse(FOREIGN, f"written for a vocabulary of {vocab} tokens, this server's has {vocab_size}")
             if count > max_responses or total > max_tokens:
@@ -222,6 +237,9 @@ def read_store(
             if count and (int(lengths.min()) < 1 or int(lengths.sum(dtype=np.uint64)) != total):
                 raise refuse(CORRUPT, "response lengths do not add up to the token count")
             stamps = _read_array(f, h, "<i8", count)
+            if count and not (int(stamps.min()) >= 1 and int(stamps.max()) <= latest):
+                raise refuse(CORRUPT, f"field 'stamps' holds {int(stamps.max())} ns, outside [1, now + "
+                                      f"{MAX_CLOCK_AHEAD_NS // 10**9} s]: it would win every merge")
             horizon = (h_stamp, h_digest) if (h_stamp, h_digest) != (0, bytes(_DIGEST_BYTES)) else NO_HORIZON
             out: list[_Entry] = []
             for n, stamp in zip(lengths.tolist(), stamps.tolist()):
@@ -239,7 +257,7 @@ def read_store(
     except ResponseStoreError:
         raise
     except (OSError, EOFError, ValueError) as e:  # EOFError/ValueError: the file shrank while being read
-        raise refuse(UNREADABLE, f"{type(e).__name__}: {e}") from e
+        raise refuse(UNREADABLE, f"{type(e).__name__}: {clip(str(e))}") from e
     return Stored(out, horizon)
 
 

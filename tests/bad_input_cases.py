@@ -20,6 +20,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import re
 import shutil
 import zipfile
@@ -298,6 +299,30 @@ CASES: list[Case] = [
          lambda d: spec("pearl", draft_model=draft_without_weights(d), placement="mpi")),
     Case("pearl: `draft_cores: \"0-63\"`", "draft_cores",
          lambda d: spec("pearl", draft_model=draft_without_weights(d), draft_cores="0-63")),
+    # issue 52: files that are not regular files, deep JSON, absurd numbers, header bombs, path options
+    Case("recycle: `matrix_path` a FIFO (would block `open()` for good)", "FIFO",
+         lambda d: spec("recycle", matrix_path=str(_fifo(matrices(d) / "matrix.npz")))),
+    Case("recycle: `merge_from` a FIFO at start", "peer.npz",
+         lambda d: spec("recycle", merge_from=[str(_fifo(matrices(d) / "peer.npz"))])),
+    Case("recycle: `matrix_path` whose metadata JSON is nested 100,000 deep", "nested",
+         lambda d: spec("recycle", matrix_path=_matrix_with(matrices(d), meta=b"[" * 100_000 + b"]" * 100_000))),
+    Case("recycle: `matrix_path` with a NaN probability", "'probs'",
+         lambda d: spec("recycle", matrix_path=_matrix_with(matrices(d), nan=True))),
+    Case("recycle: `matrix_path` with a row stamped 2**32 - 1 (wins every merge)", "'stamps'",
+         lambda d: spec("recycle", matrix_path=_matrix_with(matrices(d), stamp=2**32 - 1))),
+    Case("recycle: `matrix_path` a deflated archive with a 256 MiB `.npy` header", "'ids'",
+         lambda d: spec("recycle", matrix_path=_header_bomb(matrices(d)))),
+    Case("recycle: `matrix_path: \"\"`", "matrix_path", lambda d: spec("recycle", matrix_path="")),
+    Case("recycle: `matrix_path` with a NUL byte", "matrix_path",
+         lambda d: spec("recycle", matrix_path=str(d / "m\0.npz"))),
+    Case("copy: `min_match: \"2\"` (a string: never converted)", "'min_match'", lambda d: spec("copy", min_match="2")),
+    Case("retrieval: `manifest.json` nested 100,000 deep", "manifest.json",
+         lambda d: spec("retrieval", datastore=_deep_manifest(d))),
+    Case("retrieval: a shard's `.tokens` file a FIFO", ".tokens",
+         lambda d: spec("retrieval", datastore=_fifo_shard(corpus_datastore(store_dir(d)), "tokens"))),
+    Case("retrieval: `manifest.json` `total_tokens` a string", "total_tokens",
+         lambda d: spec("retrieval", datastore=edit_manifest(corpus_datastore(store_dir(d)),
+                                                             lambda m: m.update(total_tokens="many")))),
 ]
 
 
@@ -310,6 +335,61 @@ def _write(path: Path, data: bytes) -> Path:
 def _mkdir(path: Path) -> Path:
     path.mkdir(parents=True)
     return path
+
+
+def _fifo(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(path)
+    return path
+
+
+def _fifo_shard(store: str, suffix: str) -> str:
+    path = shard_file(store, suffix)
+    path.unlink()
+    os.mkfifo(path)
+    return store
+
+
+def _matrix_with(d: Path, meta: bytes | None = None, nan: bool = False, stamp: int | None = None) -> str:
+    """A matrix file written as freespec's writer does, with one field made absurd."""
+    from freespec.proposers.recycle.matrix import save_matrix
+
+    path = d / "matrix.npz"
+    ids = np.full((VOCAB, CANDIDATES), -1, dtype=np.int32)
+    ids[:10, 0] = np.arange(1, 11)
+    probs = np.zeros_like(ids, dtype=np.float16)
+    probs[1, 0] = np.nan if nan else 0.5
+    stamps = (ids[:, 0] >= 0).astype(np.uint32)
+    if stamp is not None:
+        stamps[1] = stamp
+    save_matrix(str(path), ids, probs, stamps, tokenizer=FINGERPRINT)
+    if meta is not None:
+        with zipfile.ZipFile(d / "matrix.npz") as src:
+            members = {i.filename: src.read(i) for i in src.infolist()}
+        members["meta.npy"] = npy_bytes(np.frombuffer(meta, dtype=np.uint8))
+        with zipfile.ZipFile(path, "w") as dst:
+            for name, data in members.items():
+                dst.writestr(name, data)
+    return str(path)
+
+
+def _header_bomb(d: Path) -> str:
+    """A deflated matrix archive (262 KB) whose ``ids.npy`` has a version-2 header of 256 MiB."""
+    good = matrix_file(d, "good.npz")
+    path = d / "matrix.npz"
+    with zipfile.ZipFile(good) as src, zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as dst:
+        for info in src.infolist():
+            data = src.read(info)
+            if info.filename == "ids.npy":
+                data = b"\x93NUMPY\x02\x00" + (256 << 20).to_bytes(4, "little") + b" " * (256 << 20)
+            dst.writestr(info.filename, data)
+    return str(path)
+
+
+def _deep_manifest(d: Path) -> str:
+    store = corpus_datastore(store_dir(d))
+    (Path(store) / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
+    return store
 
 
 def _broken_manifest(d: Path) -> str:
@@ -388,13 +468,15 @@ def attempt(case: Case, scratch: Path) -> Outcome:
     return Outcome("accepted", stage, "")
 
 
-TEMP_NAME = re.compile(r"(/\.[a-z]+-)[A-Za-z0-9_]{8}(\.[a-z]+\.tmp)")
+TEMP_NAME = re.compile(r"(/\.[a-z]+-)(?:[0-9]+-)?[A-Za-z0-9_]{8}(\.[a-z]+\.tmp)")  # (the writer's pid)
 
 
 def shown(message: str, scratch: Path) -> str:
     """The message as the table shows it: the scratch directory as ``DIR``, the options list cut."""
     message = message.replace(str(scratch.resolve()), "DIR").replace(str(scratch), "DIR")
     message = TEMP_NAME.sub(r"\1XXXXXXXX\2", message)  # mkstemp's random part, so the table is reproducible
+    # the plugins installed here (a third-party one, such as the example package CI installs) are not the row's
+    message = re.sub(r"available plugins: [^.;]*", "available plugins: …", message)
     head, cut, _ = message.partition(". Allowed options: ")
     return head + (". Allowed options: …" if cut else "")
 

@@ -18,6 +18,8 @@ from typing import Any, Literal, Optional, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from freespec.safe_files import short
+
 DEFAULT_STEP_BUDGET_MS = 1000.0
 
 
@@ -60,7 +62,7 @@ def adapter_options(raw: dict[str, Any]) -> AdapterOptions:
         return AdapterOptions.model_validate(given)
     except ValidationError as e:
         key = str(e.errors()[0]["loc"][0])
-        raise ValueError(f"freespec: speculative_config {key!r} {_allowed(key)}, got {given.get(key)!r}") from None
+        raise ValueError(f"freespec: speculative_config {key!r} {_allowed(key)}, got {short(given.get(key))}") from None
 
 
 def _allowed(key: str) -> str:

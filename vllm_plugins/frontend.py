@@ -21,6 +21,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from freespec.proposers.registry import load_proposer_class
+from freespec.safe_files import short
 from freespec.vllm_plugins.adapter_options import ADAPTER_KEYS, AdapterOptions, adapter_options
 
 logger = logging.getLogger("freespec")
@@ -40,6 +41,9 @@ def describe_options(options_cls) -> str:
     return "; ".join(parts)
 
 
+MAX_PROBLEMS = 5  # problems listed in one message
+
+
 def validate_options(plugin: str, raw: dict[str, Any]):
     """Validate ``raw`` against ``plugin``'s options model; errors name the field."""
     options_cls = load_proposer_class(plugin).Options
@@ -47,14 +51,15 @@ def validate_options(plugin: str, raw: dict[str, Any]):
         return options_cls.model_validate(raw)
     except ValidationError as e:
         problems = []
-        for err in e.errors():
+        for err in e.errors()[:MAX_PROBLEMS]:  # a 1,000,000-entry list makes one message, not 1,000,000
             field = ".".join(str(p) for p in err["loc"]) or "(options)"
             if err["type"] == "extra_forbidden":
                 problems.append(f"unknown option {field!r}")
             else:
-                problems.append(f"option {field!r}: {err['msg']} (got {err.get('input')!r})")
+                problems.append(f"option {field!r}: {err['msg']} (got {short(err.get('input'))})")
         raise FreespecConfigError(
             f"freespec plugin {plugin!r}: " + "; ".join(problems)
+            + (f"; and {e.error_count() - MAX_PROBLEMS} more" if e.error_count() > MAX_PROBLEMS else "")
             + f". Allowed options: {describe_options(options_cls)}"
         ) from None
 

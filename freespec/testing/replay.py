@@ -7,7 +7,6 @@ the target's own), and counts target forward passes. ``scripts/replay_drafts.py`
 """
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -17,6 +16,7 @@ import numpy as np
 
 from freespec.proposers.base import EngineInfo, Row, StepContext
 from freespec.testing.plugins import PluginRef, plugin_name
+from freespec.safe_files import loads_json, open_regular
 
 Recorded = Union[str, Path, Iterable[Any]]
 
@@ -74,7 +74,8 @@ def replay(proposer, key: int, prompt: list[int], output: list[int], cost: float
 def read_recorded(path: Union[str, Path]) -> list[dict]:
     """Recorded greedy outputs: JSON lines with ``prompt`` and ``output`` token ids (and ``category``, ``model``
     where recorded), as ``scripts/replay_drafts.py --generate`` writes them."""
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    with open_regular(path, "r", encoding="utf-8") as f:
+        return [loads_json(line, what=f"{path}:{i}") for i, line in enumerate(f, 1) if line.strip()]
 
 
 def _pairs(recorded: Recorded) -> list[tuple[list[int], list[int]]]:

@@ -34,7 +34,13 @@ Reading checks every size before it allocates or inflates anything: the file's
 size, each member's declared size and its ``.npy`` header (dtype, shape) against
 the header fields and, when loading for a server, against its vocabulary and
 ``candidates`` (else ``MAX_VOCAB`` x ``MAX_CANDIDATES``). A ``.npy`` file renamed
-``.npz`` is named as such.
+``.npz`` is named as such. Only a regular file is opened (``freespec.safe_files``: a FIFO is refused, never
+waited on); each ``.npy`` header's length is bounded before it is read; ``meta`` is JSON of at most
+``MAX_META_BYTES`` nested at most ``MAX_META_DEPTH``; ``probs`` must be finite, in [0, 1], and ``stamps`` at
+most ``MAX_CLOCK_AHEAD_S`` ahead of this clock (a row stamped later would win every merge).
+
+A save's temporary file carries the writer's pid; the next save in that folder removes those of a process
+that is gone (a killed save leaves nothing for good), and the folder is fsynced after the rename.
 """
 from __future__ import annotations
 
@@ -42,12 +48,14 @@ import hashlib
 import json
 import os
 import tempfile
+import time
 import zipfile
 import zlib
 from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
+from freespec.safe_files import check_npy_header, clip, loads_json, open_regular, short
 
 FORMAT = "freespec-recycle-matrix"
 VERSION = 2
@@ -58,6 +66,10 @@ STAMP_MAX = np.iinfo(np.uint32).max
 MAX_VOCAB = 1 << 22
 MAX_CANDIDATES = 32
 MAX_META_BYTES = 1 << 20
+MAX_META_DEPTH = 8  # the header is a flat object; a deeper one is refused before it is walked
+# A row's stamp may be at most this far ahead of this server's clock (seconds): a peer whose clock (or file)
+# says later would win every merge for good (2**32 - 1 wins against every real stamp).
+MAX_CLOCK_AHEAD_S = 3600
 
 
 class MatrixFileError(ValueError):
@@ -134,7 +146,8 @@ def save_matrix(
         "sha256": _digest(ids, probs, stamps),
     }
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".recycle-", suffix=".npz.tmp", dir=directory)
+    remove_stale_temporaries(directory)
+    fd, tmp = tempfile.mkstemp(prefix=f".recycle-{os.getpid()}-", suffix=".npz.tmp", dir=directory)
     try:
         # mkstemp creates 0600; a matrix is shared with replicas (merge_from) that may run as another user, so
         # it gets the mode any new file gets under this process's umask (0644 under the usual 022).
@@ -151,6 +164,39 @@ def save_matrix(
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    try:  # the rename itself durable (Linux), as the response store does
+        dfd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:
+        pass
+
+
+def remove_stale_temporaries(directory: str) -> None:
+    """Remove matrix temporary files a killed save left in ``directory`` (of a process now gone)."""
+    try:
+        names = [n for n in os.listdir(directory) if n.startswith(".recycle-") and n.endswith(".npz.tmp")]
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(".recycle-"):].split("-", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _process_alive(int(pid)):
+            try:
+                os.unlink(os.path.join(directory, name))
+            except OSError:
+                pass
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, another user's
+        return True
+    return True
 
 
 def current_umask() -> int:
@@ -190,7 +236,7 @@ def read_matrix(
     rows_max = MAX_VOCAB if vocab_size is None else int(vocab_size)
     cols_max = MAX_CANDIDATES if candidates is None else int(candidates)
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, "rb") as f:
             magic = f.read(6)
             if magic == b"\x93NUMPY":
                 raise refuse("is a single .npy array (a file renamed .npz?), not a .npz matrix archive; "
@@ -205,18 +251,18 @@ def read_matrix(
             with zipfile.ZipFile(f) as z:
                 names = {info.filename for info in z.infolist()}
                 if len(names) > 8 or not {"ids.npy", "probs.npy", "meta.npy"} <= names:
-                    raise refuse(f"not a {FORMAT} file (arrays {sorted(n.removesuffix('.npy') for n in names)[:8]})")
+                    raise refuse(f"not a {FORMAT} file (arrays {short(sorted(n.removesuffix('.npy') for n in names)[:8])})")
                 meta_bytes = _member(z, "meta", np.uint8, lambda s: len(s) == 1 and s[0] <= MAX_META_BYTES,
                                      refuse, f"one dimension of at most {MAX_META_BYTES} bytes")
-                meta = json.loads(meta_bytes.tobytes().decode())
+                meta = loads_json(meta_bytes.tobytes().decode(), what="its 'meta'", max_depth=MAX_META_DEPTH)
                 if not isinstance(meta, dict) or meta.get("format") != FORMAT:
                     raise refuse(f"not a {FORMAT} file")
                 version = meta.get("version")
                 if version not in READABLE_VERSIONS:
-                    raise refuse(f"format version {version!r}, this freespec reads versions {list(READABLE_VERSIONS)}")
+                    raise refuse(f"format version {short(version)}, this freespec reads versions {list(READABLE_VERSIONS)}")
                 v, c = meta.get("vocab_size"), meta.get("candidates")
                 if not _count(v, rows_max if vocab_size is None else None) or not _count(c, cols_max if candidates is None else None):
-                    raise refuse(f"field 'vocab_size'/'candidates' ({v!r}, {c!r}) must be integers in "
+                    raise refuse(f"field 'vocab_size'/'candidates' ({short(v)}, {short(c)}) must be integers in "
                                  f"[1, {rows_max}] and [1, {cols_max}]")
                 _check_fields(str(meta.get("tokenizer")), str(meta.get("model", "")), v, c, vocab_size=vocab_size,
                               candidates=candidates, tokenizer=tokenizer, refuse=refuse, against=against)
@@ -229,7 +275,7 @@ def read_matrix(
     except MatrixFileError:
         raise
     except (OSError, ValueError, zipfile.BadZipFile, zlib.error, EOFError, KeyError, UnicodeDecodeError) as e:
-        raise refuse(f"unreadable or corrupt ({type(e).__name__}: {e})") from e
+        raise refuse(f"unreadable or corrupt ({type(e).__name__}: {clip(str(e))})") from e
     if version == 1:
         digest, stamps = _digest(ids, probs), default_stamps(ids)
     else:
@@ -240,6 +286,12 @@ def read_matrix(
         raise refuse("checksum mismatch (the file was modified or truncated)")
     if ids.size and (ids.min() < -1 or ids.max() >= ids.shape[0]):
         raise refuse("token ids outside the vocabulary")
+    if probs.size and not (np.isfinite(probs).all() and probs.min() >= 0 and probs.max() <= 1):
+        raise refuse("array 'probs' holds values that are not probabilities (NaN, inf, or outside [0, 1])")
+    ahead = int(time.time()) + MAX_CLOCK_AHEAD_S
+    if stamps.size and int(stamps.max()) > ahead:
+        raise refuse(f"array 'stamps' holds a stamp of {int(stamps.max())} (Unix seconds), more than "
+                     f"{MAX_CLOCK_AHEAD_S} s ahead of this clock: it would win every merge")
     return Matrix(
         ids, probs, stamps, str(meta.get("tokenizer")),
         str(meta.get("model", "")), int(meta.get("updates", 0)) if isinstance(meta.get("updates"), int) else 0, meta,
@@ -261,11 +313,15 @@ def _member(z: zipfile.ZipFile, name: str, dtype, shape_ok, refuse, expected: st
     if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
         raise refuse(f"array {name!r} uses an unsupported compression ({info.compress_type})")
     with z.open(info) as m:
-        version = np.lib.format.read_magic(m)
+        try:
+            head = check_npy_header(m)  # the header's length bounded before numpy reads it
+        except ValueError as e:
+            raise refuse(f"array {name!r}: {e}") from None
+        version = np.lib.format.read_magic(head)
         if version == (1, 0):
-            shape, fortran, dt = np.lib.format.read_array_header_1_0(m)
+            shape, fortran, dt = np.lib.format.read_array_header_1_0(head)
         elif version == (2, 0):
-            shape, fortran, dt = np.lib.format.read_array_header_2_0(m)
+            shape, fortran, dt = np.lib.format.read_array_header_2_0(head)
         else:
             raise refuse(f"array {name!r}: .npy format version {version} is not read here")
         dt = np.dtype(dt)
@@ -301,7 +357,7 @@ def check_compatible(
 def _check_fields(theirs: str, model: str, v: int, c: int, *, vocab_size, candidates, tokenizer, refuse, against) -> None:
     if tokenizer is not None and theirs != tokenizer:
         raise refuse(
-            f"learned with another tokenizer: field 'tokenizer' is {theirs!r} (model {model!r}), "
+            f"learned with another tokenizer: field 'tokenizer' is {short(theirs)} (model {short(model)}), "
             f"{against}'s tokenizer is {tokenizer!r}"
         )
     if vocab_size is not None and v != vocab_size:

@@ -54,6 +54,7 @@ from freespec.kernels.tree import expand_tree, tree_template
 from freespec.proposers.base import Draft, EngineInfo, Proposer, ProposerOptions, Row, ScoredPositions, StepContext
 from freespec.proposers.exit_save import save_at_exit
 from freespec.proposers.file_worker import FileWorker, error_kind
+from freespec.option_checks import check_path_options
 from freespec.proposers.recycle.matrix import (
     STAMP_MAX,
     Matrix,
@@ -112,6 +113,11 @@ class RecycleOptions(ProposerOptions):
         description="seconds between saves to matrix_path and checks of merge_from (0: only at start/exit; "
         "each save first copies the matrix on the engine's thread: docs/recycle.md)",
     )
+
+    @field_validator("matrix_path", "merge_from")
+    @classmethod
+    def _paths(cls, value, info):
+        return check_path_options(value, info.field_name)
 
     @field_validator("tree_widths")
     @classmethod

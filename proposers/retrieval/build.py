@@ -340,7 +340,13 @@ def build_datastore(
         if out.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
             out.rename(old / "previous")
-            work.rename(out)
+            try:
+                work.rename(out)
+            except BaseException:
+                # The old datastore goes back where it was: a failed --force build leaves it in place.
+                (old / "previous").rename(out)
+                old.rmdir()
+                raise
             shutil.rmtree(old, ignore_errors=True)
         else:
             work.rename(out)

@@ -43,17 +43,21 @@ and spot-checks that each suffix array is sorted.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from freespec.safe_files import clip, load_json, open_regular, open_regular_fd, short
 
 FORMAT = "freespec-datastore"
 VERSION = 1
 SEPARATOR = np.uint32(2**32 - 1)
 MANIFEST = "manifest.json"
+# A manifest lists its shards (a few hundred bytes each): 64 MiB is far beyond any real one, and it is flat
+# JSON (depth 3: the manifest, its shard list, a shard).
+MAX_MANIFEST_BYTES = 64 << 20
+MAX_MANIFEST_DEPTH = 16
 
 
 class DatastoreError(ValueError):
@@ -73,7 +77,7 @@ class Shard:
 def file_sha256(path: Path, chunk: int = 1 << 24, progress=None) -> str:
     """sha256 of a file, read in chunks; ``progress`` (a tqdm bar, optional) is advanced by the bytes read."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_regular(path, "rb") as f:
         while block := f.read(chunk):
             h.update(block)
             if progress is not None:
@@ -87,14 +91,15 @@ def read_manifest(directory: str | os.PathLike) -> dict:
     if not path.exists():
         raise DatastoreError(f"retrieval datastore {str(directory)!r}: no {MANIFEST} (not a datastore, or not built yet)")
     try:
-        manifest = json.loads(path.read_text())
+        manifest = load_json(path, max_bytes=MAX_MANIFEST_BYTES, max_depth=MAX_MANIFEST_DEPTH, what=MANIFEST)
     except (OSError, ValueError) as e:
-        raise DatastoreError(f"retrieval datastore {str(directory)!r}: unreadable {MANIFEST} ({e})") from e
+        raise DatastoreError(f"retrieval datastore {str(directory)!r}: unreadable {MANIFEST} "
+                             f"({type(e).__name__}: {clip(str(e))})") from e
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise DatastoreError(f"retrieval datastore {str(directory)!r}: {MANIFEST} is not a {FORMAT} manifest")
     if manifest.get("version") != VERSION:
         raise DatastoreError(
-            f"retrieval datastore {str(directory)!r}: format version {manifest.get('version')!r}, "
+            f"retrieval datastore {str(directory)!r}: format version {short(manifest.get('version'))}, "
             f"this freespec reads version {VERSION}; rebuild it with `freespec datastore build`"
         )
     _check_fields(str(directory), manifest)
@@ -109,26 +114,40 @@ def _check_fields(directory: str, manifest: dict) -> None:
 
     tokenizer = manifest.get("tokenizer")
     if not isinstance(tokenizer, dict):
-        raise refuse("tokenizer", f'must be an object {{"name": ..., "fingerprint": ...}}, got {tokenizer!r}')
+        raise refuse("tokenizer", f'must be an object {{"name": ..., "fingerprint": ...}}, got {short(tokenizer)}')
     for key in ("name", "fingerprint"):
         if not isinstance(tokenizer.get(key), (str, type(None))):
-            raise refuse(f"tokenizer.{key}", f"must be a string, got {tokenizer.get(key)!r}")
+            raise refuse(f"tokenizer.{key}", f"must be a string, got {short(tokenizer.get(key))}")
     entries = manifest.get("shards")
     if not isinstance(entries, list):
         raise refuse("shards", f"must be a list of shard entries, got {type(entries).__name__}")
     seen = set()
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict):
-            raise refuse(f"shards[{i}]", f"must be an object {{\"name\", \"tokens\", ...}}, got {entry!r}")
+            raise refuse(f"shards[{i}]", f"must be an object {{\"name\", \"tokens\", ...}}, got {short(entry)}")
         name, n = entry.get("name"), entry.get("tokens")
         if not isinstance(name, str) or not _plain_file_name(name):
-            raise refuse(f"shards[{i}].name", f"is {name!r}: a shard name must be a file name inside the "
+            raise refuse(f"shards[{i}].name", f"is {short(name)}: a shard name must be a file name inside the "
                          "datastore directory (not empty, not absolute, no '/', no '..')")
         if name in seen:
-            raise refuse(f"shards[{i}].name", f"names shard {name!r} twice")
+            raise refuse(f"shards[{i}].name", f"names shard {short(name)} twice")
         seen.add(name)
         if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n < 2**32:
-            raise refuse(f"shards[{i}].tokens", f"must be a token count in [0, 2**32), got {n!r}")
+            raise refuse(f"shards[{i}].tokens", f"must be a token count in [0, 2**32), got {short(n)}")
+        for key in ("tokens_sha256", "sa_sha256"):
+            if not isinstance(entry.get(key, ""), str):
+                raise refuse(f"shards[{i}].{key}", f"must be a hex string, got {short(entry.get(key))}")
+    total = manifest.get("total_tokens")
+    if not _is_count(total) or total != sum(e["tokens"] for e in entries):
+        raise refuse("total_tokens", f"must be the shards' token count ({sum(e['tokens'] for e in entries)}), "
+                     f"got {short(total)}")
+    for key in ("vocab_size", "documents", "separator"):
+        if key in manifest and not _is_count(manifest[key]):
+            raise refuse(key, f"must be a non-negative integer, got {short(manifest[key])}")
+
+
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _plain_file_name(name: str) -> bool:
@@ -167,13 +186,13 @@ class Datastore:
         if tokenizer_fingerprint is not None and theirs != tokenizer_fingerprint:
             name = manifest["tokenizer"].get("name")
             raise DatastoreError(
-                f"retrieval datastore {str(directory)!r} was built with another tokenizer ({name!r}, {theirs}); "
+                f"retrieval datastore {str(directory)!r} was built with another tokenizer ({short(name)}, {short(theirs)}); "
                 f"this model's tokenizer is {tokenizer_fingerprint}. Rebuild it with "
                 "`freespec datastore build --tokenizer MODEL_DIR ...`"
             )
         if manifest.get("separator", int(SEPARATOR)) != int(SEPARATOR):
             raise DatastoreError(
-                f"retrieval datastore {str(directory)!r}: separator {manifest.get('separator')!r}, "
+                f"retrieval datastore {str(directory)!r}: separator {short(manifest.get('separator'))}, "
                 f"this freespec uses {int(SEPARATOR)}"
             )
         entries = manifest["shards"]
@@ -256,11 +275,11 @@ def _open_shard(directory: Path, name: str, n: int, in_memory: bool) -> Shard:
         for suffix in ("tokens", "sa"):
             path = directory / f"{name}.{suffix}"
             try:
-                fd = os.open(path, os.O_RDONLY)
+                fd = open_regular_fd(path)  # a FIFO or device in a datastore is refused, never waited on
             except FileNotFoundError:
                 raise DatastoreError(f"retrieval datastore {str(directory)!r}: missing file {path.name}") from None
             except OSError as e:
-                raise DatastoreError(f"retrieval datastore {str(directory)!r}: cannot open {path.name} ({e})") from None
+                raise DatastoreError(f"retrieval datastore {str(directory)!r}: cannot open {path.name} ({clip(str(e))})") from None
             fds.append(fd)
             size = os.fstat(fd).st_size
             if size != 4 * n:

@@ -33,6 +33,10 @@ import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
+from freespec.safe_files import (
+    MAX_JSON_DEPTH, JSONBoundError, NotRegularFileError, check_regular, json_depth, loads_json, open_regular,
+)
+
 __all__ = [
     "CODE_SUFFIXES",
     "INPUT_SUFFIXES",
@@ -82,6 +86,26 @@ def check_input(path: str | os.PathLike) -> Path:
     return path
 
 
+def _open(path: Path, **kwargs):
+    """An input file opened for reading: a regular file only (a FIFO, device or directory is refused, never
+    read without bound or waited on), binary unless ``encoding`` is given."""
+    try:
+        return open_regular(path, "r" if "encoding" in kwargs else "rb", **kwargs)
+    except NotRegularFileError as e:
+        raise InputError(f"{path}: {e.args[0].split(' is ', 1)[-1]}") from None
+
+
+def _regular(path: Path) -> Path:
+    """``path`` if it is (or a symlink names) a regular file; else InputError (``z.py -> /dev/zero``)."""
+    try:
+        check_regular(path)
+    except NotRegularFileError as e:
+        raise InputError(f"{path}: {e.args[0].split(' is ', 1)[-1]}") from None
+    except OSError as e:
+        raise InputError(f"{path}: {e.strerror or e}") from None
+    return path
+
+
 def expand_inputs(inputs: Iterable[str | os.PathLike]) -> list[Path]:
     """Input files in order: files as given, directories as their source files (sorted)."""
     files: list[Path] = []
@@ -93,7 +117,7 @@ def expand_inputs(inputs: Iterable[str | os.PathLike]) -> list[Path]:
         found = []
         for root, dirs, names in os.walk(path):
             dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in _SKIP_DIRS)
-            found += [Path(root) / n for n in names if Path(n).suffix.lower() in CODE_SUFFIXES]
+            found += [_regular(Path(root) / n) for n in names if Path(n).suffix.lower() in CODE_SUFFIXES]
         if not found:
             raise InputError(f"{path}: a directory with no source files ({' '.join(CODE_SUFFIXES)})")
         files += sorted(found)
@@ -150,7 +174,7 @@ def _decode(raw: bytes, path: Path, lineno: int) -> str:
 def _read_txt(path: Path) -> Iterator[tuple[str | None, int]]:
     lines: list[str] = []
     pending = 0
-    with open(path, "rb") as f:
+    with _open(path) as f:
         for lineno, raw in enumerate(f, 1):
             pending += len(raw)
             line = _decode(raw, path, lineno).rstrip("\r\n")
@@ -163,7 +187,8 @@ def _read_txt(path: Path) -> Iterator[tuple[str | None, int]]:
 
 
 def _read_code(path: Path, warn: Callable[[str], None]) -> Iterator[tuple[str | None, int]]:
-    raw = path.read_bytes()
+    with _open(path) as f:
+        raw = f.read()
     try:
         text = raw.decode("utf-8").lstrip("\ufeff")
     except UnicodeDecodeError:
@@ -173,14 +198,16 @@ def _read_code(path: Path, warn: Callable[[str], None]) -> Iterator[tuple[str | 
 
 
 def _read_jsonl(path: Path, roles: frozenset[str] | None) -> Iterator[tuple[str | None, int]]:
-    with open(path, "rb") as f:
+    with _open(path) as f:
         for lineno, raw in enumerate(f, 1):
             line = _decode(raw, path, lineno)
             if not line.strip():
                 yield None, len(raw)
                 continue
             try:
-                record = json.loads(line)
+                record = loads_json(line, what=f"{path}: line {lineno}")
+            except JSONBoundError as e:
+                raise InputError(str(e)) from None
             except ValueError as e:
                 raise InputError(f"{path}: line {lineno}: invalid JSON ({e})") from None
             try:
@@ -211,6 +238,10 @@ def _whole_records(text: str, path: Path, error: ValueError, warn: Callable[[str
             raise InputError(f"{path}: invalid JSON ({error})") from None
         try:
             record, pos = decoder.raw_decode(text, pos)
+            if json_depth(record) > MAX_JSON_DEPTH:
+                raise RecursionError
+        except RecursionError:
+            raise InputError(f"{path}: record {len(records)}: JSON nested more than {MAX_JSON_DEPTH} levels deep") from None
         except json.JSONDecodeError as e:
             # The text ended inside this record (a string never closed, or more expected at the very
             # end): the file is cut off. Anything else is a real error in a record.
@@ -229,12 +260,14 @@ def _read_json(path: Path, roles: frozenset[str] | None,
                warn: Callable[[str], None]) -> Iterator[tuple[str | None, int]]:
     size = path.stat().st_size
     try:
-        with open(path, encoding="utf-8-sig") as f:
+        with _open(path, encoding="utf-8-sig") as f:
             text = f.read()
     except UnicodeDecodeError as e:
         raise InputError(f"{path}: not UTF-8 text ({e})") from None
     try:
-        data = json.loads(text)
+        data = loads_json(text, what=str(path))
+    except JSONBoundError as e:
+        raise InputError(str(e)) from None
     except ValueError as e:
         data = _whole_records(text, path, e, warn)
     del text
