@@ -161,8 +161,10 @@ class Proposer(ABC):
         super().__init_subclass__(**kwargs)
         # Written against API 0: ``propose`` is defined below the class that defines ``draft`` (a plugin that
         # overrides ``propose`` of Proposer, or of one of freespec's proposers). Its ``draft`` is the shim.
-        proposes, drafts = _defined_in(cls, "propose"), _defined_in(cls, "draft")
-        cls._legacy = proposes is not drafts and issubclass(proposes, drafts)
+        # (By place in the MRO, not issubclass: this runs before ABCMeta has set up the new class, and an
+        # issubclass check against it then would poison Proposer's own subclass cache.)
+        mro = cls.__mro__
+        cls._legacy = mro.index(_defined_in(cls, "propose")) < mro.index(_defined_in(cls, "draft"))
         if cls._legacy and cls.draft is not _draft_through_propose:
             cls._draft_before_shim = cls.draft
             cls.draft = _draft_through_propose

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 from freespec.proposers.base import EngineInfo
 from freespec.proposers.registry import load_proposer_class
-from freespec.vllm_plugins.frontend import translate
+from freespec.vllm_plugins.frontend import check_additional_config, translate
 
 from integration_tests.faulty import read_only_dir
 
@@ -48,6 +48,9 @@ class Case:
     make: Callable[[Path], dict]  # writes the case's files under a scratch directory; returns the config
     expect: str = "refused"  # or "logged"
     serve: Callable[[object, Path], None] | None = None  # an action after a successful start (a save)
+    # The plain-vLLM spelling: ``make`` returns ``additional_config["freespec"]`` (with ``"k"``, K), which no
+    # front-end sees; the adapter checks it at engine start, with the front-end's messages.
+    plain: bool = False
 
 
 @dataclass
@@ -323,6 +326,20 @@ CASES: list[Case] = [
     Case("retrieval: `manifest.json` `total_tokens` a string", "total_tokens",
          lambda d: spec("retrieval", datastore=edit_manifest(corpus_datastore(store_dir(d)),
                                                              lambda m: m.update(total_tokens="many")))),
+    # plugin names (issue 52, class 6): the form checked before any import; only a concrete Proposer
+    Case("`\"plugin\": \"..x:y\"` (not a class path)", "class path", lambda d: spec("..x:y")),
+    Case("`\"plugin\": \":\"`", "class path", lambda d: spec(":")),
+    Case("`\"plugin\"` the abstract `freespec.proposers.base:Proposer`", "abstract",
+         lambda d: spec("freespec.proposers.base:Proposer")),
+    # the plain-vLLM spelling, --additional-config '{"freespec": {...}}' (class 7): the same checks
+    Case("plain spelling: `\"policy\": \"fast\"`", "'policy'",
+         lambda d: {"plugin": "copy", "options": {}, "policy": "fast"}, plain=True),
+    Case("plain spelling: `\"pad\": \"bogus\"`", "'pad'",
+         lambda d: {"plugin": "copy", "options": {}, "pad": "bogus"}, plain=True),
+    Case("plain spelling: K = 8000", "num_speculative_tokens",
+         lambda d: {"plugin": "copy", "options": {}, "k": 8000}, plain=True),
+    Case("plain spelling: an unknown key `\"polcy\"`", "polcy",
+         lambda d: {"plugin": "copy", "options": {}, "polcy": "fixed"}, plain=True),
 ]
 
 
@@ -448,8 +465,14 @@ def attempt(case: Case, scratch: Path) -> Outcome:
     stage = "config"
     try:
         config = case.make(scratch)
-        _, extra = translate(config, None)
-        stage = "engine start"
+        if case.plain:
+            stage = "engine start"
+            k = config.pop("k", K)
+            plugin, options, _ = check_additional_config(config, k)
+            extra = {"freespec": {"plugin": plugin, "options": options.model_dump(mode="json")}}
+        else:
+            _, extra = translate(config, None)
+            stage = "engine start"
         proposer = start_plugin(extra)
         stage = "serving"
         try:
