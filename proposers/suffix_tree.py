@@ -75,7 +75,7 @@ def available() -> tuple[bool, str]:
         try:
             version = metadata.version("arctic_inference")
         except metadata.PackageNotFoundError:
-            return False, "arctic-inference is not installed (pip install 'arctic-inference>=0.1.1,<0.4')"
+            return False, "arctic-inference is not installed (pip install 'arctic-inference>=0.1.1,<0.2', or 0.3.x)"
     low, high = SUPPORTED
     if not low <= _version_tuple(version) < high:
         return False, f"arctic-inference {version} is installed; the suffix source supports >=0.1.1,<0.4"
