@@ -173,3 +173,14 @@ def check_npy_header(member, limit: int = MAX_NPY_HEADER_BYTES) -> io.BytesIO:
     if len(header) < length:
         raise ValueError(".npy header truncated")
     return io.BytesIO(magic + raw + header)
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (a temporary file named by a dead writer's pid can be removed)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, another user's
+        return True
+    return True

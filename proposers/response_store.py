@@ -53,7 +53,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from freespec.proposers.file_worker import FileWorker, error_kind
-from freespec.safe_files import clip, open_regular, short
+from freespec.safe_files import clip, open_regular, process_alive, short
 
 logger = logging.getLogger("freespec")
 
@@ -477,7 +477,7 @@ class ResponseStore:
             return
         for name in names:
             pid = name[len(prefix):].split(".", 1)[0]
-            if pid.isdigit() and (int(pid) == os.getpid() or not _process_alive(int(pid))):
+            if pid.isdigit() and (int(pid) == os.getpid() or not process_alive(int(pid))):
                 try:
                     os.unlink(os.path.join(directory, name))
                     logger.info("freespec: response store removed %s, left by an interrupted save", name)
@@ -609,14 +609,5 @@ class ResponseStore:
         errors.pop(path, None)
         return self._prepare(stored)
 
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # exists, another user's
-        return True
-    return True
 
 

@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
-from freespec.safe_files import check_npy_header, clip, loads_json, open_regular, short
+from freespec.safe_files import check_npy_header, clip, loads_json, open_regular, process_alive, short
 
 FORMAT = "freespec-recycle-matrix"
 VERSION = 2
@@ -182,21 +182,12 @@ def remove_stale_temporaries(directory: str) -> None:
         return
     for name in names:
         pid = name[len(".recycle-"):].split("-", 1)[0]
-        if pid.isdigit() and int(pid) != os.getpid() and not _process_alive(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and not process_alive(int(pid)):
             try:
                 os.unlink(os.path.join(directory, name))
             except OSError:
                 pass
 
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # exists, another user's
-        return True
-    return True
 
 
 def current_umask() -> int:
