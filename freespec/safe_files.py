@@ -175,6 +175,20 @@ def check_npy_header(member, limit: int = MAX_NPY_HEADER_BYTES) -> io.BytesIO:
     return io.BytesIO(magic + raw + header)
 
 
+def fsync_directory(path: str | os.PathLike) -> None:
+    """Make a rename in ``path`` durable (Linux); a platform or filesystem that cannot fsync a folder is let be."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def process_alive(pid: int) -> bool:
     """Whether process ``pid`` exists (a temporary file named by a dead writer's pid can be removed)."""
     try:

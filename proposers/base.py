@@ -107,7 +107,7 @@ class StepContext:
     capture_seconds: float = 0.0
     source_seconds: dict[str, float] = field(default_factory=dict)
 
-    def bar(self, fixed: float) -> float:
+    def bar(self, fixed: Optional[float]) -> Optional[float]:
         """The bar for one more draft token: the policy's price, else the proposer's fixed option."""
         return fixed if self.token_cost is None else self.token_cost
 
@@ -128,8 +128,6 @@ class Draft:
     chances: Optional[list[float]] = None
     source: Optional[str] = None
 
-
-NO_DRAFT = Draft([])
 
 
 class Proposer(ABC):
@@ -212,7 +210,7 @@ class Proposer(ABC):
         from freespec.scorers.policy import cut
 
         step = step or StepContext(token_cost=self.token_cost)
-        bar = step.token_cost if step.token_cost is not None else self.fixed_bar()
+        bar = step.bar(self.fixed_bar())
         draft = type(self).draft
         if draft is _draft_through_propose:  # an API 0 subclass asking its parent (``super().propose``)
             draft = type(self)._draft_before_shim

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from freespec.proposers.file_worker import FileWorker, error_kind
-from freespec.safe_files import clip, open_regular, process_alive, short
+from freespec.safe_files import clip, fsync_directory, open_regular, process_alive, short
 
 logger = logging.getLogger("freespec")
 
@@ -171,14 +171,7 @@ def write_store(path: str, stored: Stored, *, fingerprint: str, vocab_size: int)
         except OSError:
             pass
         raise
-    try:  # the rename itself durable (Linux); not every platform or filesystem allows it
-        dfd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass
+    fsync_directory(directory)  # the rename itself durable
 
 
 def read_store(

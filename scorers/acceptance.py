@@ -1,4 +1,4 @@
-"""Online acceptance estimates and the draft length they justify.
+"""Online acceptance estimates, and how much of a chain the target produced.
 
 Model: a draft is verified token by token and the chain stops at the first
 rejection, so with a per-token acceptance probability ``alpha`` the i-th draft
@@ -6,15 +6,11 @@ token is accepted with probability ``alpha**i``. Each observation (``d``
 drafted, ``a`` accepted) contributes ``a`` successes and one failure when
 ``a < d``; the estimate is the posterior mean under a Beta prior.
 
-The draft length is the longest ``l <= k`` whose last token still has
-``alpha**l >= min_token_gain``: one more draft token is worth verifying while
-its chance of being accepted pays for the extra verification work. (The
-load-aware policy that measures that cost online is issue 7's; here it is an
-option.)
+A proposer offers its i-th token with the chance ``alpha**i``; the policy cuts the
+draft where that chance stops paying for its verification (``scorers.policy.cut``).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -25,7 +21,6 @@ class AcceptanceEstimate:
 
     successes: float = 1.0  # prior: one accepted ...
     failures: float = 1.0  # ... and one rejected token (alpha = 0.5)
-    skipped: int = 0  # drafts withheld because they did not pay (callers use it to probe now and then)
 
     @property
     def alpha(self) -> float:
@@ -43,15 +38,6 @@ class AcceptanceEstimate:
         """Forget old evidence so the estimate follows a changing workload."""
         self.successes = max(1.0, self.successes * keep)
         self.failures = max(1.0, self.failures * keep)
-
-
-def draft_length(alpha: float, k: int, min_token_gain: float) -> int:
-    """Longest l <= k with alpha**l >= min_token_gain (0 when even one token does not pay)."""
-    if k <= 0 or alpha <= 0.0 or alpha < min_token_gain:
-        return 0
-    if alpha >= 1.0 or min_token_gain <= 0.0:
-        return k
-    return max(0, min(k, int(math.floor(math.log(min_token_gain) / math.log(alpha) + 1e-9))))
 
 
 def matched_prefix(chain: Sequence[int], produced: Sequence[int]) -> tuple[int, int]:

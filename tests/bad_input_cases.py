@@ -122,17 +122,20 @@ def crafted_header_matrix(d: Path) -> Path:
     return path
 
 
-def inflating_matrix(d: Path) -> Path:
-    """A compressed matrix archive whose ``ids.npy`` member inflates to 256 MiB (the header is right)."""
+def deflated_matrix(d: Path, ids: Callable[[bytes], bytes]) -> Path:
+    """A good matrix archive rewritten deflated, its ``ids.npy`` member's bytes replaced by ``ids(bytes)``."""
     good = matrix_file(d, "good.npz")
     path = d / "matrix.npz"
     with zipfile.ZipFile(good) as src, zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as dst:
         for info in src.infolist():
             data = src.read(info)
-            if info.filename == "ids.npy":
-                data += bytes(256 << 20)
-            dst.writestr(info.filename, data)
+            dst.writestr(info.filename, ids(data) if info.filename == "ids.npy" else data)
     return path
+
+
+def inflating_matrix(d: Path) -> Path:
+    """A compressed matrix archive whose ``ids.npy`` member inflates to 256 MiB (the header is right)."""
+    return deflated_matrix(d, lambda data: data + bytes(256 << 20))
 
 
 def truncated(path: Path) -> Path:
@@ -392,15 +395,8 @@ def _matrix_with(d: Path, meta: bytes | None = None, nan: bool = False, stamp: i
 
 def _header_bomb(d: Path) -> str:
     """A deflated matrix archive (262 KB) whose ``ids.npy`` has a version-2 header of 256 MiB."""
-    good = matrix_file(d, "good.npz")
-    path = d / "matrix.npz"
-    with zipfile.ZipFile(good) as src, zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as dst:
-        for info in src.infolist():
-            data = src.read(info)
-            if info.filename == "ids.npy":
-                data = b"\x93NUMPY\x02\x00" + (256 << 20).to_bytes(4, "little") + b" " * (256 << 20)
-            dst.writestr(info.filename, data)
-    return str(path)
+    bomb = b"\x93NUMPY\x02\x00" + (256 << 20).to_bytes(4, "little") + b" " * (256 << 20)
+    return str(deflated_matrix(d, lambda data: bomb))
 
 
 def _deep_manifest(d: Path) -> str:

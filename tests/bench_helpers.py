@@ -168,3 +168,15 @@ def start_fake_server(script, mode: str = "spec"):
             time.sleep(0.05)
     proc.kill()
     raise RuntimeError("the fake server did not start")
+
+
+def fake_server_script(tmp_path, monkeypatch):
+    """The fake vLLM server's script, written under ``tmp_path``, with bench's polling made fast (tests point
+    ``server_command`` at it)."""
+    from freespec.bench import server
+
+    script = tmp_path / "fake_server.py"
+    script.write_text(FAKE_SERVER)
+    monkeypatch.setattr(server, "HEALTH_POLL_S", 0.05)
+    monkeypatch.setattr(server, "METRICS_SETTLE_S", 0.01)
+    return script

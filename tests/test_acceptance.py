@@ -1,8 +1,9 @@
-"""Acceptance estimates and the draft length they choose."""
+"""Acceptance estimates, and the draft length the policy keeps of chances alpha**i."""
 import numpy as np
 import pytest
 
-from freespec.scorers.acceptance import AcceptanceEstimate, draft_length, matched_prefix
+from freespec.scorers.acceptance import AcceptanceEstimate, matched_prefix
+from freespec.scorers.policy import paying_prefix
 
 
 def test_estimate_converges_to_per_token_acceptance():
@@ -23,7 +24,8 @@ def test_fully_accepted_drafts_count_no_failure():
     [(0.9, 0.2, 8, 8), (0.5, 0.2, 8, 2), (0.5, 0.5, 8, 1), (0.1, 0.2, 8, 0), (1.0, 0.5, 3, 3), (0.9, 0.0, 5, 5)],
 )
 def test_draft_length(alpha, gain, k, want):
-    assert draft_length(alpha, k, gain) == want
+    # copy's draft of k tokens offered at chances alpha, alpha**2, ...: the policy keeps the paying ones
+    assert paying_prefix([alpha ** (i + 1) for i in range(k)], gain) == want
 
 
 def test_matched_prefix():

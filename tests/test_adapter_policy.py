@@ -42,7 +42,7 @@ def drive(adapter, monkeypatch, steps=200, plugin_s_per_token=0.0):
 
         def timed(rows, step):  # a plugin whose time grows with the tokens it drafts (a draft model's chain)
             drafts = own(rows, step)
-            bar = step.token_cost if step.token_cost is not None else adapter.proposer.fixed_bar()
+            bar = step.bar(adapter.proposer.fixed_bar())
             clock["t"] += plugin_s_per_token * sum(len(cut(d, bar).tokens) for d in drafts)
             return drafts
 

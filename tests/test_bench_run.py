@@ -7,7 +7,7 @@ import sys
 
 import pytest
 from freespec.machine import machine_summary
-from bench_helpers import FAKE_SERVER, start_fake_server, write_questions
+from bench_helpers import fake_server_script, start_fake_server, write_questions
 from freespec.cli import bench
 
 from freespec.bench import run, server
@@ -70,11 +70,7 @@ def test_run_reports_bad_config_json(tmp_path, questions_file, capsys):
 @pytest.fixture
 def fake_server(tmp_path, monkeypatch):
     """The fake vLLM server's script, with bench's polling made fast (tests point server_command at it)."""
-    script = tmp_path / "fake_server.py"
-    script.write_text(FAKE_SERVER)
-    monkeypatch.setattr(server, "HEALTH_POLL_S", 0.05)
-    monkeypatch.setattr(server, "METRICS_SETTLE_S", 0.01)
-    return script
+    return fake_server_script(tmp_path, monkeypatch)
 
 
 def test_run_end_to_end_with_a_fake_server(tmp_path, questions_file, monkeypatch, capsys, fake_server):

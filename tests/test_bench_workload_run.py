@@ -5,7 +5,7 @@ import json
 import sys
 
 import pytest
-from bench_helpers import FAKE_SERVER
+from bench_helpers import fake_server_script
 
 from freespec.bench import run, server
 from freespec.bench.workloads import chat, runner
@@ -15,12 +15,8 @@ from test_bench_run import parse_bench_args
 
 @pytest.fixture
 def fake_server(tmp_path, monkeypatch):
-    script = tmp_path / "fake_server.py"
-    script.write_text(FAKE_SERVER)
-    monkeypatch.setattr(server, "HEALTH_POLL_S", 0.05)
-    monkeypatch.setattr(server, "METRICS_SETTLE_S", 0.01)
     monkeypatch.setattr(chat, "installed_data_files", lambda: [])  # the same on every machine
-    return script
+    return fake_server_script(tmp_path, monkeypatch)
 
 
 def modes(script, started, mode_of, shares=None):

@@ -158,8 +158,8 @@ class FreespecProposer:
             rooms = [0 if views[i][1] == 0 else max(0, min(self.k, self.max_model_len - 1 - int(lengths[i])))
                      for i in range(n_rows)]
             drafts = [self._checked(d, room) for d, room in zip(drafts, rooms)]
-            bar = step.token_cost if step.token_cost is not None else self.proposer.fixed_bar()
-            shaped = shape_drafts(drafts, bar, self.policy, [v[0] for v in views], rooms, self.pad, self.trim)
+            shaped = shape_drafts(drafts, step.bar(self.proposer.fixed_bar()), self.policy, [v[0] for v in views],
+                                  rooms, self.pad, self.trim)
             tokens, padding = shaped.tokens, shaped.padding
             self.stats.trimmed_tokens += shaped.trimmed
             self.stats.expected_accepted += shaped.expected

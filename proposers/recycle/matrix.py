@@ -55,7 +55,9 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
-from freespec.safe_files import check_npy_header, clip, loads_json, open_regular, process_alive, short
+from freespec.safe_files import (
+    check_npy_header, clip, fsync_directory, loads_json, open_regular, process_alive, short,
+)
 
 FORMAT = "freespec-recycle-matrix"
 VERSION = 2
@@ -164,14 +166,7 @@ def save_matrix(
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    try:  # the rename itself durable (Linux), as the response store does
-        dfd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass
+    fsync_directory(directory)  # the rename itself durable, as the response store does
 
 
 def remove_stale_temporaries(directory: str) -> None:

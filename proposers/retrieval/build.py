@@ -27,6 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
+from freespec.safe_files import fsync_directory
 from freespec.proposers.retrieval.datastore import FORMAT, MANIFEST, SEPARATOR, VERSION
 from freespec.proposers.retrieval.readers import (
     EXCLUDE_NGRAM,
@@ -194,17 +195,6 @@ def _check_out_dir(out: Path, force: bool) -> None:
         )
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)
 
 
 def _ids_array(ids_lists: Sequence[Sequence[int]], vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -331,7 +321,7 @@ def build_datastore(
             f.write(json.dumps(manifest, indent=2) + "\n")
             f.flush()
             os.fsync(f.fileno())
-        _fsync_dir(work)
+        fsync_directory(work)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(work, 0o777 & ~umask)  # mkdtemp makes it 0700; a datastore is shared by workers
@@ -350,7 +340,7 @@ def build_datastore(
             shutil.rmtree(old, ignore_errors=True)
         else:
             work.rename(out)
-        _fsync_dir(out.parent)
+        fsync_directory(out.parent)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
