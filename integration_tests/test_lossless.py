@@ -84,3 +84,20 @@ def test_the_adapter_tells_requests_apart_by_vllms_own_ids(engines):
     assert steps and max(steps) > 10 and len(without) == len(steps), "no stats lines in the engine log"
     assert max(without) == 0, f"{max(without)} of {max(steps)} steps fell back to the fingerprint"
     assert "request ids cannot be read" not in log
+
+
+def test_a_plugin_slower_than_plain_decoding_steps_aside_and_the_text_is_unchanged(engines, baseline):
+    """``step_aside`` (scorers/step_aside.py): a plugin that spends 150 ms a step (a draft model that does not keep
+    up) is measured against plain decoding on the real engine and left out of the steps; the text is the same."""
+    slow, log = engines.run(
+        "slow",
+        {"plugin": "integration_tests.faulty:FaultInjector", "num_speculative_tokens": K, "sleep_ms": 150},
+        greedy_jobs(),
+        env={"FREESPEC_STATS_INTERVAL_S": "0"},
+    )
+    assert_lossless_greedy(baseline, slow)
+    assert "steps aside" in log
+    steps = [int(m) for m in re.findall(r"'steps': (\d+)", log)]
+    aside = [int(m) for m in re.findall(r"'aside_steps': (\d+)", log)]
+    assert steps and aside, "no stats lines in the engine log"
+    assert max(aside) > max(steps) / 2, f"{max(aside)} of {max(steps)} steps left out"

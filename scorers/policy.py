@@ -67,7 +67,8 @@ def _log_bucket(value: float, exact: int, per_octave: int) -> int:
     return int(value) if value <= exact else exact + round(per_octave * math.log2(value / exact))
 
 
-def _rows_group(rows: int) -> int:
+def rows_group(rows: int) -> int:
+    """Batch sizes grouped: 1 to 8 requests each their own group, then four groups per octave."""
     return _log_bucket(rows, EXACT_ROWS, 4)
 
 
@@ -91,7 +92,7 @@ class StepTimeModel:
     """Online fit of step seconds = base + per_token * tokens, globally or locally around a step size and a
     number of requests.
 
-    Steps are grouped by their number of requests (``_rows_group``) and, within a group, bucketed by size;
+    Steps are grouped by their number of requests (``rows_group``) and, within a group, bucketed by size;
     each bucket keeps exponentially weighted least-squares sums (weight, sum T, sum y, sum T^2, sum T*y),
     decayed by the number of steps observed since (half-life ``HALFLIFE_STEPS``), so memory is bounded by the
     number of groups (8, then 4 per octave of requests) times buckets (about 100).
@@ -108,7 +109,7 @@ class StepTimeModel:
 
     def observe(self, tokens: float, seconds: float, rows: int = 1) -> None:
         key = _bucket(tokens)
-        buckets = self._groups.setdefault(_rows_group(max(1, rows)), {})
+        buckets = self._groups.setdefault(rows_group(max(1, rows)), {})
         sums, stamp = buckets.get(key, ((0.0,) * 5, self.steps))
         keep = _decay(self.steps - stamp)
         n, t, y, tt, ty = sums

@@ -343,6 +343,7 @@ CASES: list[Case] = [
          lambda d: {"plugin": "copy", "options": {}, "k": 8000}, plain=True),
     Case("plain spelling: an unknown key `\"polcy\"`", "polcy",
          lambda d: {"plugin": "copy", "options": {}, "polcy": "fixed"}, plain=True),
+    Case("`step_aside: \"yes\"` (a string)", "'step_aside'", lambda d: spec("copy", step_aside="yes")),
 ]
 
 

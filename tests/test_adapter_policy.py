@@ -23,7 +23,7 @@ def test_step_tokens_counts_decode_steps_and_skips_prefills():
 
 
 def make_adapter(policy: str) -> FreespecProposer:
-    _, extra = translate({"plugin": "copy", "num_speculative_tokens": 4, "policy": policy}, None)
+    _, extra = translate({"plugin": "copy", "num_speculative_tokens": 4, "policy": policy, "step_aside": False}, None)
     cfg = SimpleNamespace(
         additional_config=extra,
         speculative_config=SimpleNamespace(num_speculative_tokens=4),

@@ -33,6 +33,7 @@ class ProposerStats:
         self.errors = 0
         self.overruns = 0  # steps over step_budget_ms
         self.skipped_steps = 0  # steps the circuit breaker kept the plugin out of
+        self.aside_steps = 0  # steps the plugin sat out because decoding without it was faster (step_aside)
         self.steps_without_ids = 0  # steps whose rows were told apart by fingerprint: vLLM's ids unreadable
         self.padded_tokens = 0  # filler tokens added to drafts to reach a faster step size ("pad")
         self.padding_accepted = 0  # of those, accepted by the target

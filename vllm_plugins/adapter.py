@@ -10,7 +10,9 @@ safe for vLLM: at most k in-vocabulary token ids per row, none past the model's 
 A proposer that raises drafts nothing for that step: the text is unchanged (vLLM decodes one token as
 without speculation), the first error is logged with its traceback, later ones are counted. A circuit
 breaker (``breaker.CircuitBreaker``) switches a plugin off for a back-off period when its steps keep
-failing or overrun the step budget, and tries it again. Counters and metrics: ``accounting``.
+failing or overrun the step budget, and tries it again. A plugin whose own time does not pay for itself
+(a draft model that does not keep up with the target) steps aside: ``scorers.step_aside.StepAside`` measures
+decoding with and without it and keeps the faster. Counters and metrics: ``accounting``.
 
 Under tensor parallelism every rank builds this adapter, but vLLM takes drafts from one rank only
 (``ranks.draft_rank``). On the others no proposer is built, so no datastore is mapped, no draft model
@@ -27,6 +29,7 @@ import numpy as np
 from freespec.proposers.base import Draft, EngineInfo, Row, StepContext
 from freespec.proposers.registry import load_proposer_class
 from freespec.scorers.policy import GoodputPolicy, shape_drafts
+from freespec.scorers.step_aside import StepAside
 from freespec.vllm_plugins.accounting import (
     PADDING, StepAccounting, accepted_by_source, accepted_tokens, step_tokens,
 )
@@ -70,6 +73,11 @@ class FreespecProposer:
         self._last_step_at: float | None = None
         self._last_plugin_s = 0.0  # the last step's plugin time, left out of the policy's fit (prices_own_time)
         self.token_cost: float | None = None  # the policy's last price of a draft token (logged, tests)
+        self.step_aside = StepAside() if adapter.step_aside else None
+        self._aside_at: float | None = None  # the start of the last adapter call step_aside can measure from
+        self._aside_rows = 0
+        self._aside_drafted = True  # whether the plugin drafted for the last step
+        self._aside_plugin_s = 0.0  # the plugin's own time in the last call
         self.k = int(spec.num_speculative_tokens)
         self.vocab_size = int(vllm_config.model_config.get_vocab_size())
         self.max_model_len = int(vllm_config.model_config.max_model_len)
@@ -139,6 +147,8 @@ class FreespecProposer:
         if not self.breaker.allow():
             return self._skip(keys, departed, n_rows, accepted, accepted_by)
         start = time.perf_counter()
+        if self._steps_aside(views, prev, start):
+            return self._aside(views, keys, departed, accepted, accepted_by, start)
         failure = None
         step = StepContext(budget_s=self.breaker.budget_s)
         try:
@@ -181,6 +191,7 @@ class FreespecProposer:
         self._prefilling = {key for key, (_, num_new) in zip(keys, views) if num_new == 0}
         seconds = time.perf_counter() - start
         self._last_plugin_s = seconds if getattr(self.proposer, "prices_own_time", False) else 0.0
+        self._aside_drafted, self._aside_plugin_s = True, seconds
         if seconds > self.breaker.budget_s:
             self.stats.overruns += 1
         if self.breaker.record(failure, seconds):
@@ -231,11 +242,48 @@ class FreespecProposer:
         self._last_sources = {}
         self._prefilling = set()
         self._last_step_at = None  # the policy's step-time fit skips the gap
+        self._aside_at = None  # and so does step_aside's measure
         if self.target_topk is not None:
             self.target_topk.active = False  # no top-k copied for a plugin that is off
         self.accounting.count([[] for _ in range(n_rows)], None, accepted, accepted_by)
         self._periodic()
         return [[] for _ in range(n_rows)]
+
+    def _steps_aside(self, views, prev, now: float) -> bool:
+        """Feed ``step_aside`` the step that just ran; whether the plugin sits this one out."""
+        if self.step_aside is None:
+            return False
+        if self._aside_at is not None:
+            counted = step_tokens(views, prev)
+            if counted is not None:
+                self.step_aside.observe(self._aside_rows, self._aside_drafted, now - self._aside_at, counted[1],
+                                        self._aside_plugin_s)
+        self._aside_at, self._aside_rows = now, len(views)
+        drafts = self.step_aside.drafts(len(views))
+        for change in self.step_aside.changes:
+            logger.info("freespec: plugin %r at %s", self.plugin, change)
+        self.step_aside.changes.clear()
+        return not drafts
+
+    def _aside(self, views, keys: list[int], departed: list[int], accepted: int,
+               accepted_by: dict[str, int] | None, start: float) -> list[list[int]]:
+        """A step the plugin sits out (``step_aside``): no drafts; the policy still learns the plain step."""
+        n_rows = len(views)
+        self.stats.aside_steps += 1
+        self._release(departed)
+        if self.policy is not None:
+            self._last_plugin_s = 0.0
+            self._observe_step(views, keys, start)
+        empty = [[] for _ in range(n_rows)]
+        self._last_drafts = dict(zip(keys, empty))
+        self._last_sources, self._last_padding = {}, {}
+        self._prefilling = {key for key, (_, num_new) in zip(keys, views) if num_new == 0}
+        self._aside_drafted, self._aside_plugin_s = False, 0.0
+        if self.target_topk is not None:
+            self.target_topk.active = False
+        self.accounting.count(empty, None, accepted, accepted_by)
+        self._periodic()
+        return empty
 
     def _opened(self, keys: list[int], forget: bool) -> None:
         """The breaker has just opened. A plugin that raised (``forget``) forgets the live requests' state

@@ -7,6 +7,8 @@ docs/policy.md goodput was as fast or faster than "fixed" at every load.
 second (``GoodputPolicy.step_size``): the draft is padded, or its last tokens dropped where the plugin gives
 their chances; "longer" only pads; "off" neither. It needs the goodput policy's step times: with "fixed"
 there are none, and it is off.
+``step_aside``: true (default) keeps a plugin out of the steps where drafting with it is slower than plain
+decoding (``scorers.step_aside.StepAside``: a draft model that does not keep up with the target).
 ``step_budget_ms``: a plugin step (everything the adapter calls on the plugin in one engine step) that takes
 longer counts as a bad step for the circuit breaker (``breaker.CircuitBreaker``). Not given, it is
 ``DEFAULT_STEP_BUDGET_MS``, far above what the context sources take per step, raised to what a plugin's own
@@ -39,6 +41,12 @@ class AdapterOptions(BaseModel):
                     'tokens is faster than one scoring 1 or 9; docs/policy.md); `"longer"`: only pad; `"off"`: '
                     'neither',
     )
+    step_aside: bool = Field(
+        True, strict=True,
+        description="a plugin whose own time is more than 5% of a step is measured against plain decoding at the "
+                    "same number of requests, and drafts only where it is faster (scorers/step_aside.py; "
+                    "docs/policy.md); false: it always drafts",
+    )
     step_budget_ms: Optional[float] = Field(
         None, ge=1.0, le=60_000.0, strict=True,
         description=f"the circuit breaker's budget for one plugin step: 3 steps over it in a row, or one over 10x, "
@@ -68,6 +76,8 @@ def adapter_options(raw: dict[str, Any]) -> AdapterOptions:
 def _allowed(key: str) -> str:
     field = AdapterOptions.model_fields[key]
     choices = get_args(field.annotation)
+    if key == "step_aside":
+        return "must be true or false"
     if key != "step_budget_ms" and choices:
         return f"must be one of {list(choices)}"
     low = next(m.ge for m in field.metadata if getattr(m, "ge", None) is not None)

@@ -1,0 +1,146 @@
+"""Never slower than no speculation: a plugin whose own time does not pay for itself steps aside.
+
+The goodput policy (``policy.py``) prices verifying a draft token; it cannot see what drafting itself costs
+the engine. A draft model on a CPU core that does not keep up with the target makes vLLM wait for its chain
+every step, and then the speculation is slower than none however good its drafts are (docs/pearl.md measured
+0.72x). ``StepAside`` measures, for a plugin whose own time is a real share of the step, what the engine
+produces per second with the plugin drafting and with it stepped aside, at the same number of requests, and
+keeps the faster:
+
+- a plugin whose own time stays under ``COSTLY_SHARE`` of a step's wall time always drafts (the text sources
+  take a millisecond or two; the policy keeps their drafts from costing throughput);
+- otherwise, once ``PHASE_STEPS`` drafting steps of a batch size are measured, the next ``PHASE_STEPS`` steps
+  of that size draft nothing, which measures plain decoding; from then on the faster mode runs, drafting on a
+  tie within ``MARGIN``;
+- the mode that lost is measured again for ``PHASE_STEPS`` steps after ``FIRST_RECHECK`` steps, then after
+  twice as many each time the decision stands (at most ``LAST_RECHECK``), because both change: the target's
+  step grows with the context and a plugin's acceptance with what it has learned.
+
+The first ``SETTLE_STEPS`` steps of each phase are not measured (a draft catching up on the tokens it missed
+drafts nothing at first), nor are steps far longer than the mode's average (idle time between requests).
+What it costs: the measurements of the slower mode, ``PHASE_STEPS`` steps in ``FIRST_RECHECK`` at first and in
+``LAST_RECHECK`` once settled, at most 12% and 0.8% of the steps of a batch size. Memory: one record per
+batch-size group (``policy``'s groups: sizes 1 to 8 each, then four per octave). Pure logic, no vLLM.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from freespec.scorers.policy import rows_group
+
+COSTLY_SHARE = 0.05
+PHASE_STEPS = 16
+SETTLE_STEPS = 2
+FIRST_RECHECK = 128
+LAST_RECHECK = 2048
+MARGIN = 0.02
+GAP_FACTOR = 4.0  # a step longer than this many times its mode's average is a gap, not a step
+KEEP = 1.0 - 1.0 / PHASE_STEPS  # exponential weighting of a mode's seconds and tokens per step
+
+
+@dataclass
+class _Rate:
+    """Exponentially weighted seconds and tokens per step of one mode, and the steps behind them."""
+
+    seconds: float = 0.0
+    tokens: float = 0.0
+    steps: int = 0
+
+    def observe(self, seconds: float, tokens: int) -> None:
+        keep = KEEP if self.steps else 0.0
+        self.seconds = keep * self.seconds + (1 - keep) * seconds
+        self.tokens = keep * self.tokens + (1 - keep) * tokens
+        self.steps += 1
+
+    def per_token(self) -> float:
+        return self.seconds / self.tokens if self.tokens > 0 else float("inf")
+
+
+@dataclass
+class _Group:
+    rates: dict[bool, _Rate] = field(default_factory=lambda: {True: _Rate(), False: _Rate()})
+    phase: Optional[bool] = None  # the mode being measured, while a phase runs
+    phase_left: int = 0
+    settle: int = 0  # steps of the current mode still left out of its rate
+    mode: bool = True  # the mode the last step ran in
+    steps: int = 0  # steps decided in this group
+    next_check: int = 0
+    interval: int = FIRST_RECHECK
+    best: Optional[bool] = None  # the decision the last comparison made
+
+
+class StepAside:
+    """``drafts(rows)`` before a step: whether the plugin drafts in it; ``observe(...)`` after: what it cost."""
+
+    def __init__(self) -> None:
+        self.groups: dict[int, _Group] = {}
+        self.share = 0.0  # exponentially weighted share of a drafting step's wall time spent in the plugin
+        self._share_steps = 0
+        self.changes: list[str] = []  # decisions not yet logged (the adapter logs and clears them)
+
+    def _group(self, rows: int) -> _Group:
+        return self.groups.setdefault(rows_group(max(1, rows)), _Group())
+
+    def observe(self, rows: int, drafted: bool, seconds: float, produced: int, plugin_seconds: float) -> None:
+        """The step that just ran: its requests, whether the plugin drafted for it, its wall time from the start
+        of one adapter call to the next (the plugin's time and the engine's), the tokens it produced, and the
+        plugin's own part of that time."""
+        if seconds <= 0 or produced <= 0:
+            return
+        g = self._group(rows)
+        rate = g.rates[drafted]
+        if rate.steps and seconds > GAP_FACTOR * rate.seconds:
+            return
+        if drafted:
+            keep = KEEP if self._share_steps else 0.0
+            self.share = keep * self.share + (1 - keep) * min(1.0, plugin_seconds / seconds)
+            self._share_steps += 1
+        if g.settle > 0:
+            g.settle -= 1
+            return
+        rate.observe(seconds, produced)
+
+    def drafts(self, rows: int) -> bool:
+        g = self._group(rows)
+        g.steps += 1
+        mode = self._choose(g, rows)
+        if mode != g.mode:
+            g.settle = SETTLE_STEPS
+            g.mode = mode
+        return mode
+
+    def _choose(self, g: _Group, rows: int) -> bool:
+        if g.phase_left > 0:
+            g.phase_left -= 1
+            return bool(g.phase)
+        g.phase = None
+        if self.share < COSTLY_SHARE or self._share_steps < PHASE_STEPS:
+            return True
+        on, off = g.rates[True], g.rates[False]
+        if on.steps < PHASE_STEPS:
+            return self._phase(g, True)
+        if off.steps < PHASE_STEPS:
+            return self._phase(g, False)
+        best = on.per_token() <= (1 + MARGIN) * off.per_token()
+        if best != g.best:
+            self.changes.append(
+                f"{rows} request(s): {'drafts' if best else 'steps aside'}: "
+                f"{on.per_token() * 1e3:.1f} ms a token drafting, {off.per_token() * 1e3:.1f} ms without")
+            g.interval = FIRST_RECHECK
+            g.best = best
+            g.next_check = g.steps + g.interval
+        elif g.steps >= g.next_check:
+            g.interval = min(LAST_RECHECK, 2 * g.interval)
+            g.next_check = g.steps + g.interval
+            g.rates[not best] = _Rate()
+            return self._phase(g, not best)
+        return best
+
+    def _phase(self, g: _Group, mode: bool) -> bool:
+        g.phase, g.phase_left = mode, PHASE_STEPS + SETTLE_STEPS - 1
+        return mode
+
+    def stepped_aside(self) -> dict[int, bool]:
+        """Per batch-size group, whether the plugin is now kept out (for stats and logs)."""
+        return {k: g.best is False for k, g in self.groups.items()}

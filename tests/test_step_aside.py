@@ -1,0 +1,117 @@
+"""A plugin whose own time does not pay for itself steps aside (scorers/step_aside.py, and the adapter's use of it)."""
+import numpy as np
+import pytest
+
+from freespec.proposers.base import Draft
+from freespec.scorers import step_aside as sa
+from freespec.scorers.step_aside import StepAside
+from freespec.testing.adapter_checks import adapter_for
+from freespec.vllm_plugins import adapter as adapter_module
+
+
+def run(aside, steps, drafting, plain, rows=1):
+    """``steps`` engine steps; ``drafting`` and ``plain``: (seconds, tokens produced, plugin seconds) of a step
+    with the plugin and without it. Returns how many steps the plugin sat out."""
+    out = 0
+    for _ in range(steps):
+        drafts = aside.drafts(rows)
+        seconds, produced, own = drafting if drafts else plain
+        aside.observe(rows, drafts, seconds, produced, own if drafts else 0.0)
+        out += not drafts
+    return out
+
+
+# A draft model that does not keep up: the target waits 300 ms for its chain, 2.4 tokens a step of 600 ms,
+# against 200 ms a token without it (0.8x; the Qwen pair's pearl run was 0.72x).
+SLOW = (0.600, 2.4, 0.300)
+PLAIN = (0.200, 1, 0.0)
+
+
+def test_a_draft_that_does_not_keep_up_steps_aside():
+    aside = StepAside()
+    out = run(aside, 2000, SLOW, PLAIN)
+    assert out > 0.9 * 2000
+    assert aside.stepped_aside() == {1: True}
+    assert any("steps aside" in change for change in aside.changes)
+
+
+def test_a_draft_that_pays_keeps_drafting_and_rechecks_less_and_less_often():
+    aside = StepAside()
+    out = run(aside, 4000, (0.300, 2.4, 0.100), PLAIN)  # 125 ms a token drafting
+    # its first comparison, then rechecks after 128, 256, 512, 1024, 2048 steps: each PHASE_STEPS + SETTLE_STEPS
+    assert out <= 6 * (sa.PHASE_STEPS + sa.SETTLE_STEPS)
+    assert aside.stepped_aside() == {1: False}
+
+
+def test_a_cheap_plugin_never_steps_aside_even_when_its_steps_are_slower():
+    """Below COSTLY_SHARE of a step the policy's bar decides; a text source is not switched off for noise."""
+    aside = StepAside()
+    assert run(aside, 1000, (0.250, 1.0, 0.002), PLAIN) == 0
+
+
+def test_a_plugin_that_starts_paying_is_back_within_a_recheck():
+    aside = StepAside()
+    run(aside, 300, SLOW, PLAIN)
+    assert aside.stepped_aside() == {1: True}
+    out = run(aside, sa.LAST_RECHECK + 2 * sa.PHASE_STEPS, (0.300, 3.0, 0.100), PLAIN)
+    assert aside.stepped_aside() == {1: False}
+    assert out < sa.LAST_RECHECK
+
+
+def test_each_batch_size_is_decided_on_its_own_steps():
+    aside = StepAside()
+    run(aside, 400, SLOW, PLAIN, rows=1)
+    run(aside, 400, (0.400, 8 * 1.5, 0.100), (0.400, 8, 0.0), rows=8)  # 8 requests: drafting pays 1.5x
+    assert aside.stepped_aside() == {1: True, 8: False}
+
+
+def test_idle_gaps_and_steps_that_produce_nothing_are_not_measured():
+    aside = StepAside()
+    run(aside, 300, (0.300, 2.4, 0.100), PLAIN)
+    before = aside.groups[1].rates[True].seconds
+    aside.observe(1, True, 30.0, 3, 0.1)  # the server idle between two requests
+    aside.observe(1, True, 0.3, 0, 0.1)
+    assert aside.groups[1].rates[True].seconds == before
+
+
+# --- in the adapter -------------------------------------------------------------------------------------
+
+
+def slow_adapter(monkeypatch, step_aside=True, plugin_s=0.300):
+    spec = {"plugin": "copy", "num_speculative_tokens": 4, "step_aside": step_aside}
+    adapter = adapter_for(spec)
+    clock = {"t": 0.0}
+    monkeypatch.setattr(adapter_module.time, "perf_counter", lambda: clock["t"])
+
+    def slow_draft(rows, step):  # a draft model's chain: slow, and right for its first token only
+        clock["t"] += plugin_s
+        return [Draft([int(r.tokens[-1]) + 1, 0, 0, 0]) for r in rows]
+
+    monkeypatch.setattr(adapter.proposer, "draft", slow_draft)
+    tokens = np.arange(5000, dtype=np.int32).reshape(1, -1) % 997
+    length = np.array([100], dtype=np.int32)
+    drafts = adapter.propose([[int(tokens[0, 99])]], length, tokens)
+    for _ in range(600):
+        clock["t"] += 0.200 + 0.010 * len(drafts[0])
+        accepted = 1 if drafts[0] else 0
+        length[0] += accepted + 1
+        drafts = adapter.propose([tokens[0, length[0] - accepted - 1: length[0]].tolist()], length, tokens)
+    return adapter
+
+
+def test_the_adapter_keeps_a_slow_plugin_out_and_counts_the_steps(monkeypatch, caplog):
+    with caplog.at_level("INFO", logger="freespec"):
+        adapter = slow_adapter(monkeypatch)
+    assert adapter.stats.aside_steps > 400
+    assert "steps aside" in caplog.text
+    assert slow_adapter(monkeypatch, step_aside=False).stats.aside_steps == 0
+
+
+def test_a_plugin_that_pays_for_its_time_is_not_kept_out(monkeypatch):
+    adapter = slow_adapter(monkeypatch, plugin_s=0.020)  # 230 ms for 2 tokens against 200 ms for 1
+    assert adapter.stats.aside_steps < 100
+
+
+def test_step_aside_is_a_boolean_checked_at_start():
+    with pytest.raises(ValueError, match="'step_aside' must be true or false"):
+        adapter_for({"plugin": "copy", "num_speculative_tokens": 4, "step_aside": "yes"})
