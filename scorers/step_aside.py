@@ -12,18 +12,21 @@ keeps the faster:
 - otherwise, once ``PHASE_STEPS`` drafting steps of a batch size are measured, the next ``PHASE_STEPS`` steps
   of that size draft nothing, which measures plain decoding; from then on the faster mode runs, drafting on a
   tie within ``MARGIN``;
-- the mode that lost is measured again for ``PHASE_STEPS`` steps after ``FIRST_RECHECK`` steps, then after
+- the mode that lost is measured again for ``RECHECK_STEPS`` steps after ``FIRST_RECHECK`` steps, then after
   twice as many each time the decision stands (at most ``LAST_RECHECK``), because both change: the target's
-  step grows with the context and a plugin's acceptance with what it has learned.
+  step grows with the context and a plugin's acceptance with what it has learned. A recheck of a mode that
+  lost by a wide margin costs more, so it waits until it costs at most ``RECHECK_SHARE`` of the steps since
+  the last (a draft 35% slower than plain decoding: every 175 steps at first).
 
 The first ``SETTLE_STEPS`` steps of each phase are not measured (a draft catching up on the tokens it missed
 drafts nothing at first), nor are steps far longer than the mode's average (idle time between requests).
-What it costs: the measurements of the slower mode, ``PHASE_STEPS`` steps in ``FIRST_RECHECK`` at first and in
-``LAST_RECHECK`` once settled, at most 12% and 0.8% of the steps of a batch size. Memory: one record per
+What it costs: the first measurement of each mode (``PHASE_STEPS`` steps), then the rechecks of the slower one,
+``RECHECK_STEPS`` + ``SETTLE_STEPS`` steps in ``FIRST_RECHECK`` or more at first, in ``LAST_RECHECK`` once settled. Memory: one record per
 batch-size group (``policy``'s groups: sizes 1 to 8 each, then four per octave). Pure logic, no vLLM.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -31,6 +34,8 @@ from freespec.scorers.policy import rows_group
 
 COSTLY_SHARE = 0.05
 PHASE_STEPS = 16
+RECHECK_STEPS = 8
+RECHECK_SHARE = 0.02
 SETTLE_STEPS = 2
 FIRST_RECHECK = 128
 LAST_RECHECK = 2048
@@ -118,27 +123,32 @@ class StepAside:
         if self.share < COSTLY_SHARE or self._share_steps < PHASE_STEPS:
             return True
         on, off = g.rates[True], g.rates[False]
-        if on.steps < PHASE_STEPS:
-            return self._phase(g, True)
-        if off.steps < PHASE_STEPS:
-            return self._phase(g, False)
+        needed = PHASE_STEPS if g.best is None else RECHECK_STEPS  # a recheck's steps may have been gaps
+        if on.steps < needed:
+            return self._phase(g, True, needed)
+        if off.steps < needed:
+            return self._phase(g, False, needed)
         best = on.per_token() <= (1 + MARGIN) * off.per_token()
+        loss = max(on.per_token(), off.per_token()) / max(1e-12, min(on.per_token(), off.per_token())) - 1
+        # the steps between rechecks for the slower mode's to cost at most RECHECK_SHARE of them
+        paid = min(LAST_RECHECK, math.ceil((RECHECK_STEPS + SETTLE_STEPS) * loss / RECHECK_SHARE))
         if best != g.best:
             self.changes.append(
                 f"{rows} request(s): {'drafts' if best else 'steps aside'}: "
                 f"{on.per_token() * 1e3:.1f} ms a token drafting, {off.per_token() * 1e3:.1f} ms without")
-            g.interval = FIRST_RECHECK
+            g.interval = max(FIRST_RECHECK, paid)
             g.best = best
             g.next_check = g.steps + g.interval
         elif g.steps >= g.next_check:
-            g.interval = min(LAST_RECHECK, 2 * g.interval)
+            g.interval = max(min(LAST_RECHECK, 2 * g.interval), paid)
             g.next_check = g.steps + g.interval
             g.rates[not best] = _Rate()
-            return self._phase(g, not best)
+            return self._phase(g, not best, RECHECK_STEPS)
         return best
 
-    def _phase(self, g: _Group, mode: bool) -> bool:
-        g.phase, g.phase_left = mode, PHASE_STEPS + SETTLE_STEPS - 1
+    def _phase(self, g: _Group, mode: bool, steps: int = PHASE_STEPS) -> bool:
+        """Run ``mode`` for ``steps`` measured steps (and the steps that settle it after a switch)."""
+        g.phase, g.phase_left = mode, steps + SETTLE_STEPS - 1
         return mode
 
     def stepped_aside(self) -> dict[int, bool]:

@@ -43,6 +43,17 @@ def test_a_draft_that_pays_keeps_drafting_and_rechecks_less_and_less_often():
     assert aside.stepped_aside() == {1: False}
 
 
+def test_rechecks_of_a_slow_draft_cost_at_most_a_small_share_of_the_steps():
+    """A draft that loses by a wide margin is measured again only when that costs RECHECK_SHARE of the steps."""
+    for drafting, loss in ((SLOW, 0.25), ((0.800, 2.0, 0.500), 1.0)):  # 250 and 400 ms a token against 200
+        aside = StepAside()
+        run(aside, 200, drafting, PLAIN)
+        assert aside.stepped_aside() == {1: True}
+        drafted = 2000 - run(aside, 2000, drafting, PLAIN)
+        assert drafted * loss <= 2 * sa.RECHECK_SHARE * 2000  # step-equivalents lost to rechecks
+        assert drafted >= sa.RECHECK_STEPS  # but rechecked
+
+
 def test_a_cheap_plugin_never_steps_aside_even_when_its_steps_are_slower():
     """Below COSTLY_SHARE of a step the policy's bar decides; a text source is not switched off for noise."""
     aside = StepAside()
