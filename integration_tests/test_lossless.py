@@ -100,4 +100,6 @@ def test_a_plugin_slower_than_plain_decoding_steps_aside_and_the_text_is_unchang
     steps = [int(m) for m in re.findall(r"'steps': (\d+)", log)]
     aside = [int(m) for m in re.findall(r"'aside_steps': (\d+)", log)]
     assert steps and aside, "no stats lines in the engine log"
-    assert max(aside) > max(steps) / 2, f"{max(aside)} of {max(steps)} steps left out"
+    # at least the measurement of plain decoding and the steps it then sat out (14 requests, then one: each
+    # number of requests is measured on its own)
+    assert max(aside) > 2 * 16, f"{max(aside)} of {max(steps)} steps left out"
