@@ -87,19 +87,17 @@ def test_the_adapter_tells_requests_apart_by_vllms_own_ids(engines):
 
 
 def test_a_plugin_slower_than_plain_decoding_steps_aside_and_the_text_is_unchanged(engines, baseline):
-    """``step_aside`` (scorers/step_aside.py): a plugin that spends 150 ms a step (a draft model that does not keep
-    up) is measured against plain decoding on the real engine and left out of the steps; the text is the same."""
+    """``step_aside`` (scorers/step_aside.py): a plugin that spends 300 ms a step (a draft model that does not keep
+    up) is measured against plain decoding on the real engine and left out of the steps; the text is the same.
+    One request, so that one number of requests is measured (each is measured on its own)."""
     slow, log = engines.run(
         "slow",
-        {"plugin": "integration_tests.faulty:FaultInjector", "num_speculative_tokens": K, "sleep_ms": 150},
-        greedy_jobs(),
+        {"plugin": "integration_tests.faulty:FaultInjector", "num_speculative_tokens": K, "sleep_ms": 300},
+        [job for job in greedy_jobs() if job["name"] == "copy_heavy"],
         env={"FREESPEC_STATS_INTERVAL_S": "0"},
     )
-    assert_lossless_greedy(baseline, slow)
-    assert "steps aside" in log
-    steps = [int(m) for m in re.findall(r"'steps': (\d+)", log)]
+    assert_lossless_greedy(baseline, slow, job="copy_heavy")
+    stats = [line for line in log.splitlines() if "stats {" in line or "request(s)" in line]
+    assert "steps aside" in log, "\n".join(stats[-3:])
     aside = [int(m) for m in re.findall(r"'aside_steps': (\d+)", log)]
-    assert steps and aside, "no stats lines in the engine log"
-    # at least the measurement of plain decoding and the steps it then sat out (14 requests, then one: each
-    # number of requests is measured on its own)
-    assert max(aside) > 2 * 16, f"{max(aside)} of {max(steps)} steps left out"
+    assert aside and max(aside) > 16, "\n".join(stats[-3:])  # plain decoding measured, then the steps sat out
