@@ -152,5 +152,5 @@ class StepAside:
         return mode
 
     def stepped_aside(self) -> dict[int, bool]:
-        """Per batch-size group, whether the plugin is now kept out (for stats and logs)."""
+        """Per batch-size group, whether the last comparison kept the plugin out."""
         return {k: g.best is False for k, g in self.groups.items()}

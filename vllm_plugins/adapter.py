@@ -138,6 +138,7 @@ class FreespecProposer:
         self.stats.steps_without_ids += ids is None
         keys, departed = self.tracker.update(views, ids)
         prev = [None if key in self._prefilling else self._last_drafts.get(key) for key in keys]
+        counted = step_tokens(views, prev)  # what the last step scored and produced (None: it prefilled)
         accepted = accepted_tokens(views, prev)
         accepted_by = None
         if self._last_sources or self._last_padding:
@@ -147,13 +148,13 @@ class FreespecProposer:
         if not self.breaker.allow():
             return self._skip(keys, departed, n_rows, accepted, accepted_by)
         start = time.perf_counter()
-        if self._steps_aside(views, prev, start):
-            return self._aside(views, keys, departed, accepted, accepted_by, start)
+        if self._steps_aside(len(views), counted, start):
+            return self._aside(views, keys, departed, accepted, accepted_by, counted, start)
         failure = None
         step = StepContext(budget_s=self.breaker.budget_s)
         try:
             if self.policy is not None:
-                step.token_cost = self._observe_step(views, keys, start)
+                step.token_cost = self._observe_step(len(views), counted, start)
             for key in departed:
                 self.proposer.release(key)
             if self.target_topk is not None:
@@ -237,53 +238,50 @@ class FreespecProposer:
               accepted_by: dict[str, int] | None = None) -> list[list[int]]:
         """A step while the breaker is open: no drafts, nothing asked of the plugin but freeing departed requests."""
         self.stats.skipped_steps += 1
-        self._release(departed)
         self._last_drafts = {}
         self._last_sources = {}
         self._prefilling = set()
         self._last_step_at = None  # the policy's step-time fit skips the gap
         self._aside_at = None  # and so does step_aside's measure
+        return self._draft_nothing(n_rows, departed, accepted, accepted_by)
+
+    def _draft_nothing(self, n_rows: int, departed: list[int], accepted: int,
+                       accepted_by: dict[str, int] | None) -> list[list[int]]:
+        """The end of a step the plugin was not asked to draft for (breaker open, or stepped aside): departed
+        requests freed, nothing else asked of it."""
+        self._release(departed)
         if self.target_topk is not None:
             self.target_topk.active = False  # no top-k copied for a plugin that is off
         self.accounting.count([[] for _ in range(n_rows)], None, accepted, accepted_by)
         self._periodic()
         return [[] for _ in range(n_rows)]
 
-    def _steps_aside(self, views, prev, now: float) -> bool:
+    def _steps_aside(self, rows: int, counted: tuple[int, int] | None, now: float) -> bool:
         """Feed ``step_aside`` the step that just ran; whether the plugin sits this one out."""
         if self.step_aside is None:
             return False
-        if self._aside_at is not None:
-            counted = step_tokens(views, prev)
-            if counted is not None:
-                self.step_aside.observe(self._aside_rows, self._aside_drafted, now - self._aside_at, counted[1],
-                                        self._aside_plugin_s)
-        self._aside_at, self._aside_rows = now, len(views)
-        drafts = self.step_aside.drafts(len(views))
+        if self._aside_at is not None and counted is not None:
+            self.step_aside.observe(self._aside_rows, self._aside_drafted, now - self._aside_at, counted[1],
+                                    self._aside_plugin_s)
+        self._aside_at, self._aside_rows = now, rows
+        drafts = self.step_aside.drafts(rows)
         for change in self.step_aside.changes:
             logger.info("freespec: plugin %r at %s", self.plugin, change)
         self.step_aside.changes.clear()
         return not drafts
 
     def _aside(self, views, keys: list[int], departed: list[int], accepted: int,
-               accepted_by: dict[str, int] | None, start: float) -> list[list[int]]:
+               accepted_by: dict[str, int] | None, counted: tuple[int, int] | None, start: float) -> list[list[int]]:
         """A step the plugin sits out (``step_aside``): no drafts; the policy still learns the plain step."""
-        n_rows = len(views)
         self.stats.aside_steps += 1
-        self._release(departed)
         if self.policy is not None:
             self._last_plugin_s = 0.0
-            self._observe_step(views, keys, start)
-        empty = [[] for _ in range(n_rows)]
-        self._last_drafts = dict(zip(keys, empty))
+            self._observe_step(len(views), counted, start)
+        self._last_drafts = {key: [] for key in keys}  # measured next step: each row scored its last token
         self._last_sources, self._last_padding = {}, {}
         self._prefilling = {key for key, (_, num_new) in zip(keys, views) if num_new == 0}
         self._aside_drafted, self._aside_plugin_s = False, 0.0
-        if self.target_topk is not None:
-            self.target_topk.active = False
-        self.accounting.count(empty, None, accepted, accepted_by)
-        self._periodic()
-        return empty
+        return self._draft_nothing(len(views), departed, accepted, accepted_by)
 
     def _opened(self, keys: list[int], forget: bool) -> None:
         """The breaker has just opened. A plugin that raised (``forget``) forgets the live requests' state
@@ -307,19 +305,16 @@ class FreespecProposer:
             except Exception:
                 self.accounting.error()
 
-    def _observe_step(self, views, keys, now: float) -> float | None:
-        """Feed the policy the step that just ran (time since the last call, tokens it scored and produced);
-        the price of a draft token for the step about to be drafted."""
-        if self._last_step_at is not None:
-            prev = [None if key in self._prefilling else self._last_drafts.get(key) for key in keys]
-            counted = step_tokens(views, prev)
-            if counted is not None:
-                # A plugin that prices its own time (hybrid's sources) leaves it out: the fit is the
-                # target's step, what verifying one more token costs.
-                seconds = now - self._last_step_at - self._last_plugin_s
-                self.policy.observe_step(counted[0], counted[1], seconds, rows=len(views))
+    def _observe_step(self, rows: int, counted: tuple[int, int] | None, now: float) -> float | None:
+        """Feed the policy the step that just ran (time since the last call, tokens it scored and produced:
+        ``counted``, None for a step that prefilled); the price of a draft token for the step about to be drafted."""
+        if self._last_step_at is not None and counted is not None:
+            # A plugin that prices its own time (hybrid's sources) leaves it out: the fit is the
+            # target's step, what verifying one more token costs.
+            seconds = now - self._last_step_at - self._last_plugin_s
+            self.policy.observe_step(counted[0], counted[1], seconds, rows=rows)
         self._last_step_at = now
-        self.token_cost = self.policy.token_cost(rows=len(views))
+        self.token_cost = self.policy.token_cost(rows=rows)
         self.metrics.token_cost(self.token_cost)
         return self.token_cost
 
