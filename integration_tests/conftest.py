@@ -30,6 +30,11 @@ QUESTIONS = REPO.parent / "shared" / "data" / "spec_bench" / "question.jsonl"
 # docs/reliability.md): the code, renamed as the prompt asks and as given.
 CODE_DOCUMENTS = [CODE.replace("def total(", "def column_sum("), CODE] * 4
 
+# Tests of what a plugin learns or how rows map draft at the fixed length K every step: under the goodput policy
+# and stepping aside (the defaults) whether and how much is drafted also follows the measured step times, which move
+# with the CI machine's speed and load (a mapping check once drafted in 72 steps of a run's ~150 and checked too few).
+DRAFT_EVERY_STEP = {"policy": "fixed", "step_aside": False}
+
 
 def spec_bench_prompts(per_category: int = 1, limit: int = 12, skip: int = 0) -> list[str]:
     """Questions ``skip`` .. ``skip + per_category - 1`` of each Spec-Bench category, in file order (deterministic)."""

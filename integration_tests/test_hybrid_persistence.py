@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from integration_tests.conftest import K, spec_bench_prompts
+from integration_tests.conftest import DRAFT_EVERY_STEP, K, spec_bench_prompts
 from freespec.proposers.suffix_tree import available
 
 pytestmark = [pytest.mark.integration,
@@ -22,8 +22,6 @@ pytestmark = [pytest.mark.integration,
 
 PROMPTS = spec_bench_prompts(per_category=1, limit=13)[:6]
 TOKENS = 64
-# Fixed length: what is drafted then follows what was learned, not the CI machine's step times.
-FIXED = {"policy": "fixed"}
 
 
 def accepted_per_token(result: dict) -> float:
@@ -33,7 +31,7 @@ def accepted_per_token(result: dict) -> float:
 
 def spec(path: str) -> dict:
     return {"plugin": "hybrid", "num_speculative_tokens": K, "suffix": {"responses_path": path, "save_every_s": 0},
-            **FIXED}
+            **DRAFT_EVERY_STEP}
 
 
 @pytest.fixture(scope="module")

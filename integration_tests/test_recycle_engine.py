@@ -12,6 +12,7 @@ from integration_tests.conftest import (
     assert_same_distribution,
     greedy_jobs,
     sample_jobs,
+    DRAFT_EVERY_STEP,
     spec_bench_prompts,
 )
 
@@ -20,8 +21,6 @@ pytestmark = pytest.mark.integration
 # Prompts the warm-up/warm-start checks measure (two passes over them: cold, then warm).
 PASS_PROMPTS = spec_bench_prompts(per_category=1, limit=13)[6:12]
 PASS_TOKENS = 64
-# Draft at the fixed length K (no load-aware policy): see recycle_run.
-FIXED = {"policy": "fixed"}
 
 
 def pass_job(name: str) -> dict:
@@ -48,7 +47,7 @@ def recycle_run(engines, matrix_file):
     machine's load; a pass once measured cold 0.053, warm 0.084 accepted/token that way.
     """
     assert not os.path.exists(matrix_file)
-    spec = {"plugin": "recycle", "num_speculative_tokens": K, "matrix_path": matrix_file, "save_every_s": 0, **FIXED}
+    spec = {"plugin": "recycle", "num_speculative_tokens": K, "matrix_path": matrix_file, "save_every_s": 0, **DRAFT_EVERY_STEP}
     return engines.run("recycle", spec, [pass_job("pass1"), pass_job("pass2")] + greedy_jobs() + sample_jobs())
 
 
@@ -75,7 +74,7 @@ def test_matrix_is_saved_at_exit(recycle_run, matrix_file):
 @pytest.mark.long
 def test_a_warm_start_from_the_saved_matrix_beats_a_cold_one(recycle_run, engines, matrix_file):
     assert os.path.exists(matrix_file), "the engine did not save its matrix at exit"
-    spec = {"plugin": "recycle", "num_speculative_tokens": K, "matrix_path": matrix_file, **FIXED}
+    spec = {"plugin": "recycle", "num_speculative_tokens": K, "matrix_path": matrix_file, **DRAFT_EVERY_STEP}
     warm, log = engines.run("recycle_warm", spec, [pass_job("pass1")])
     assert "recycle matrix loaded from" in log
     cold = accepted_per_token(recycle_run[0]["pass1"])
@@ -96,7 +95,7 @@ def test_logits_rows_map_to_the_right_tokens_in_mixed_and_reordered_batches(engi
     ]
     engines.run(
         "recycle_mapping",
-        {"plugin": "integration_tests.topk_check:MappingCheckProposer", "num_speculative_tokens": K},
+        {"plugin": "integration_tests.topk_check:MappingCheckProposer", "num_speculative_tokens": K, **DRAFT_EVERY_STEP},
         jobs,
         env={"FREESPEC_TOPK_CHECK_OUT": str(out)},
         # Small chunks: long prompts are prefilled over several steps while other requests decode.
