@@ -11,7 +11,8 @@ keeps the faster:
   take a millisecond or two; the policy keeps their drafts from costing throughput);
 - otherwise, once ``PHASE_STEPS`` drafting steps of a batch size are measured, the next ``PHASE_STEPS`` steps
   of that size draft nothing, which measures plain decoding; from then on the faster mode runs, drafting on a
-  tie within ``MARGIN``;
+  tie within ``MARGIN``, and the decision is only made again when a recheck ends (the mode running drifts as
+  contexts grow while the other's rate stands still: compared every step, a tie flipped every few steps);
 - the mode that lost is measured again for ``RECHECK_STEPS`` steps after ``FIRST_RECHECK`` steps, then after
   twice as many each time the decision stands (at most ``LAST_RECHECK``), because both change: the target's
   step grows with the context and a plugin's acceptance with what it has learned. A recheck of a mode that
@@ -119,7 +120,7 @@ class StepAside:
         if g.phase_left > 0:
             g.phase_left -= 1
             return bool(g.phase)
-        g.phase = None
+        measured, g.phase = g.phase is not None, None  # a phase just ended: time to compare
         if self.share < COSTLY_SHARE or self._share_steps < PHASE_STEPS:
             return True
         on, off = g.rates[True], g.rates[False]
@@ -128,6 +129,13 @@ class StepAside:
             return self._phase(g, True, needed)
         if off.steps < needed:
             return self._phase(g, False, needed)
+        if not measured and g.best is not None:  # between rechecks the decision stands (no flapping on a tie)
+            if g.steps < g.next_check:
+                return g.best
+            g.interval = min(LAST_RECHECK, 2 * g.interval)
+            g.next_check = g.steps + g.interval
+            g.rates[not g.best] = _Rate()
+            return self._phase(g, not g.best, RECHECK_STEPS)
         best = on.per_token() <= (1 + MARGIN) * off.per_token()
         loss = max(on.per_token(), off.per_token()) / max(1e-12, min(on.per_token(), off.per_token())) - 1
         # the steps between rechecks for the slower mode's to cost at most RECHECK_SHARE of them
@@ -137,13 +145,10 @@ class StepAside:
                 f"{rows} request(s): {'drafts' if best else 'steps aside'}: "
                 f"{on.per_token() * 1e3:.1f} ms a token drafting, {off.per_token() * 1e3:.1f} ms without")
             g.interval = max(FIRST_RECHECK, paid)
-            g.best = best
-            g.next_check = g.steps + g.interval
-        elif g.steps >= g.next_check:
-            g.interval = max(min(LAST_RECHECK, 2 * g.interval), paid)
-            g.next_check = g.steps + g.interval
-            g.rates[not best] = _Rate()
-            return self._phase(g, not best, RECHECK_STEPS)
+        else:
+            g.interval = max(g.interval, paid)  # the decision stands: already doubled when the recheck began
+        g.best = best
+        g.next_check = g.steps + g.interval
         return best
 
     def _phase(self, g: _Group, mode: bool, steps: int = PHASE_STEPS) -> bool:

@@ -60,6 +60,19 @@ def test_a_cheap_plugin_never_steps_aside_even_when_its_steps_are_slower():
     assert run(aside, 1000, (0.250, 1.0, 0.002), PLAIN) == 0
 
 
+def test_a_tie_is_decided_once_a_measurement_ends_not_every_step():
+    """Two modes level with each other while every step grows slower (the context grows): the mode running
+    looks slower than the one measured earlier. The decision changes only when a phase of measuring ends (it
+    once flipped, and logged, every few steps)."""
+    aside = StepAside()
+    for step in range(3000):
+        drafts = aside.drafts(1)  # a draft model: a quarter of the step, its tokens pay exactly that
+        aside.observe(1, drafts, 0.200 * (1 + step / 3000) * (1.25 if drafts else 1), 1.25 if drafts else 1,
+                      0.050 if drafts else 0.0)
+    rechecks = 3000 // sa.FIRST_RECHECK + 1
+    assert len(aside.changes) <= rechecks, aside.changes
+
+
 def test_a_plugin_that_starts_paying_is_back_within_a_recheck():
     aside = StepAside()
     run(aside, 300, SLOW, PLAIN)
