@@ -7,12 +7,12 @@ import os
 import pytest
 
 from integration_tests.conftest import (
+    DRAFT_EVERY_STEP,
     K,
     assert_lossless_greedy,
     assert_same_distribution,
     greedy_jobs,
     sample_jobs,
-    DRAFT_EVERY_STEP,
     spec_bench_prompts,
 )
 
