@@ -13,6 +13,10 @@ keeps the faster:
   of that size draft nothing, which measures plain decoding; from then on the faster mode runs, drafting on a
   tie within ``MARGIN``, and the decision is only made again when a recheck ends (the mode running drifts as
   contexts grow while the other's rate stands still: compared every step, a tie flipped every few steps);
+- a plugin's share is its median over each drafting measurement (a recheck included) as well as its running
+  average: a plugin that stops running its costly part while it sits out (``hybrid`` pausing a draft source
+  that does not pay) is cheap at its next recheck and drafts again, where the running average, moved only by
+  the few drafting steps of rechecks, would keep the old share for thousands of steps;
 - the mode that lost is measured again for ``RECHECK_STEPS`` steps after ``FIRST_RECHECK`` steps, then after
   twice as many each time the decision stands (at most ``LAST_RECHECK``), because both change: the target's
   step grows with the context and a plugin's acceptance with what it has learned. A recheck of a mode that
@@ -28,6 +32,7 @@ batch-size group (``policy``'s groups: sizes 1 to 8 each, then four per octave).
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -74,6 +79,7 @@ class _Group:
     next_check: int = 0
     interval: int = FIRST_RECHECK
     best: Optional[bool] = None  # the decision the last comparison made
+    phase_shares: list[float] = field(default_factory=list)  # the plugin's share of each step of a drafting phase
 
 
 class StepAside:
@@ -99,9 +105,12 @@ class StepAside:
         if rate.steps and seconds > GAP_FACTOR * rate.seconds:
             return
         if drafted:
+            share = min(1.0, plugin_seconds / seconds)
             keep = KEEP if self._share_steps else 0.0
-            self.share = keep * self.share + (1 - keep) * min(1.0, plugin_seconds / seconds)
+            self.share = keep * self.share + (1 - keep) * share
             self._share_steps += 1
+            if g.phase is True:
+                g.phase_shares.append(share)
         if g.settle > 0:
             g.settle -= 1
             return
@@ -120,7 +129,9 @@ class StepAside:
         if g.phase_left > 0:
             g.phase_left -= 1
             return bool(g.phase)
-        measured, g.phase = g.phase is not None, None  # a phase just ended: time to compare
+        measured, drafting_phase, g.phase = g.phase is not None, g.phase is True, None  # a phase just ended
+        if drafting_phase and g.phase_shares:
+            self._phase_share(g, rows)
         if self.share < COSTLY_SHARE or self._share_steps < PHASE_STEPS:
             return True
         on, off = g.rates[True], g.rates[False]
@@ -151,9 +162,23 @@ class StepAside:
         g.next_check = g.steps + g.interval
         return best
 
+    def _phase_share(self, g: _Group, rows: int) -> None:
+        """A drafting phase ended: the plugin's share is its median over the phase (a step that ran a paused
+        source's probe does not count for more than one step). Cheap now where it sat out: every group drafts
+        again, and is measured afresh should it become costly again."""
+        self.share = statistics.median(g.phase_shares)
+        g.phase_shares = []
+        if self.share < COSTLY_SHARE and any(group.best is False for group in self.groups.values()):
+            self.changes.append(f"{rows} request(s): drafts: its own time fell to {self.share:.1%} of a step")
+            for group in self.groups.values():
+                group.rates = {True: _Rate(), False: _Rate()}
+                group.best, group.phase, group.phase_left = None, None, 0
+                group.interval, group.next_check = FIRST_RECHECK, 0
+
     def _phase(self, g: _Group, mode: bool, steps: int = PHASE_STEPS) -> bool:
         """Run ``mode`` for ``steps`` measured steps (and the steps that settle it after a switch)."""
         g.phase, g.phase_left = mode, steps + SETTLE_STEPS - 1
+        g.phase_shares = []
         return mode
 
     def stepped_aside(self) -> dict[int, bool]:

@@ -82,6 +82,28 @@ def test_a_plugin_that_starts_paying_is_back_within_a_recheck():
     assert out < sa.LAST_RECHECK
 
 
+def test_a_plugin_that_pauses_its_costly_part_while_aside_drafts_again_after_a_recheck():
+    """``hybrid`` with a draft source: slow at first, it steps aside; its source pricing has paused the draft
+    source by then, so at its next recheck the plugin costs 1% of a step (one step in 32 still runs the paused
+    source's probe) and, like any cheap plugin, drafts, its drafts left to the policy: as
+    ``hybrid`` without the draft source would. The running share alone, moved only by rechecks' few
+    drafting steps, kept it out for thousands of steps."""
+    aside = StepAside()
+    run(aside, 200, SLOW, PLAIN)
+    assert aside.stepped_aside() == {1: True}
+    aside.changes.clear()
+    cheap, probe = (0.210, 1.0, 0.002), (0.400, 1.0, 0.190)
+    out = 0
+    for step in range(3000):
+        drafts = aside.drafts(1)
+        seconds, produced, own = (probe if step % 32 == 0 else cheap) if drafts else PLAIN
+        aside.observe(1, drafts, seconds, produced, own if drafts else 0.0)
+        out += not drafts
+    assert aside.stepped_aside() == {1: False}
+    assert out < 2 * sa.FIRST_RECHECK + sa.LAST_RECHECK // 8, out
+    assert any("drafts: its own time fell to" in change for change in aside.changes), aside.changes
+
+
 def test_each_batch_size_is_decided_on_its_own_steps():
     aside = StepAside()
     run(aside, 400, SLOW, PLAIN, rows=1)
