@@ -81,6 +81,12 @@ class _Group:
     best: Optional[bool] = None  # the decision the last comparison made
     phase_shares: list[float] = field(default_factory=list)  # the plugin's share of each step of a drafting phase
 
+    def forget(self) -> None:
+        """Back to a group never measured (its step count and last mode kept: ``drafts`` holds the group)."""
+        fresh = _Group()
+        self.rates, self.best, self.phase, self.phase_left = fresh.rates, fresh.best, fresh.phase, fresh.phase_left
+        self.interval, self.next_check = fresh.interval, fresh.next_check
+
 
 class StepAside:
     """``drafts(rows)`` before a step: whether the plugin drafts in it; ``observe(...)`` after: what it cost."""
@@ -171,9 +177,7 @@ class StepAside:
         if self.share < COSTLY_SHARE and any(group.best is False for group in self.groups.values()):
             self.changes.append(f"{rows} request(s): drafts: its own time fell to {self.share:.1%} of a step")
             for group in self.groups.values():
-                group.rates = {True: _Rate(), False: _Rate()}
-                group.best, group.phase, group.phase_left = None, None, 0
-                group.interval, group.next_check = FIRST_RECHECK, 0
+                group.forget()
 
     def _phase(self, g: _Group, mode: bool, steps: int = PHASE_STEPS) -> bool:
         """Run ``mode`` for ``steps`` measured steps (and the steps that settle it after a switch)."""
