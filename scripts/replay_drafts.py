@@ -24,6 +24,13 @@ several times cheaper than it is there); `--adapter` times a freespec plugin wit
     python scripts/replay_drafts.py greedy.jsonl vllm-suffix --memory --time --limit 40
     python scripts/replay_drafts.py greedy.jsonl hybrid --memory --time --adapter --limit 40
 
+`copy-ceiling` is no rule but a bound: at each step it drafts from whichever earlier occurrence of the last token
+in the request's context the target's real continuation follows furthest, so it shows how much better any
+choice among the context's matches could do. A workload run's results.json (`--workload`) replays its
+sessions' turns, each prompt rebuilt from the conversation so far:
+
+    python scripts/replay_drafts.py bench_results/RUN/results.json copy-ceiling --memory
+
 `vllm-suffix` is vLLM's own `suffix` method (arctic-inference's cache with vLLM's calls and defaults;
 `'{"max_spec_factor": 2}'` and `min_token_prob` change them). `--memory` keeps one proposer for all questions
 in file order, as a server does (responses learned by `suffix`); without it each question gets a new one.
@@ -69,6 +76,41 @@ class VllmSuffix:
         self.cache.stop_request(key)
 
 
+class CopyCeiling:
+    """The most any drafter copying from the request's own context could get accepted: at each step, of every
+    earlier occurrence of the last token, the one whose continuation (up to ``k`` tokens) the target really
+    produced furthest. An oracle (it reads the recorded output, ``expect``): a bound to compare rules with,
+    not a rule."""
+
+    def __init__(self, k: int) -> None:
+        self.k, self.prompt_len, self.output = k, 0, np.zeros(0, dtype=np.int64)
+
+    def expect(self, prompt: list[int], output: list[int]) -> None:
+        self.prompt_len, self.output = len(prompt), np.asarray(output, dtype=np.int64)
+
+    def propose(self, rows: list[Row]) -> list[list[int]]:
+        out = []
+        for row in rows:
+            seq = np.asarray(row.tokens, dtype=np.int64)
+            done = len(seq) - self.prompt_len
+            future = np.full(self.k, -2, dtype=np.int64)
+            ahead = self.output[done:done + self.k]
+            future[:len(ahead)] = ahead
+            starts = np.flatnonzero(seq[:-1] == seq[-1]) + 1  # a draft copies what followed an occurrence
+            if not len(starts):
+                out.append([])
+                continue
+            padded = np.concatenate([seq, np.full(self.k, -1, dtype=np.int64)])
+            windows = np.lib.stride_tricks.sliding_window_view(padded, self.k)[starts]
+            right = np.cumprod(windows == future, axis=1).sum(axis=1)
+            best = int(starts[int(np.argmax(right))])
+            out.append([int(t) for t in seq[best:best + self.k]])
+        return out
+
+    def release(self, key: int) -> None:
+        pass
+
+
 class ThroughAdapter:
     """A freespec plugin behind the vLLM adapter (``FreespecProposer``), fed the arrays vLLM's seam passes: all
     the per-step work the engine pays for (request tracking, the goodput policy, metrics, the source pricing).
@@ -105,6 +147,8 @@ def read_greedy(path: Path) -> tuple[str | None, list[tuple[str, list[int], list
 
     run = json.loads(path.read_text())
     settings = run["settings"]
+    if settings.get("workloads"):
+        return settings["model"], _workload_turns(run, AutoTokenizer.from_pretrained(settings["model"]))
     # The set the run measured: its file, or the built-in set (runs before question sets: the path).
     source = settings.get("questions_file") if "question_set" in settings else settings["questions"]
     questions = {q.question_id: q.prompt for q in resolve_questions(source or BUILTIN).questions}
@@ -118,6 +162,34 @@ def read_greedy(path: Path) -> tuple[str | None, list[tuple[str, list[int], list
         out.append((r["category"], tok(text, add_special_tokens=False)["input_ids"],
                     tok(r["output"], add_special_tokens=False)["input_ids"]))
     return settings["model"], out
+
+
+def _workload_turns(run: dict, tok) -> list[tuple[str, list[int], list[int]]]:
+    """A workload run's turns of ``none`` (first pass, first round, one request), in the order they ran: each
+    turn's prompt is its session's conversation so far, rebuilt from the run's settings and none's answers."""
+    from freespec.bench.workloads import build_workloads
+
+    s = run["settings"]
+    names = [w["name"] for w in s["workloads"] if not w.get("skipped")]
+    sessions = {x.session_id: x for w in build_workloads(names, s["sessions"], s["turns"], s["source_chars"],
+                                                         s["context_chars"], s.get("chat_data"))
+                for x in w.sessions}
+    conversations: dict[str, list[dict[str, str]]] = {}
+    out = []
+    for r in run["requests"]:
+        if (r["config"] != "none" or r["concurrency"] != 1 or r.get("pass", "first") != "first"
+                or r.get("round", 0) != 0 or r.get("repeat", 0) != 0 or r.get("error") or r["output"] is None):
+            continue
+        session = sessions[r["session_id"]]
+        messages = conversations.setdefault(r["session_id"], [{"role": "system", "content": session.system}]
+                                            if session.system else [])
+        previous = messages[-1]["content"] if messages and messages[-1]["role"] == "assistant" else None
+        messages.append({"role": "user", "content": session.message(r["turn"], previous)})
+        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        out.append((r["workload"], tok(text, add_special_tokens=False)["input_ids"],
+                    tok(r["output"], add_special_tokens=False)["input_ids"]))
+        messages.append({"role": "assistant", "content": r["output"]})
+    return out
 
 
 def generate(dest: Path, questions: str, model: str | None, max_tokens: int, dtype: str) -> None:
@@ -143,8 +215,10 @@ def generate(dest: Path, questions: str, model: str | None, max_tokens: int, dty
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("greedy", help="--generate's JSON lines, or results.json of a greedy `freespec bench` run with `none`")
-    p.add_argument("plugin", nargs="?", help="a freespec plugin, module:Class, or vllm-suffix")
+    p.add_argument("greedy", help="--generate's JSON lines, or results.json of a greedy `freespec bench` run with "
+                   "`none` (Spec-Bench or a --workload run)")
+    p.add_argument("plugin", nargs="?", help="a freespec plugin, module:Class, vllm-suffix, or copy-ceiling (the "
+                   "most copying from the request's context could get accepted: a bound, it reads the output)")
     p.add_argument("options", nargs="?", default="{}", help="the plugin's options as JSON")
     p.add_argument("-k", type=int, default=8, help="num_speculative_tokens (default 8)")
     p.add_argument("--memory", action="store_true", help="one proposer for all questions, in file order")
@@ -182,6 +256,8 @@ def main() -> int:
     def make():
         if args.plugin == "vllm-suffix":
             return VllmSuffix(args.k, **options)
+        if args.plugin == "copy-ceiling":
+            return CopyCeiling(args.k)
         if args.adapter:
             return ThroughAdapter(args.plugin, options, args.k, vocab)
         cls = load_proposer_class(args.plugin)
@@ -197,6 +273,8 @@ def main() -> int:
     totals: dict[str, list[float]] = {}
     for key, (category, prompt, output) in enumerate(data):
         proposer = shared or make()
+        if isinstance(proposer, CopyCeiling):
+            proposer.expect(prompt, output)
         tokens, steps, spent = replay(proposer, key, prompt, output, args.cost, times, evict)
         total = totals.setdefault(category, [0, 0, 0.0])
         for i, x in enumerate((tokens, steps, spent)):

@@ -116,3 +116,59 @@ def test_the_command_line_needs_a_plugin_and_outputs(tmp_path, monkeypatch, caps
     monkeypatch.setattr(sys, "argv", ["replay_drafts.py", str(empty), "copy"])
     assert replay_drafts.main() == 2
     assert "no greedy outputs to replay" in capsys.readouterr().err
+
+
+def test_the_copy_ceiling_drafts_from_the_occurrence_the_output_goes_on_with():
+    # Token 5 occurs twice in the prompt; the output goes on as after the second: the ceiling copies that one.
+    prompt, output = [5, 6, 7, 8, 0, 5, 9, 10, 11, 0], [5, 9, 10, 11, 12]
+    ceiling = replay_drafts.CopyCeiling(k=4)
+    ceiling.expect(prompt, output)
+    drafts = []
+    tokens, steps, _ = replay_drafts.replay(ceiling, 0, prompt, output, cost=0.0,
+                                            on_draft=lambda d, a: drafts.append((d, a)))
+    assert drafts == [([9, 10, 11, 0], 3)]  # three right, then the target's own 12
+    assert (tokens, steps) == (5, 2)
+
+
+def test_the_copy_ceiling_bounds_a_copying_plugin(tmp_path, monkeypatch, capsys):
+    path = _greedy_file(tmp_path)
+
+    def all_tok_per_fwd(plugin):
+        monkeypatch.setattr(sys, "argv", ["replay_drafts.py", str(path), plugin, "-k", "4"])
+        assert replay_drafts.main() == 0
+        return float(next(line.split()[1] for line in capsys.readouterr().out.splitlines()
+                          if line.startswith("all")))
+
+    assert all_tok_per_fwd("copy-ceiling") >= all_tok_per_fwd("copy") > 1.0
+
+
+class CharTokenizer:
+    """A chat template that writes each message as ``<role>content``; a token per character."""
+
+    def apply_chat_template(self, messages, add_generation_prompt, tokenize):
+        return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+
+    def __call__(self, text, add_special_tokens):
+        return {"input_ids": [ord(c) for c in text]}
+
+
+def test_a_workload_run_replays_each_turn_with_the_conversation_before_it():
+    from freespec.bench.workloads import build_workloads
+
+    session = build_workloads(["code-edit"], 1, 2, 3000, 6000)[0].sessions[0]
+    settings = {"model": "m", "workloads": [{"name": "code-edit"}, {"name": "chat", "skipped": "no data"}],
+                "sessions": 1, "turns": 2, "source_chars": 3000, "context_chars": 6000}
+
+    def record(config, turn, output, **extra):
+        return {"config": config, "concurrency": 1, "workload": "code-edit", "session_id": session.session_id,
+                "turn": turn, "output": output, "pass": "first", "round": 0, **extra}
+
+    run = {"settings": settings, "requests": [
+        record("none", 0, "FIRST ANSWER"), record("suffix", 0, "other"), record("none", 1, "SECOND"),
+        record("none", 0, "again", round=1), record("none", 0, "restarted", **{"pass": "restart"})]}
+    rows = replay_drafts._workload_turns(run, CharTokenizer())
+    assert [(category, "".join(map(chr, output))) for category, _, output in rows] == [
+        ("code-edit", "FIRST ANSWER"), ("code-edit", "SECOND")]
+    second = "".join(map(chr, rows[1][1]))
+    assert second == (f"<system>{session.system}<user>{session.turns[0]}<assistant>FIRST ANSWER"
+                      f"<user>{session.turns[1]}<assistant>")
