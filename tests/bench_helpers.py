@@ -130,13 +130,17 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(200, json.dumps({
                 "choices": [{"message": {"role": "assistant", "content": out}, "finish_reason": "length"}],
                 "usage": usage}))
-        # Streamed as vLLM does: a role chunk, text chunks, the finish reason, a usage chunk, [DONE].
+        # Streamed as vLLM does: a role chunk, then a chunk per engine step (the prefill's token, then each
+        # step's accepted drafts and the target's own: 4 drafts accepted per request with speculation), the
+        # last with the finish reason, a usage chunk, [DONE].
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
-        pieces = [{"role": "assistant", "content": ""}] + [{"content": out[i:i + 3]} for i in range(0, len(out), 3)]
+        steps = tokens - 4 if spec else tokens
+        pieces = [{"role": "assistant", "content": ""}] + [
+            {"content": out[i * len(out) // steps:(i + 1) * len(out) // steps]} for i in range(steps)]
         events = [{"choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in pieces]
-        events.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
+        events[-1]["choices"][0]["finish_reason"] = "length"
         events.append({"choices": [], "usage": usage})
         for event in events:
             self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())

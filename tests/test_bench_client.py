@@ -51,7 +51,7 @@ def test_chat_request_streams_from_a_server_and_records_errors(tmp_path):
         options = BenchOptions(max_tokens=9, request_timeout=30)
         result = client.chat_request(url, "m", "say hi", options)
         assert result["error"] is None and result["output"] == "SAY HI" and result["completion_tokens"] == 9
-        assert 0 < result["ttft_s"] <= result["latency_s"] and len(result["itl_s"]) == 3  # 4 chunks with a choice
+        assert 0 < result["ttft_s"] <= result["latency_s"] and len(result["itl_s"]) == 9  # a role chunk, then one a step
         failed = client.chat_request(url, "m", "FAIL please", options)
         assert failed["error"].startswith("HTTP 400") and failed["output"] is None and failed["ttft_s"] is None
     finally:

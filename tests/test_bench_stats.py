@@ -18,6 +18,19 @@ def test_block_metrics_math():
     assert m["tokens_per_forward"] == pytest.approx(100 / 60)
 
 
+def test_streamed_requests_count_their_forwards_as_their_chunks():
+    # vLLM counts drafts accepted past max_tokens: two requests of 16 tokens in 5 and 4 steps (a role chunk,
+    # then a chunk a step) whose last drafts ran 6 and 4 tokens past the end read 31 accepted by the counters.
+    reqs = [dict(req("hybrid", 1, "a", 1, "x", 16), itl_s=[0.1] * 5), dict(req("hybrid", 1, "a", 2, "y", 16),
+                                                                          itl_s=[0.1] * 4)]
+    spec = {"num_drafts": 7.0, "num_draft_tokens": 56.0, "num_accepted_tokens": 31.0}
+    m = stats.block_metrics(reqs, 1.0, spec)
+    assert m["tokens_per_forward"] == pytest.approx(32 / 9)  # not 32 / (32 - 31)
+    # A record without chunk gaps (not streamed) falls back on the counters for the whole block.
+    m = stats.block_metrics(reqs + [req("hybrid", 1, "a", 3, "z", 16)], 1.0, spec)
+    assert m["tokens_per_forward"] == pytest.approx(48 / (48 - 31))
+
+
 def test_block_metrics_without_speculation_and_with_errors():
     reqs = [req("none", 1, "a", 1, "x", 50), req("none", 1, "a", 2, None, 0, error="HTTP 400: too long")]
     m = stats.block_metrics(reqs, 2.0, None)

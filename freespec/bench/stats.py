@@ -57,8 +57,11 @@ def block_metrics(requests: Sequence[dict], wall_s: float, spec: dict[str, float
     - tok_per_s: completion tokens of the successful requests / wall time.
     - mean_acceptance_length: 1 + accepted / drafts (vLLM's definition; steps with drafts only).
     - acceptance_rate: accepted / draft tokens.
-    - tokens_per_forward: completion tokens / (completion tokens - accepted); each target
-      forward pass yields one token plus the accepted draft tokens. 1.0 without speculation.
+    - tokens_per_forward: completion tokens / target forward passes. Streamed requests count their
+      forwards as vLLM streams them, a chunk per engine step after the opening role chunk (the length of
+      ``itl_s``); otherwise completion tokens - accepted (each forward yields one token plus its accepted
+      drafts), which reads high where drafts run past a request's end: vLLM counts a draft accepted past
+      ``max_tokens`` or a stop although the output drops it. 1.0 without speculation.
     """
     ok = [r for r in requests if _ok(r)]
     tokens = sum(int(r.get("completion_tokens") or 0) for r in ok)
@@ -91,7 +94,8 @@ def block_metrics(requests: Sequence[dict], wall_s: float, spec: dict[str, float
             row["mean_acceptance_length"] = 1.0 + accepted / drafts
         if draft_tokens > 0:
             row["acceptance_rate"] = accepted / draft_tokens
-    forwards = tokens - accepted
+    streamed = [len(r.get("itl_s") or ()) for r in ok if int(r.get("completion_tokens") or 0) > 0]
+    forwards = sum(streamed) if streamed and all(streamed) else tokens - accepted
     if tokens > 0 and forwards > 0:
         row["tokens_per_forward"] = tokens / forwards
     return row
