@@ -166,29 +166,35 @@ def read_greedy(path: Path) -> tuple[str | None, list[tuple[str, list[int], list
 
 def _workload_turns(run: dict, tok) -> list[tuple[str, list[int], list[int]]]:
     """A workload run's turns of ``none`` (first pass, first round, one request), in the order they ran: each
-    turn's prompt is its session's conversation so far, rebuilt from the run's settings and none's answers."""
+    turn's prompt is its session's conversation so far, rebuilt as the bench built it (``run_session``, with
+    none's recorded answers as the server's)."""
     from freespec.bench.workloads import build_workloads
+    from freespec.bench.workloads.session import run_session
 
     s = run["settings"]
     names = [w["name"] for w in s["workloads"] if not w.get("skipped")]
     sessions = {x.session_id: x for w in build_workloads(names, s["sessions"], s["turns"], s["source_chars"],
                                                          s["context_chars"], s.get("chat_data"))
                 for x in w.sessions}
-    conversations: dict[str, list[dict[str, str]]] = {}
+    ran = [r for r in run["requests"]
+           if r["config"] == "none" and r["concurrency"] == 1 and r.get("pass", "first") == "first"
+           and r.get("round", 0) == 0 and r.get("repeat", 0) == 0 and not r.get("error") and r["output"] is not None]
+    answers = {(r["session_id"], r["turn"]): r["output"] for r in ran}
+    prompts: dict[tuple[str, int], list[dict[str, str]]] = {}
+    for session_id in dict.fromkeys(r["session_id"] for r in ran):
+        def send(messages, session_id=session_id):
+            turn = sum(1 for key in prompts if key[0] == session_id)
+            prompts[session_id, turn] = messages
+            answer = answers.get((session_id, turn))
+            return {"output": answer, "error": None if answer is not None else "not recorded"}
+
+        run_session(sessions[session_id], send)
     out = []
-    for r in run["requests"]:
-        if (r["config"] != "none" or r["concurrency"] != 1 or r.get("pass", "first") != "first"
-                or r.get("round", 0) != 0 or r.get("repeat", 0) != 0 or r.get("error") or r["output"] is None):
-            continue
-        session = sessions[r["session_id"]]
-        messages = conversations.setdefault(r["session_id"], [{"role": "system", "content": session.system}]
-                                            if session.system else [])
-        previous = messages[-1]["content"] if messages and messages[-1]["role"] == "assistant" else None
-        messages.append({"role": "user", "content": session.message(r["turn"], previous)})
-        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    for r in ran:
+        text = tok.apply_chat_template(prompts[r["session_id"], r["turn"]], add_generation_prompt=True,
+                                       tokenize=False)
         out.append((r["workload"], tok(text, add_special_tokens=False)["input_ids"],
                     tok(r["output"], add_special_tokens=False)["input_ids"]))
-        messages.append({"role": "assistant", "content": r["output"]})
     return out
 
 

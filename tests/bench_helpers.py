@@ -67,6 +67,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 port, spec, die = int(sys.argv[1]), sys.argv[2] == "spec", sys.argv[2] == "die"
 counters = {"drafts": 0, "draft_tokens": 0, "accepted": 0}
+ACCEPTED = 4  # draft tokens accepted in each request with speculation
 lock = threading.Lock()
 
 class Handler(BaseHTTPRequestHandler):
@@ -123,7 +124,7 @@ class Handler(BaseHTTPRequestHandler):
             with lock:
                 counters["drafts"] += 2
                 counters["draft_tokens"] += 8
-                counters["accepted"] += 4
+                counters["accepted"] += ACCEPTED
         out = prompt.upper() if not (spec and "q1" in prompt) else "different"
         usage = {"prompt_tokens": 5, "completion_tokens": tokens, "total_tokens": tokens + 5}
         if not body.get("stream"):
@@ -131,12 +132,12 @@ class Handler(BaseHTTPRequestHandler):
                 "choices": [{"message": {"role": "assistant", "content": out}, "finish_reason": "length"}],
                 "usage": usage}))
         # Streamed as vLLM does: a role chunk, then a chunk per engine step (the prefill's token, then each
-        # step's accepted drafts and the target's own: 4 drafts accepted per request with speculation), the
+        # step's accepted drafts and the target's own: ACCEPTED drafts a request with speculation), the
         # last with the finish reason, a usage chunk, [DONE].
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
-        steps = tokens - 4 if spec else tokens
+        steps = tokens - ACCEPTED if spec else tokens
         pieces = [{"role": "assistant", "content": ""}] + [
             {"content": out[i * len(out) // steps:(i + 1) * len(out) // steps]} for i in range(steps)]
         events = [{"choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in pieces]
