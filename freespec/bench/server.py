@@ -158,6 +158,23 @@ def log_failure_hint(text: str) -> str | None:
     return None
 
 
+# vLLM's CPU worker (vllm/v1/worker/cpu_worker.py, determine_available_memory) takes --gpu-memory-utilization
+# as RAM for the model and its KV cache; when the model alone holds more it refuses with a negative
+# "requested memory for kv" and "Reduce CPU memory used by other processes", which is not the fix.
+_KV_SHARE_RE = re.compile(r"requested memory for kv \((-?[\d.]+)/([\d.]+) GiB\)")
+
+
+def memory_share_advice(hint: str | None) -> str | None:
+    """What to do when ``hint`` (``log_failure_hint``'s) says the server's share of RAM is smaller than the
+    model it has loaded; None for any other reason."""
+    m = _KV_SHARE_RE.search(hint or "")
+    if m is None or float(m.group(1)) > 0:
+        return None
+    return (f"the model alone holds more than the {m.group(2)} GiB of RAM that --gpu-memory-utilization gives the "
+            "server for the model and its KV cache: pass a larger --gpu-memory-utilization, or set "
+            "VLLM_CPU_KVCACHE_SPACE to the KV cache's GiB (then the share is not used)")
+
+
 def http_get(url: str, timeout: float) -> tuple[int, str]:
     with urllib.request.urlopen(url, timeout=timeout) as resp:
         return resp.status, resp.read().decode("utf-8", errors="replace")
@@ -254,7 +271,8 @@ class Server(_Endpoint):
         """BenchError saying ``what``, the likely cause from this server's log, and the log's last lines."""
         text = read_log(self.log_path, self._log_offset)
         hint = log_failure_hint(text)
-        cause = f" ({hint})" if hint else ""
+        advice = memory_share_advice(hint)
+        cause = (f" ({hint})" if hint else "") + (f"; {advice}" if advice else "")
         error = BenchError(f"{what}{cause}; see {self.log_path}; its last lines:\n{tail(text)}")
         error.hint = hint or what  # the reason in a few words, for the results' tables
         return error
