@@ -182,13 +182,15 @@ def _workload_turns(run: dict, tok) -> list[tuple[str, list[int], list[int]]]:
     answers = {(r["session_id"], r["turn"]): r["output"] for r in ran}
     prompts: dict[tuple[str, int], list[dict[str, str]]] = {}
     for session_id in dict.fromkeys(r["session_id"] for r in ran):
-        def send(messages, session_id=session_id):
-            turn = sum(1 for key in prompts if key[0] == session_id)
-            prompts[session_id, turn] = messages
-            answer = answers.get((session_id, turn))
+        sent: list[list[dict[str, str]]] = []  # this session's prompts, turn after turn
+
+        def send(messages, session_id=session_id, sent=sent):
+            sent.append(messages)
+            answer = answers.get((session_id, len(sent) - 1))
             return {"output": answer, "error": None if answer is not None else "not recorded"}
 
         run_session(sessions[session_id], send)
+        prompts.update(((session_id, turn), messages) for turn, messages in enumerate(sent))
     out = []
     for r in ran:
         text = tok.apply_chat_template(prompts[r["session_id"], r["turn"]], add_generation_prompt=True,
