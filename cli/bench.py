@@ -91,7 +91,8 @@ def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=POSITIVE, help="the servers' --max-model-len (default %(default)s)")
     p.add_argument("--gpu-memory-utilization", type=float,
                    help="share of GPU memory each server may take; on a CPU build of vLLM, the share of RAM "
-                        "(default: on a CPU build 0.3, or 0.8 of the free share of RAM where less is free; "
+                        "(default: on a CPU build 0.3, more for a local model whose weights need it, at most 0.8 of the "
+                        "free share of RAM; "
                         "vLLM's own on a GPU)")
     p.add_argument("--server-args", help="extra arguments for `vllm serve`, one string")
     p.add_argument("--server-timeout", type=float,

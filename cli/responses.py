@@ -61,8 +61,8 @@ def add_parser(subparsers) -> None:
     build.add_argument("--max-model-len", type=int_in(16, 1 << 20), default=4096,
                        help="the engine's context length; longer prompts are skipped (default %(default)s)")
     build.add_argument("--memory", type=float, default=None, metavar="SHARE",
-                       help="vLLM's --gpu-memory-utilization (default: as freespec bench, 0.3 of RAM at most on a "
-                            "CPU build, vLLM's own on a GPU)")
+                       help="vLLM's --gpu-memory-utilization (default: as freespec bench, on a CPU build 0.3 of RAM "
+                            "or what a larger model needs, vLLM's own on a GPU)")
     build.add_argument("--force", action="store_true", help="replace --out if it exists")
     build.set_defaults(func=run_build)
 
@@ -107,14 +107,15 @@ def run_build(args: argparse.Namespace) -> int:
                       f" (roles {', '.join(args.roles)})")
     _log(f"answering {len(prompts):,} prompts with {model} (at most {args.max_tokens} tokens each)")
     from freespec.bench.memory import available_ram_fraction
-    from freespec.bench.server import memory_share
+    from freespec.bench.server import memory_share, model_share
     from freespec.machine import is_cpu_vllm
     from freespec.vllm_plugins.offline_answers import greedy_answers
 
     cpu = is_cpu_vllm()
     answers = greedy_answers(model, prompts, max_tokens=args.max_tokens, dtype=args.dtype,
                              max_model_len=args.max_model_len, log=_log,
-                             memory=memory_share(args.memory, cpu, available_ram_fraction() if cpu else None))
+                             memory=memory_share(args.memory, cpu, available_ram_fraction() if cpu else None,
+                                                 model_share(model, args.dtype) if cpu else None))
     store = ResponseStore(str(out), fingerprint=answers.fingerprint, vocab_size=answers.vocab_size,
                           max_responses=MAX_RESPONSES, max_tokens=MAX_STORE_TOKENS)
     for tokens in answers.outputs:

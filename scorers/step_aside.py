@@ -13,6 +13,9 @@ keeps the faster:
   of that size draft nothing, which measures plain decoding; from then on the faster mode runs, drafting on a
   tie within ``MARGIN``, and the decision is only made again when a recheck ends (the mode running drifts as
   contexts grow while the other's rate stands still: compared every step, a tie flipped every few steps);
+- a batch size not yet measured, above one where drafting lost, steps aside from its first step and is
+  measured at its first recheck (``_inherit``): a draft that loses at fewer requests loses at more, and
+  measuring it drafting at each new batch size is where it cost the most;
 - a plugin's share is its median over each drafting measurement (a recheck included) as well as its running
   average: a plugin that stops running its costly part while it sits out (``hybrid`` pausing a draft source
   that does not pay) is cheap at its next recheck and drafts again, where the running average, moved only by
@@ -140,15 +143,19 @@ class StepAside:
             self._phase_share(g, rows)
         if self.share < COSTLY_SHARE or self._share_steps < PHASE_STEPS:
             return True
+        if g.best is None and not measured:
+            below = self._lost_below(rows)
+            if below is not None:
+                return self._inherit(g, rows, below)
+        if not measured and g.best is not None and g.steps < g.next_check:
+            return g.best  # between rechecks the decision stands (no flapping on a tie)
         on, off = g.rates[True], g.rates[False]
         needed = PHASE_STEPS if g.best is None else RECHECK_STEPS  # a recheck's steps may have been gaps
         if on.steps < needed:
             return self._phase(g, True, needed)
         if off.steps < needed:
             return self._phase(g, False, needed)
-        if not measured and g.best is not None:  # between rechecks the decision stands (no flapping on a tie)
-            if g.steps < g.next_check:
-                return g.best
+        if not measured and g.best is not None:  # a recheck is due
             g.interval = min(LAST_RECHECK, 2 * g.interval)
             g.next_check = g.steps + g.interval
             g.rates[not g.best] = _Rate()
@@ -167,6 +174,29 @@ class StepAside:
         g.best = best
         g.next_check = g.steps + g.interval
         return best
+
+    def _lost_below(self, rows: int) -> Optional[tuple[int, _Group]]:
+        """The largest batch-size group under ``rows``'s that has been compared, when drafting lost there."""
+        key = rows_group(max(1, rows))
+        below = [(k, g) for k, g in self.groups.items() if k < key and g.best is not None]
+        if not below:
+            return None
+        k, g = max(below, key=lambda kg: kg[0])
+        return (k, g) if g.best is False else None
+
+    def _inherit(self, g: _Group, rows: int, below: tuple[int, _Group]) -> bool:
+        """A batch size not yet measured, above one where drafting lost: it steps aside from its first step,
+        and is measured at its first recheck, after as many steps as that group's. Drafting's own cost grows
+        with the requests (a draft model feeds and drafts for each row) while verifying costs more of a fuller
+        step, so a plugin that lost at fewer requests loses at more; measuring it there first cost the most
+        (pearl's eager draft took 1.2 to 6 s a step at 16 requests where a plain step took about 0.4 s, and each
+        new batch-size group ran PHASE_STEPS such steps: 0.77x no speculation on the Qwen pair, docs/pearl.md)."""
+        k, source = below
+        g.best, g.interval = False, source.interval
+        g.next_check = g.steps + g.interval
+        self.changes.append(f"{rows} request(s): steps aside as at fewer requests (group {k}), where drafting "
+                            f"was measured slower; measured here after {g.interval} steps")
+        return False
 
     def _phase_share(self, g: _Group, rows: int) -> None:
         """A drafting phase ended: the plugin's share is its median over the phase (a step that ran a paused

@@ -10,7 +10,7 @@ from bench_helpers import FAKE_SERVER, start_fake_server
 from freespec.bench import server
 from freespec.bench.configs import parse_config_spec
 from freespec.bench.errors import BenchError
-from freespec.bench.memory import available_ram_fraction, ram_total_gib
+from freespec.bench.memory import available_ram_fraction, node_ram_total_gib, ram_total_gib, weights_gib
 from freespec.bench.options import BenchOptions
 from freespec.bench.run import slug
 
@@ -52,6 +52,40 @@ def test_memory_share_on_a_cpu_stays_below_the_free_ram():
     assert server.memory_share(None, cpu=True, free=0.227) == 0.18  # 0.8 of the free share, rounded down
     assert server.memory_share(None, cpu=True, free=0.0) == 0.01
     assert server.memory_share(0.7, cpu=True, free=0.1) == 0.7  # the user's value is passed as given
+
+
+def test_a_model_larger_than_the_default_share_gets_what_its_weights_need(tmp_path, monkeypatch):
+    # A 1.5B model in bfloat16 (3.3 GiB) did not start in the fixed 0.3 of a 17.3 GiB node (run 2026-11-29).
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"torch_dtype": "bfloat16"}))
+    with (model / "model.safetensors").open("wb") as fh:
+        fh.truncate(3 * 2**30)  # sparse: 3 GiB of bfloat16 weights
+    assert weights_gib(str(model), "bfloat16") == 3.0
+    assert weights_gib(str(model), "auto") == 3.0
+    assert weights_gib(str(model), "float32") == 6.0
+    assert weights_gib("Qwen/Qwen2.5-Coder-1.5B-Instruct", "bfloat16") is None  # a model id: unknown
+    assert weights_gib(str(model), "int4") is None
+    monkeypatch.setattr(server, "node_ram_total_gib", lambda: 20.0)
+    # (3 + 2.5 + 1) / 20 = 0.325, rounded up; float32 (6 + 3.5) / 20
+    assert server.model_share(str(model), "bfloat16") == 0.33
+    assert server.model_share(str(model), "float32") == 0.48
+    assert server.model_share(str(tmp_path / "absent"), "bfloat16") is None
+    assert server.memory_share(None, cpu=True, free=0.9, need=0.48) == 0.48
+    assert server.memory_share(None, cpu=True, free=0.9, need=0.1) == server.CPU_MEMORY_SHARE  # small: the default
+    assert server.memory_share(None, cpu=True, free=0.5, need=0.48) == 0.4  # never more than 0.8 of what is free
+    assert server.memory_share(0.2, cpu=True, free=0.9, need=0.48) == 0.2  # the user's value is passed as given
+    assert server.memory_share(None, cpu=False, free=0.9, need=0.48) is None
+    monkeypatch.setattr(server, "available_ram_fraction", lambda: 0.9)
+    cmd = server.server_command(str(model), 1, parse_config_spec("none", 8), BenchOptions(dtype="float32"), True)
+    assert cmd[cmd.index("--gpu-memory-utilization") + 1] == "0.48"
+
+
+def test_node_ram_total_gib_reads_the_nodes_meminfo(tmp_path):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("Node 0 MemTotal:       20408524 kB\nNode 0 MemFree:        11636152 kB\n")
+    assert node_ram_total_gib(meminfo) == 20408524 / 2**20
+    assert node_ram_total_gib(tmp_path / "absent") is None
 
 
 def test_interleaved_servers_split_the_free_memory_after_each_servers_overhead(monkeypatch):

@@ -4,6 +4,7 @@ import pytest
 
 from freespec.proposers.base import Draft
 from freespec.scorers import step_aside as sa
+from freespec.scorers.policy import rows_group
 from freespec.scorers.step_aside import StepAside
 from freespec.testing.adapter_checks import adapter_for
 from freespec.vllm_plugins import adapter as adapter_module
@@ -107,8 +108,32 @@ def test_a_plugin_that_pauses_its_costly_part_while_aside_drafts_again_after_a_r
 def test_each_batch_size_is_decided_on_its_own_steps():
     aside = StepAside()
     run(aside, 400, SLOW, PLAIN, rows=1)
-    run(aside, 400, (0.400, 8 * 1.5, 0.100), (0.400, 8, 0.0), rows=8)  # 8 requests: drafting pays 1.5x
+    # 8 requests: drafting pays 1.5x there; it starts aside as at 1 request and its first recheck finds it pays
+    run(aside, 400, (0.400, 8 * 1.5, 0.100), (0.400, 8, 0.0), rows=8)
     assert aside.stepped_aside() == {1: True, 8: False}
+
+
+def test_more_requests_than_where_the_draft_lost_step_aside_from_the_first_step():
+    """Measuring a slow draft at each new batch size cost pearl the most (0.77x no speculation at 16 requests):
+    above a batch size where it lost it sits out at once and is measured only at that group's first recheck."""
+    aside = StepAside()
+    run(aside, 400, SLOW, PLAIN, rows=1)
+    interval = aside.groups[1].interval
+    # 16 requests: a drafting step takes 4 times a plain one
+    slow16, plain16 = (1.600, 16 * 1.2, 1.200), (0.400, 16, 0.0)
+    assert run(aside, interval - 1, slow16, plain16, rows=16) == interval - 1  # not one drafting step
+    assert any("steps aside as at fewer requests" in change for change in aside.changes)
+    drafted = 2000 - run(aside, 2000, slow16, plain16, rows=16)
+    assert sa.RECHECK_STEPS <= drafted <= 3 * (sa.RECHECK_STEPS + sa.SETTLE_STEPS)  # its rechecks only
+    assert aside.stepped_aside() == {1: True, rows_group(16): True}
+
+
+def test_fewer_requests_than_where_the_draft_lost_and_more_than_where_it_won_are_measured():
+    aside = StepAside()
+    run(aside, 400, (0.300, 2.4, 0.100), PLAIN, rows=1)  # pays at 1 request
+    run(aside, 400, (1.600, 16 * 1.2, 1.200), (0.400, 16, 0.0), rows=16)  # loses at 16
+    assert aside.stepped_aside() == {1: False, rows_group(16): True}
+    assert run(aside, 20, (0.400, 4 * 1.5, 0.100), (0.400, 4, 0.0), rows=4) < 20  # 4: between them, measured
 
 
 def test_idle_gaps_and_steps_that_produce_nothing_are_not_measured():

