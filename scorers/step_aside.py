@@ -194,8 +194,8 @@ class StepAside:
         k, source = below
         g.best, g.interval = False, source.interval
         g.next_check = g.steps + g.interval
-        self.changes.append(f"{rows} request(s): steps aside as at fewer requests (group {k}), where drafting "
-                            f"was measured slower; measured here after {g.interval} steps")
+        self.changes.append(f"{rows} request(s): steps aside as at fewer requests (group {k}); measured here "
+                            f"after {g.interval} steps")
         return False
 
     def _phase_share(self, g: _Group, rows: int) -> None:
