@@ -89,7 +89,7 @@ def test_the_adapter_tells_requests_apart_by_vllms_own_ids(engines):
 def test_a_plugin_slower_than_plain_decoding_steps_aside_and_the_text_is_unchanged(engines, baseline):
     """``step_aside`` (scorers/step_aside.py): a plugin that spends 300 ms a step (a draft model that does not keep
     up) is measured against plain decoding on the real engine and left out of the steps; the text is the same.
-    One request, so that one number of requests is measured (each is measured on its own)."""
+    One request, so that the measurement runs at one number of requests from its first step."""
     slow, log = engines.run(
         "slow",
         {"plugin": "integration_tests.faulty:FaultInjector", "num_speculative_tokens": K, "sleep_ms": 300},
