@@ -188,9 +188,9 @@ class StepAside:
         """A batch size not yet measured, above one where drafting lost: it steps aside from its first step,
         and is measured at its first recheck, after as many steps as that group's. Drafting's own cost grows
         with the requests (a draft model feeds and drafts for each row) while verifying costs more of a fuller
-        step, so a plugin that lost at fewer requests loses at more; measuring it there first cost the most
-        (pearl's eager draft took 1.2 to 6 s a step at 16 requests where a plain step took about 0.4 s, and each
-        new batch-size group ran PHASE_STEPS such steps: 0.77x no speculation on the Qwen pair, docs/pearl.md)."""
+        step, so a plugin that lost at fewer requests loses at more; measuring it drafting at every new batch
+        size, PHASE_STEPS of its slowest steps each time, was what cost a draft model most under load
+        (docs/pearl.md, "Under load")."""
         k, source = below
         g.best, g.interval = False, source.interval
         g.next_check = g.steps + g.interval
