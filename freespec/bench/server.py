@@ -83,6 +83,14 @@ def memory_share(value: float | None, cpu: bool, free: float | None = None,
     return max(0.01, min(share, math.floor(100 * CPU_FREE_SHARE * free) / 100))
 
 
+def default_memory_share(value: float | None, cpu: bool, model: str, dtype: str | None) -> float | None:
+    """``memory_share`` for a server of ``model`` in ``dtype`` on this machine: the RAM free now and the share
+    the model needs are read only on a CPU build and only where the user gave no share."""
+    if value is not None or not cpu:
+        return memory_share(value, cpu)
+    return memory_share(None, True, available_ram_fraction(), model_share(model, dtype))
+
+
 def interleaved_options(options: BenchOptions, servers: int, cpu: bool) -> BenchOptions:
     """The options each of ``servers`` servers that run at once is started with: a memory share of its own.
 
@@ -115,8 +123,7 @@ def server_command(model: str, port: int, config: BenchConfig, options: BenchOpt
         "--max-model-len", str(options.max_model_len),
         "--seed", str(options.seed),
     ]
-    share = memory_share(options.gpu_memory_utilization, cpu, available_ram_fraction() if cpu else None,
-                         model_share(model, options.dtype) if cpu else None)
+    share = default_memory_share(options.gpu_memory_utilization, cpu, model, options.dtype)
     if share is not None:
         cmd += ["--gpu-memory-utilization", str(share)]
     if config.speculative_config is not None:
