@@ -74,7 +74,8 @@ def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="model path or name (default: freespec's prepared model; with --base-url, the first "
                         "model the server lists)")
     p.add_argument("--configs", nargs="+",
-                   help="configs to compare: none, ngram, suffix, ngram-table, suffix-table (vLLM's method "
+                   help="configs to compare: none, ngram, suffix, draft_model:{\"model\": DRAFT}, ngram-table, "
+                        "suffix-table, draft_model-table (vLLM's method "
                         "with its batch-size table num_speculative_tokens_per_batch_size, default "
                         "[[1,4,K],[5,12,K/2],[13,512,0]]), or a freespec plugin, optionally with JSON "
                         "options, e.g. --configs none ngram 'copy:{\"min_match\":3}' "

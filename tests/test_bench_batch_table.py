@@ -1,4 +1,4 @@
-"""Stock vLLM at its best: ngram and suffix with vLLM 0.32's batch-size table as bench configs."""
+"""Stock vLLM at its best: ngram, suffix and draft_model with vLLM 0.32's batch-size table as bench configs."""
 from __future__ import annotations
 
 import pytest
@@ -22,6 +22,12 @@ def test_table_configs_get_the_default_table():
     assert suffix.method == "suffix" and suffix.speculative_config == {
         "method": "suffix", "num_speculative_tokens": 6,
         "num_speculative_tokens_per_batch_size": [[1, 4, 6], [5, 12, 3], [13, 512, 0]]}
+    draft = configs.parse_config_spec('draft_model-table:{"model": "/m/draft"}', 4)
+    assert draft.method == "draft_model" and draft.speculative_config == {
+        "method": "draft_model", "num_speculative_tokens": 4, "model": "/m/draft",
+        "num_speculative_tokens_per_batch_size": [[1, 4, 4], [5, 12, 2], [13, 512, 0]]}
+    with pytest.raises(configs.ConfigSpecError, match="draft_model-table needs option 'model'"):
+        configs.parse_config_spec("draft_model-table", 4)
     # K in the options sets the default table's K too.
     assert configs.parse_config_spec('ngram-table:{"num_speculative_tokens": 4}', 8).speculative_config[
         batch_table.TABLE_KEY] == [[1, 4, 4], [5, 12, 2], [13, 512, 0]]

@@ -109,6 +109,35 @@ def test_interleaved_servers_split_the_free_memory_after_each_servers_overhead(m
     assert server.interleaved_options(options, 4, cpu=True).gpu_memory_utilization == 0.01  # never 0
 
 
+def test_interleaved_servers_of_a_large_model_get_what_it_needs_or_a_note(tmp_path, monkeypatch):
+    # Two Qwen2.5-Coder-1.5B bfloat16 servers (--repeat-traffic replica) each got the small model's 0.3 and
+    # could not start; now each gets the model's need where the room allows, and a note says where it does not.
+    for total in ("node_ram_total_gib", "ram_total_gib"):
+        monkeypatch.setattr(server, total, lambda: 20.0)
+    monkeypatch.setattr(server, "available_ram_fraction", lambda: 1.0)
+    options = BenchOptions(dtype="bfloat16")
+
+    def model_of(gib: float) -> str:
+        model = tmp_path / f"model-{gib}"
+        model.mkdir()
+        (model / "config.json").write_text(json.dumps({"torch_dtype": "bfloat16"}))
+        with (model / "model.safetensors").open("wb") as fh:
+            fh.truncate(int(gib * 2**30))  # sparse
+        return str(model)
+
+    fits, short = model_of(2.6), model_of(3.0)  # need (2.6 + 3.5) / 20 -> 0.31; (3 + 3.5) / 20 -> 0.33
+    # room: (0.8 * 1.0 - 2 * 1.5 / 20) / 2 = 0.325 each
+    assert server.interleaved_options(options, 2, True, fits).gpu_memory_utilization == 0.31
+    assert server.interleave_shortfall(options, 2, True, fits) is None
+    assert server.interleaved_options(options, 2, True, short).gpu_memory_utilization == 0.32
+    note = server.interleave_shortfall(options, 2, True, short)
+    assert note is not None and "0.32" in note and "0.33" in note and "--gpu-memory-utilization" in note
+    assert server.interleaved_options(options, 2, True).gpu_memory_utilization == server.CPU_MEMORY_SHARE
+    assert server.interleave_shortfall(options, 1, True, short) is None  # one server: memory_share's need
+    assert server.interleave_shortfall(BenchOptions(gpu_memory_utilization=0.2), 2, True, short) is None
+    assert server.interleave_shortfall(options, 2, False, short) is None  # a GPU: vLLM sizes its own
+
+
 def test_available_ram_fraction_reads_meminfo(tmp_path):
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:       24000000 kB\nMemFree:  100 kB\nMemAvailable:    6000000 kB\n")

@@ -2,10 +2,10 @@
 ``vllm/config/speculative.py``; dynamic speculative decoding), the K the scheduler drafts at each number of
 requests in the batch, as ``[[first, last, K], ...]`` with inclusive batch-size ranges.
 
-``ngram-table`` and ``suffix-table`` in ``--configs`` are vLLM's ``ngram`` and ``suffix`` with this table;
-without a table in their options they get ``default_table(K)``, the one an operator would write from a sweep
-of K per load (issue 51): the full K at 1 to 4 requests, half of it at 5 to 12, no speculation from 13 on
-(where drafting costs more compute than it saves). With K = 8 that is ``[[1,4,8],[5,12,4],[13,512,0]]``.
+``ngram-table``, ``suffix-table`` and ``draft_model-table`` in ``--configs`` are vLLM's ``ngram``, ``suffix``
+and ``draft_model`` with this table; without a table in their options they get ``default_table(K)``, the one
+an operator would write from a sweep of K per load (issue 51): the full K at 1 to 4 requests, half of it at
+5 to 12, no speculation from 13 on (where drafting costs more compute than it saves). With K = 8 that is ``[[1,4,8],[5,12,4],[13,512,0]]``.
 
 vLLM clamps each entry's K to ``num_speculative_tokens``. Its own check of the table
 (``vllm/v1/spec_decode/dynamic/utils.py``) runs in the server; ``check_table`` applies the same rules here,
@@ -17,7 +17,7 @@ from typing import Any
 
 TABLE_KEY = "num_speculative_tokens_per_batch_size"
 # --configs name -> vLLM method; the table is added when the options give none.
-TABLE_CONFIGS = {"ngram-table": "ngram", "suffix-table": "suffix"}
+TABLE_CONFIGS = {"ngram-table": "ngram", "suffix-table": "suffix", "draft_model-table": "draft_model"}
 # The batch sizes at which the default table halves K and stops drafting, and its last batch size.
 HALF_K_FROM, NO_SPECULATION_FROM, LAST_BATCH_SIZE = 5, 13, 512
 

@@ -1,7 +1,7 @@
 """``--configs`` entries: ``none``, vLLM's own methods, or a freespec plugin with JSON options.
 
-``ngram-table`` and ``suffix-table`` are stock vLLM at its best under load: the method with vLLM 0.32's
-batch-size table (``num_speculative_tokens_per_batch_size``, dynamic speculative decoding; see
+``ngram-table``, ``suffix-table`` and ``draft_model-table`` are stock vLLM at its best under load: the method
+with vLLM 0.32's batch-size table (``num_speculative_tokens_per_batch_size``, dynamic speculative decoding; see
 ``freespec.bench.batch_table``), the default table unless the options give one.
 
 A plugin's speculative config is checked here by the same rules ``vllm serve`` applies to it
@@ -132,10 +132,10 @@ def parse_config_spec(spec: str, num_speculative_tokens: int) -> BenchConfig:
         sc.update(NGRAM_DEFAULTS)
     if name in TABLE_CONFIGS and TABLE_KEY not in options:
         sc[TABLE_KEY] = default_table(int(options.get("num_speculative_tokens", num_speculative_tokens)))
-    if name == "draft_model" and "model" not in options:
+    if method == "draft_model" and "model" not in options:
         raise ConfigSpecError(
-            f"config {spec!r}: draft_model needs option 'model', the draft checkpoint, "
-            "e.g. draft_model:{\"model\": \"/path/to/draft\"}"
+            f"config {spec!r}: {name} needs option 'model', the draft checkpoint, "
+            f"e.g. {name}:{{\"model\": \"/path/to/draft\"}}"
         )
     sc.update(options)
     if chooser == "plugin":

@@ -49,6 +49,7 @@ from freespec.bench.server import (
     RunningServer,
     Server,
     free_port,
+    interleave_shortfall,
     interleaved_options,
     raise_if_died,
     server_command,
@@ -340,7 +341,11 @@ def bench_interleaved(
     levels = list(options.concurrency)
     live: list[tuple[Target, Server | RunningServer, dict[str, Any], dict[str, Any]]] = []
     opened, infos = [], []
-    server_options = interleaved_options(options, len(targets), cpu)
+    model = targets[0].model if targets else ""
+    server_options = interleaved_options(options, len(targets), cpu, model)
+    shortfall = interleave_shortfall(options, len(targets), cpu, model)
+    if shortfall:
+        _log(f"note: {shortfall}")
     try:
         for target in targets:
             info = _config_info(target, options, round_index, state)

@@ -31,6 +31,7 @@ from freespec.bench.server import (
     RunningServer,
     Server,
     free_port,
+    interleave_shortfall,
     interleaved_options,
     raise_if_died,
     server_command,
@@ -205,11 +206,14 @@ def run_workloads(options: BenchOptions, argv: list[str], names: list[str], cpu:
             _log(f"note: a {w.name} session may reach about {estimate} tokens, past --max-model-len "
                  f"{options.max_model_len}; its later turns then fail (lower --turns, --source-chars or "
                  "--context-chars, or raise --max-model-len)")
+    model = targets[0].model if targets else (options.model or "")
     if "replica" in options.repeat_traffic and not options.base_url:
         # Two servers of a config are up at once: each gets half the memory share, as --interleave gives them.
-        options = interleaved_options(options, 2, cpu)
+        shortfall = interleave_shortfall(options, 2, cpu, model)
+        if shortfall:
+            _log(f"note: {shortfall}")
+        options = interleaved_options(options, 2, cpu, model)
     warmup = select_warmup_prompts([], [], options.warmup)
-    model = targets[0].model if targets else (options.model or "")
     out = Path(options.out or Path("bench_results") / _dt.datetime.now().strftime("%Y%m%d-%H%M%S"))
     out.mkdir(parents=True, exist_ok=True)
     settings = asdict(options)
