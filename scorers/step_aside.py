@@ -15,7 +15,8 @@ keeps the faster:
   contexts grow while the other's rate stands still: compared every step, a tie flipped every few steps);
 - a batch size not yet measured, above one where drafting lost, steps aside from its first step and is
   measured at its first recheck (``_inherit``): a draft that loses at fewer requests loses at more, and
-  measuring it drafting at each new batch size is where it cost the most;
+  measuring it drafting at each new batch size is where it cost the most; a first drafting measurement
+  already under way when drafting loses at fewer requests stops and steps aside likewise;
 - a plugin's share is its median over each drafting measurement (a recheck included) as well as its running
   average: a plugin that stops running its costly part while it sits out (``hybrid`` pausing a draft source
   that does not pay) is cheap at its next recheck and drafts again, where the running average, moved only by
@@ -135,6 +136,13 @@ class StepAside:
         return mode
 
     def _choose(self, g: _Group, rows: int) -> bool:
+        if g.phase_left > 0 and g.phase is True and g.best is None:
+            # a first drafting measurement begun before drafting lost at fewer requests (four requests of a
+            # warm-up start one while one request's is still running) stops there, as one not yet begun would
+            below = self._lost_below(rows)
+            if below is not None:
+                g.phase, g.phase_left, g.phase_shares = None, 0, []
+                return self._inherit(g, rows, below)
         if g.phase_left > 0:
             g.phase_left -= 1
             return bool(g.phase)

@@ -128,6 +128,21 @@ def test_more_requests_than_where_the_draft_lost_step_aside_from_the_first_step(
     assert aside.stepped_aside() == {1: True, rows_group(16): True}
 
 
+def test_a_first_measurement_under_way_when_drafting_loses_at_fewer_requests_stops():
+    """A warm-up of 4 requests began measuring 3 requests drafting before 1 request's comparison ended, and
+    drafting lost at 1 request; the measurement at 3 went on in the next level, at 1 to 2 s a step against
+    0.24 s plain (pearl 0.89x no speculation at 4 requests, 2026-12-01). It now stops there and steps aside."""
+    aside = StepAside()
+    slow3, plain3 = (1.500, 3 * 1.2, 1.100), (0.400, 3, 0.0)
+    run(aside, sa.PHASE_STEPS, SLOW, PLAIN, rows=1)  # the plugin's share is measured: a costly one
+    assert run(aside, 4, slow3, plain3, rows=3) == 0  # 3 requests: its first drafting measurement begins
+    assert aside.groups[3].phase is True and aside.groups[3].best is None
+    run(aside, 200, SLOW, PLAIN, rows=1)
+    assert aside.stepped_aside()[1] is True  # drafting lost at 1 request
+    assert run(aside, 50, slow3, plain3, rows=3) == 50  # not one more drafting step at 3
+    assert any(c.startswith("3 request(s): steps aside as at fewer requests") for c in aside.changes)
+
+
 def test_fewer_requests_than_where_the_draft_lost_and_more_than_where_it_won_are_measured():
     aside = StepAside()
     run(aside, 400, (0.300, 2.4, 0.100), PLAIN, rows=1)  # pays at 1 request
