@@ -5,6 +5,7 @@ written for whichever vLLM is installed, keyed on what the probes find.
 """
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -38,6 +39,7 @@ needs_override_hook = pytest.mark.skipif(
 )
 
 EXPAND_CHECK = """
+import json
 import torch
 from freespec.vllm_plugins import patches, probes
 {install}
@@ -45,7 +47,7 @@ from vllm.platforms import current_platform
 current_platform.register_triton_kernel_overrides()  # what each CPU worker does after loading plugins
 from vllm.v1.sample.rejection_sampler import expand_batch_to_tokens
 out = expand_batch_to_tokens(torch.tensor([0.8, 0.5, 1.0]), torch.tensor([2, 5, 6], dtype=torch.int32), 6)
-print("RESULT", out.tolist())
+print("RESULT", json.dumps(out.tolist()))  # unpatched, the fallback may leave NaN in what it did not write
 """
 
 
@@ -57,7 +59,7 @@ def run_python(code: str) -> str:
 
 def expanded(install: str) -> list[float]:
     line = next(x for x in run_python(EXPAND_CHECK.format(install=install)).splitlines() if x.startswith("RESULT"))
-    return eval(line.removeprefix("RESULT"))
+    return json.loads(line.removeprefix("RESULT"))
 
 
 @needs_override_hook
