@@ -196,7 +196,7 @@ def test_interleaved_run_measures_each_block_on_every_config_in_turn(tmp_path, q
     )
     assert bench.run(args) == 0
     # One server per config for both levels, all up at once, each with a third of one server's memory share.
-    share = server.interleaved_options(run.BenchOptions(), 3, cpu=run.is_cpu_vllm()).gpu_memory_utilization
+    share = server.interleaved_options(run.BenchOptions(), 3, cpu=run.is_cpu_vllm())[0].gpu_memory_utilization
     assert started == [("none", share), ("ngram", share), ("copy", share)]
     result = json.loads((out / "results.json").read_text())
     assert result["status"] == "complete"

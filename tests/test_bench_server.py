@@ -94,19 +94,19 @@ def test_interleaved_servers_split_the_free_memory_after_each_servers_overhead(m
     options = BenchOptions()
     # (0.8 * 0.9 - 4 * 1.5 / 23.5) / 4 = 0.116: 2.6 GiB each, where 0.3 / 4 (1.6 GiB) left a float32
     # SmolLM2 server no KV cache (run AY); 4 * (2.6 + 1.5) GiB fit in the 21 GiB free
-    assert server.interleaved_options(options, 4, cpu=True).gpu_memory_utilization == 0.11
-    assert server.interleaved_options(options, 2, cpu=True).gpu_memory_utilization == 0.29  # (0.72 - 0.128) / 2
+    assert server.interleaved_options(options, 4, cpu=True)[0].gpu_memory_utilization == 0.11
+    assert server.interleaved_options(options, 2, cpu=True)[0].gpu_memory_utilization == 0.29  # (0.72 - 0.128) / 2
     monkeypatch.setattr(server, "ram_total_gib", lambda: 256.0)  # a large machine: at most one server's 0.3
-    assert server.interleaved_options(options, 2, cpu=True).gpu_memory_utilization == server.CPU_MEMORY_SHARE
+    assert server.interleaved_options(options, 2, cpu=True)[0].gpu_memory_utilization == server.CPU_MEMORY_SHARE
     monkeypatch.setattr(server, "ram_total_gib", lambda: None)  # RAM unknown: 1/N of one server's share
-    assert server.interleaved_options(options, 4, cpu=True).gpu_memory_utilization == 0.07
-    assert server.interleaved_options(options, 4, cpu=False).gpu_memory_utilization == 0.23  # vLLM's 0.92 / 4
-    assert server.interleaved_options(options, 1, cpu=True) is options  # one server: as without --interleave
+    assert server.interleaved_options(options, 4, cpu=True)[0].gpu_memory_utilization == 0.07
+    assert server.interleaved_options(options, 4, cpu=False)[0].gpu_memory_utilization == 0.23  # vLLM's 0.92 / 4
+    assert server.interleaved_options(options, 1, cpu=True) == (options, None)  # one server: as without --interleave
     given = BenchOptions(gpu_memory_utilization=0.05)
-    assert server.interleaved_options(given, 4, cpu=True) is given  # a given share is each server's
+    assert server.interleaved_options(given, 4, cpu=True) == (given, None)  # a given share is each server's
     monkeypatch.setattr(server, "available_ram_fraction", lambda: 0.02)
     monkeypatch.setattr(server, "ram_total_gib", lambda: 23.5)
-    assert server.interleaved_options(options, 4, cpu=True).gpu_memory_utilization == 0.01  # never 0
+    assert server.interleaved_options(options, 4, cpu=True)[0].gpu_memory_utilization == 0.01  # never 0
 
 
 def test_interleaved_servers_of_a_large_model_get_what_it_needs_or_a_note(tmp_path, monkeypatch):
@@ -127,15 +127,15 @@ def test_interleaved_servers_of_a_large_model_get_what_it_needs_or_a_note(tmp_pa
 
     fits, short = model_of(2.6), model_of(3.0)  # need (2.6 + 3.5) / 20 -> 0.31; (3 + 3.5) / 20 -> 0.33
     # room: (0.8 * 1.0 - 2 * 1.5 / 20) / 2 = 0.325 each
-    assert server.interleaved_options(options, 2, True, fits).gpu_memory_utilization == 0.31
-    assert server.interleave_shortfall(options, 2, True, fits) is None
-    assert server.interleaved_options(options, 2, True, short).gpu_memory_utilization == 0.32
-    note = server.interleave_shortfall(options, 2, True, short)
+    assert server.interleaved_options(options, 2, True, fits)[0].gpu_memory_utilization == 0.31
+    assert server.interleaved_options(options, 2, True, fits)[1] is None
+    assert server.interleaved_options(options, 2, True, short)[0].gpu_memory_utilization == 0.32
+    note = server.interleaved_options(options, 2, True, short)[1]
     assert note is not None and "0.32" in note and "0.33" in note and "--gpu-memory-utilization" in note
-    assert server.interleaved_options(options, 2, True).gpu_memory_utilization == server.CPU_MEMORY_SHARE
-    assert server.interleave_shortfall(options, 1, True, short) is None  # one server: memory_share's need
-    assert server.interleave_shortfall(BenchOptions(gpu_memory_utilization=0.2), 2, True, short) is None
-    assert server.interleave_shortfall(options, 2, False, short) is None  # a GPU: vLLM sizes its own
+    assert server.interleaved_options(options, 2, True)[0].gpu_memory_utilization == server.CPU_MEMORY_SHARE
+    assert server.interleaved_options(options, 1, True, short)[1] is None  # one server: memory_share's need
+    assert server.interleaved_options(BenchOptions(gpu_memory_utilization=0.2), 2, True, short)[1] is None
+    assert server.interleaved_options(options, 2, False, short)[1] is None  # a GPU: vLLM sizes its own
 
 
 def test_available_ram_fraction_reads_meminfo(tmp_path):

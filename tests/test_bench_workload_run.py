@@ -45,7 +45,7 @@ def test_agent_suite_with_repeated_traffic(tmp_path, monkeypatch, capsys, fake_s
     # A server per config, started again for the restart pass, and a replica each.
     assert started == ["none", "none", "ngram-table", "ngram-table"]
     # With a replica two servers of a config are up at once: each has half the share, as --interleave gives.
-    half = server.interleaved_options(run.BenchOptions(), 2, cpu=run.is_cpu_vllm()).gpu_memory_utilization
+    half = server.interleaved_options(run.BenchOptions(), 2, cpu=run.is_cpu_vllm())[0].gpu_memory_utilization
     assert shares == [half] * 4
     result = json.loads((out / "results.json").read_text())
     assert result["status"] == "complete"

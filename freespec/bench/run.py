@@ -49,7 +49,6 @@ from freespec.bench.server import (
     RunningServer,
     Server,
     free_port,
-    interleave_shortfall,
     interleaved_options,
     raise_if_died,
     server_command,
@@ -342,8 +341,7 @@ def bench_interleaved(
     live: list[tuple[Target, Server | RunningServer, dict[str, Any], dict[str, Any]]] = []
     opened, infos = [], []
     model = targets[0].model if targets else ""
-    server_options = interleaved_options(options, len(targets), cpu, model)
-    shortfall = interleave_shortfall(options, len(targets), cpu, model)
+    server_options, shortfall = interleaved_options(options, len(targets), cpu, model)
     if shortfall:
         _log(f"note: {shortfall}")
     try:

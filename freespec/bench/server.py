@@ -91,41 +91,38 @@ def default_memory_share(value: float | None, cpu: bool, model: str, dtype: str 
     return memory_share(None, True, available_ram_fraction(), model_share(model, dtype))
 
 
-def interleaved_options(options: BenchOptions, servers: int, cpu: bool, model: str = "") -> BenchOptions:
-    """The options each of ``servers`` servers that run at once is started with: a memory share of its own.
+def interleaved_options(options: BenchOptions, servers: int, cpu: bool,
+                        model: str = "") -> tuple[BenchOptions, str | None]:
+    """The options each of ``servers`` servers that run at once is started with (a memory share of its own),
+    and a note where that share is less than one server of ``model`` needs (``model_share``), else None.
 
     A given --gpu-memory-utilization is each server's. Without one, on a GPU each gets ``1/servers`` of
     vLLM's default 0.92; on a CPU build each gets ``1/servers`` of ``CPU_FREE_SHARE`` of the free RAM once
     every server's ``SERVER_OVERHEAD_GIB`` is set aside, at most what one server of ``model`` would get
     (``memory_share`` with ``model_share``'s need; ``1/servers`` of it where the machine's RAM cannot be read).
-    Where that is less than the model needs, ``interleave_shortfall`` says so.
+    The free RAM and the need are read once, so the note names the share the servers get.
     """
     if options.gpu_memory_utilization is not None or servers <= 1:
-        return options
+        return options, None
+    need = None
     if not cpu:
         each = GPU_MEMORY_SHARE / servers
     else:
         free, total = available_ram_fraction(), ram_total_gib()
-        one = memory_share(None, True, free, model_share(model, options.dtype) if model else None)
+        need = model_share(model, options.dtype) if model else None
+        one = memory_share(None, True, free, need)
         if free is None or not total:
             each = one / servers
         else:
             each = min(one, (CPU_FREE_SHARE * free - servers * SERVER_OVERHEAD_GIB / total) / servers)
-    return dataclasses.replace(options, gpu_memory_utilization=max(0.01, math.floor(100 * each) / 100))
-
-
-def interleave_shortfall(options: BenchOptions, servers: int, cpu: bool, model: str) -> str | None:
-    """A note where ``servers`` servers of ``model`` started at once (``interleaved_options``) each get less RAM
-    than one needs (``model_share``), so they may not start; None where they fit or the need is unknown."""
-    if options.gpu_memory_utilization is not None or servers <= 1 or not cpu or not model:
-        return None
-    need = model_share(model, options.dtype)
-    share = interleaved_options(options, servers, cpu, model).gpu_memory_utilization
-    if need is None or share is None or share >= need:
-        return None
-    return (f"{servers} servers up at once get {share} of RAM each (--gpu-memory-utilization), and {model} in "
-            f"{options.dtype} needs about {need} (its weights, {WORKER_OVERHEAD_GIB} GiB of worker and "
-            f"{MIN_KV_GIB} GiB of KV cache): servers may fail to start; free memory, or run fewer servers at once")
+    share = max(0.01, math.floor(100 * each) / 100)
+    note = None
+    if need is not None and share < need:
+        note = (f"{servers} servers up at once get {share} of RAM each (--gpu-memory-utilization), and {model} in "
+                f"{options.dtype} needs about {need} (its weights, {WORKER_OVERHEAD_GIB} GiB of worker and "
+                f"{MIN_KV_GIB} GiB of KV cache): servers may fail to start; free memory, or run fewer servers "
+                "at once")
+    return dataclasses.replace(options, gpu_memory_utilization=share), note
 
 
 def server_command(model: str, port: int, config: BenchConfig, options: BenchOptions, cpu: bool) -> list[str]:

@@ -31,7 +31,6 @@ from freespec.bench.server import (
     RunningServer,
     Server,
     free_port,
-    interleave_shortfall,
     interleaved_options,
     raise_if_died,
     server_command,
@@ -209,10 +208,9 @@ def run_workloads(options: BenchOptions, argv: list[str], names: list[str], cpu:
     model = targets[0].model if targets else (options.model or "")
     if "replica" in options.repeat_traffic and not options.base_url:
         # Two servers of a config are up at once: each gets half the memory share, as --interleave gives them.
-        shortfall = interleave_shortfall(options, 2, cpu, model)
+        options, shortfall = interleaved_options(options, 2, cpu, model)
         if shortfall:
             _log(f"note: {shortfall}")
-        options = interleaved_options(options, 2, cpu, model)
     warmup = select_warmup_prompts([], [], options.warmup)
     out = Path(options.out or Path("bench_results") / _dt.datetime.now().strftime("%Y%m%d-%H%M%S"))
     out.mkdir(parents=True, exist_ok=True)
