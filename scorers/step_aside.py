@@ -9,8 +9,11 @@ keeps the faster:
 
 - a plugin whose own time stays under ``COSTLY_SHARE`` of a step's wall time always drafts (the text sources
   take a millisecond or two; the policy keeps their drafts from costing throughput);
-- otherwise, once ``PHASE_STEPS`` drafting steps of a batch size are measured, the next ``PHASE_STEPS`` steps
-  of that size draft nothing, which measures plain decoding; from then on the faster mode runs, drafting on a
+- otherwise each batch size is measured ``PHASE_STEPS`` steps drafting nothing (plain decoding) and
+  ``PHASE_STEPS`` steps drafting, plain first: a drafting measurement that, after ``EARLY_STEPS`` measured steps,
+  is more than ``WIDE_LOSS`` slower a token than plain decoding ends there (a draft that loses by that much
+  does not need sixteen steps to show it, and each of them cost the user; the Qwen pair's first question at
+  one request served 0.68x no speculation while it ran); from then on the faster mode runs, drafting on a
   tie within ``MARGIN``, and the decision is only made again when a recheck ends (the mode running drifts as
   contexts grow while the other's rate stands still: compared every step, a tie flipped every few steps);
 - a batch size not yet measured, above one where drafting lost, steps aside from its first step and is
@@ -45,7 +48,9 @@ from freespec.scorers.policy import rows_group
 COSTLY_SHARE = 0.05
 PHASE_STEPS = 16
 RECHECK_STEPS = 8
-RECHECK_SHARE = 0.02
+RECHECK_SHARE = 0.01
+EARLY_STEPS = 4
+WIDE_LOSS = 0.25
 SETTLE_STEPS = 2
 FIRST_RECHECK = 128
 LAST_RECHECK = 2048
@@ -77,6 +82,7 @@ class _Group:
     rates: dict[bool, _Rate] = field(default_factory=lambda: {True: _Rate(), False: _Rate()})
     phase: Optional[bool] = None  # the mode being measured, while a phase runs
     phase_left: int = 0
+    phase_measured: int = 0  # steps measured in the current phase
     settle: int = 0  # steps of the current mode still left out of its rate
     mode: bool = True  # the mode the last step ran in
     steps: int = 0  # steps decided in this group
@@ -125,6 +131,8 @@ class StepAside:
             g.settle -= 1
             return
         rate.observe(seconds, produced)
+        if g.phase is drafted:
+            g.phase_measured += 1
 
     def drafts(self, rows: int) -> bool:
         g = self._group(rows)
@@ -143,6 +151,9 @@ class StepAside:
             if below is not None:
                 g.phase, g.phase_left, g.phase_shares = None, 0, []
                 return self._inherit(g, rows, below)
+        cut = g.phase_left > 0 and self._losing_widely(g)
+        if cut:
+            g.phase_left = 0
         if g.phase_left > 0:
             g.phase_left -= 1
             return bool(g.phase)
@@ -159,10 +170,10 @@ class StepAside:
             return g.best  # between rechecks the decision stands (no flapping on a tie)
         on, off = g.rates[True], g.rates[False]
         needed = PHASE_STEPS if g.best is None else RECHECK_STEPS  # a recheck's steps may have been gaps
-        if on.steps < needed:
-            return self._phase(g, True, needed)
-        if off.steps < needed:
+        if not cut and off.steps < needed:
             return self._phase(g, False, needed)
+        if not cut and on.steps < needed:
+            return self._phase(g, True, needed)
         if not measured and g.best is not None:  # a recheck is due
             g.interval = min(LAST_RECHECK, 2 * g.interval)
             g.next_check = g.steps + g.interval
@@ -182,6 +193,13 @@ class StepAside:
         g.best = best
         g.next_check = g.steps + g.interval
         return best
+
+    def _losing_widely(self, g: _Group) -> bool:
+        """A drafting measurement, ``EARLY_STEPS`` steps in, more than ``WIDE_LOSS`` slower a token than plain
+        decoding measured at this batch size."""
+        on, off = g.rates[True], g.rates[False]
+        return (g.phase is True and g.phase_measured >= EARLY_STEPS and off.steps >= RECHECK_STEPS
+                and on.per_token() > (1 + WIDE_LOSS) * off.per_token())
 
     def _lost_below(self, rows: int) -> Optional[tuple[int, _Group]]:
         """The largest batch-size group under ``rows``'s that has been compared, when drafting lost there."""
@@ -219,7 +237,7 @@ class StepAside:
 
     def _phase(self, g: _Group, mode: bool, steps: int = PHASE_STEPS) -> bool:
         """Run ``mode`` for ``steps`` measured steps (and the steps that settle it after a switch)."""
-        g.phase, g.phase_left = mode, steps + SETTLE_STEPS - 1
+        g.phase, g.phase_left, g.phase_measured = mode, steps + SETTLE_STEPS - 1, 0
         g.phase_shares = []
         return mode
 

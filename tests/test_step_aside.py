@@ -52,7 +52,30 @@ def test_rechecks_of_a_slow_draft_cost_at_most_a_small_share_of_the_steps():
         assert aside.stepped_aside() == {1: True}
         drafted = 2000 - run(aside, 2000, drafting, PLAIN)
         assert drafted * loss <= 2 * sa.RECHECK_SHARE * 2000  # step-equivalents lost to rechecks
-        assert drafted >= sa.RECHECK_STEPS  # but rechecked
+        assert drafted >= sa.EARLY_STEPS  # but rechecked (a wide loss ends a recheck EARLY_STEPS steps in)
+
+
+def test_a_first_comparison_measures_plain_decoding_first_and_ends_a_wide_loss_early():
+    """The Qwen pair's first question at one request served 0.68x no speculation: it ran sixteen drafting steps of
+    a draft that lost by 40% before plain decoding was measured. Plain decoding is now measured first, and a
+    drafting measurement losing by more than WIDE_LOSS ends EARLY_STEPS measured steps in."""
+    aside = StepAside()
+    run(aside, sa.PHASE_STEPS, SLOW, PLAIN, rows=1)  # the plugin's share is measured: a costly one
+    slow2, plain2 = (1.000, 2 * 1.2, 0.600), (0.250, 2, 0.0)  # 417 ms a token drafting against 125
+    plain_phase = sa.PHASE_STEPS + sa.SETTLE_STEPS
+    assert run(aside, plain_phase, slow2, plain2, rows=2) == plain_phase  # plain first
+    first = sa.SETTLE_STEPS + sa.EARLY_STEPS
+    assert run(aside, first, slow2, plain2, rows=2) == 0
+    assert aside.groups[2].best is None
+    assert run(aside, 50, slow2, plain2, rows=2) == 50  # decided after those steps: aside
+    assert aside.stepped_aside()[2] is True
+    # a narrow loss (10%) is measured the whole phase: a few steps cannot tell it from a tie
+    aside = StepAside()
+    run(aside, sa.PHASE_STEPS, SLOW, PLAIN, rows=1)
+    near2 = (0.550, 2 * 2.0, 0.300)  # 137.5 ms a token against 125
+    assert run(aside, plain_phase, near2, plain2, rows=2) == plain_phase
+    assert run(aside, plain_phase - 1, near2, plain2, rows=2) == 0
+    assert aside.groups[2].best is None
 
 
 def test_a_cheap_plugin_never_steps_aside_even_when_its_steps_are_slower():
@@ -109,7 +132,7 @@ def test_each_batch_size_is_decided_on_its_own_steps():
     aside = StepAside()
     run(aside, 400, SLOW, PLAIN, rows=1)
     # 8 requests: drafting pays 1.5x there; it starts aside as at 1 request and its first recheck finds it pays
-    run(aside, 400, (0.400, 8 * 1.5, 0.100), (0.400, 8, 0.0), rows=8)
+    run(aside, aside.groups[1].interval + 100, (0.400, 8 * 1.5, 0.100), (0.400, 8, 0.0), rows=8)
     assert aside.stepped_aside() == {1: True, 8: False}
 
 
@@ -124,7 +147,7 @@ def test_more_requests_than_where_the_draft_lost_step_aside_from_the_first_step(
     assert run(aside, interval - 1, slow16, plain16, rows=16) == interval - 1  # not one drafting step
     assert any("steps aside as at fewer requests" in change for change in aside.changes)
     drafted = 2000 - run(aside, 2000, slow16, plain16, rows=16)
-    assert sa.RECHECK_STEPS <= drafted <= 3 * (sa.RECHECK_STEPS + sa.SETTLE_STEPS)  # its rechecks only
+    assert sa.EARLY_STEPS <= drafted <= 3 * (sa.RECHECK_STEPS + sa.SETTLE_STEPS)  # its rechecks only
     assert aside.stepped_aside() == {1: True, rows_group(16): True}
 
 
@@ -135,7 +158,9 @@ def test_a_first_measurement_under_way_when_drafting_loses_at_fewer_requests_sto
     aside = StepAside()
     slow3, plain3 = (1.500, 3 * 1.2, 1.100), (0.400, 3, 0.0)
     run(aside, sa.PHASE_STEPS, SLOW, PLAIN, rows=1)  # the plugin's share is measured: a costly one
-    assert run(aside, 4, slow3, plain3, rows=3) == 0  # 3 requests: its first drafting measurement begins
+    plain_phase = sa.PHASE_STEPS + sa.SETTLE_STEPS
+    assert run(aside, plain_phase, slow3, plain3, rows=3) == plain_phase  # 3 requests: plain decoding measured
+    assert run(aside, 2, slow3, plain3, rows=3) == 0  # then its first drafting measurement begins
     assert aside.groups[3].phase is True and aside.groups[3].best is None
     run(aside, 200, SLOW, PLAIN, rows=1)
     assert aside.stepped_aside()[1] is True  # drafting lost at 1 request
