@@ -28,7 +28,7 @@ keeps the faster:
   twice as many each time the decision stands (at most ``LAST_RECHECK``), because both change: the target's
   step grows with the context and a plugin's acceptance with what it has learned. A recheck of a mode that
   lost by a wide margin costs more, so it waits until it costs at most ``RECHECK_SHARE`` of the steps since
-  the last (a draft 35% slower than plain decoding: every 175 steps at first).
+  the last (a draft 35% slower than plain decoding: every 350 steps at first).
 
 The first ``SETTLE_STEPS`` steps of each phase are not measured (a draft catching up on the tokens it missed
 drafts nothing at first), nor are steps far longer than the mode's average (idle time between requests).
