@@ -4,8 +4,9 @@ requests in the batch, as ``[[first, last, K], ...]`` with inclusive batch-size 
 
 ``ngram-table``, ``suffix-table`` and ``draft_model-table`` in ``--configs`` are vLLM's ``ngram``, ``suffix``
 and ``draft_model`` with this table; without a table in their options they get ``default_table(K)``, the one
-an operator would write from a sweep of K per load (issue 51): the full K at 1 to 4 requests, half of it at
-5 to 12, no speculation from 13 on (where drafting costs more compute than it saves). With K = 8 that is ``[[1,4,8],[5,12,4],[13,512,0]]``.
+an operator would write from a sweep of K per load (issue 51; results/ngram-k-sweep measured one, which agrees
+within its spread): the full K at 1 to 4 requests, half of it at 5 to 12, no speculation from 13 on (where
+drafting costs more compute than it saves). With K = 8 that is ``[[1,4,8],[5,12,4],[13,512,0]]``.
 
 vLLM clamps each entry's K to ``num_speculative_tokens``. Its own check of the table
 (``vllm/v1/spec_decode/dynamic/utils.py``) runs in the server; ``check_table`` applies the same rules here,
