@@ -226,7 +226,7 @@ def test_the_plugin_leaves_the_variable_alone_where_it_should(plain_vllm_serve, 
     assert metrics.export_from_api_server() == "already"
     assert os.environ["PROMETHEUS_MULTIPROC_DIR"] == "/the/operators" and metrics._multiproc_dir is None
     # FREESPEC_DISABLE_PATCHES=prometheus_multiproc: install_all skips it like any named patch.
-    assert patches.PATCHES[-1].name == "prometheus_multiproc" and patches.PATCHES[-1].install
+    assert next(p for p in patches.PATCHES if p.name == "prometheus_multiproc").install
 
 
 def test_doctor_says_whether_metrics_reach_metrics_and_the_fix(monkeypatch):

@@ -125,6 +125,23 @@ FILES = {
         def _expand_kernel_impl(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None):
             torch.ops._C.expand_kernel_impl(_ensure_int64(output), input_val, cu_num_tokens, replace_from, replace_to)
     """,
+    "v1/core/sched/scheduler.py": """
+        class Scheduler:
+            def _free_request(self, request, delay_free_blocks=False):
+                return None, None
+    """,
+    "v1/core/kv_cache_manager.py": """
+        class KVCacheManager:
+            def allocate_slots(self, request, num_new_tokens):
+                num_tokens_to_cache = min(
+                    total_computed_tokens + num_new_tokens,
+                    request.num_tokens,
+                )
+                self.coordinator.cache_blocks(request, num_tokens_to_cache)
+
+            def cache_blocks(self, request, num_computed_tokens):
+                pass
+    """,
     "v1/spec_decode/metrics.py": "NAMES = [" + ", ".join(f'"{m}"' for m in probes.SPEC_METRICS) + "]\n",
     "v1/metrics/prometheus.py": """
         def get_prometheus_registry():
@@ -187,6 +204,8 @@ MOVES = {
     "vllm_cli": ("entrypoints/cli/main.py", "def main():", "def main(argv):"),
     "draft_rank": ("v1/executor/multiproc_executor.py", "unique_reply_rank=self.output_rank", "timeout=5"),
     "request_ids": ("v1/worker/gpu_input_batch.py", "def req_ids", "def request_ids"),
+    "last_step_cache": ("v1/core/kv_cache_manager.py", "def cache_blocks(self, request, num_computed_tokens)",
+                        "def cache_blocks(self, request, num_tokens)"),
 }
 
 
@@ -222,6 +241,7 @@ def test_the_0_32_layout_passes_every_check(tmp_path):
     details = by_seam(results)
     assert "defect still upstream" in details["cpu_expand_kernel"].detail
     assert "num_tokens_no_spec" in details["custom_class"].detail
+    assert "defect still upstream" in details["last_step_cache"].detail
 
 
 @pytest.mark.parametrize("seam", sorted(MOVES))

@@ -57,6 +57,14 @@ PATCHES = (
         install="install_prometheus_multiproc",
         applied_by="install_all and vllm_cli.main",
     ),
+    Patch(
+        "last_step_cache",
+        "vLLM 0.30-0.32 caches a request's KV blocks only up to the tokens known when it schedules a step, so the "
+        "tokens accepted in the step that finishes a speculative request are never cached and the next turn of a "
+        "conversation prefills their block again; Scheduler._free_request is wrapped to cache a normally finished "
+        "request's computed full blocks first (text-drafting methods only, no KV connector, nothing in flight)",
+        install="install_last_step_cache",
+    ),
 )
 
 
@@ -185,6 +193,69 @@ def install_cpu_expand_fix() -> bool:
     CpuPlatform.register_triton_kernel_overrides = classmethod(register_triton_kernel_overrides)
     return True
 
+
+# ---------------------------------------------------------------- patch: last step's accepted tokens cached
+# Methods whose drafts come from text: every KV block a finished request holds was written by the target
+# model alone. Draft-model methods (eagle, draft_model, ...) keep draft KV in the same cache, possibly
+# behind the target's at a request's end, so their blocks are left as vLLM leaves them.
+TEXT_DRAFT_METHODS = ("ngram", "suffix", "custom_class")
+# Normal ends: the KV of every computed token was written by a step that completed.
+NORMAL_FINISH = ("FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED")
+
+
+def cache_finished_blocks(scheduler, request) -> bool:
+    """Named patch ``last_step_cache``: put a finished request's full computed blocks in the prefix cache.
+
+    Acts only where every computed token's KV is the target's and written: a text-drafting method, a normal
+    finish, no KV connector (it owns the blocks' fate), no step in flight (async scheduling's placeholders,
+    deferred frees). Caches ``min(num_computed_tokens, num_tokens)`` tokens: rejected drafts were already
+    subtracted from ``num_computed_tokens``, and a stop inside the accepted tokens trims ``num_tokens``.
+    Returns whether it cached."""
+    spec = getattr(scheduler.vllm_config, "speculative_config", None)
+    if spec is None or getattr(spec, "method", None) not in TEXT_DRAFT_METHODS:
+        return False
+    if getattr(scheduler, "connector", None) is not None or getattr(scheduler, "ec_connector", None) is not None:
+        return False
+    if getattr(request.status, "name", None) not in NORMAL_FINISH or getattr(request, "num_output_placeholders", 0):
+        return False
+    can_free = getattr(scheduler, "_request_blocks_can_be_freed", None)
+    if can_free is not None and not can_free(request):
+        return False
+    manager = scheduler.kv_cache_manager
+    if not getattr(manager, "enable_caching", False):
+        return False
+    manager.cache_blocks(request, min(request.num_computed_tokens, request.num_tokens))
+    return True
+
+
+def install_last_step_cache() -> bool:
+    """Wrap ``Scheduler._free_request`` when (and only when) the probe finds the defect and the seams.
+    Returns whether it is installed. A failure inside the wrapper is logged once and the request is freed
+    as vLLM frees it."""
+    state, _ = probes.last_step_cache_state()
+    if state == "fixed":
+        return True
+    if state != "defect":
+        return False
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    original = Scheduler._free_request
+    failed = []
+
+    @functools.wraps(original)
+    def _free_request(self, request, *args, **kwargs):
+        try:
+            cache_finished_blocks(self, request)
+        except Exception as e:  # the request is freed either way; only its last block stays uncached
+            if not failed:
+                failed.append(e)
+                logger.warning("freespec: patch last_step_cache failed (%r); finished requests are freed as vLLM "
+                               "frees them", e)
+        return original(self, request, *args, **kwargs)
+
+    _free_request._freespec = True  # type: ignore[attr-defined]
+    Scheduler._free_request = _free_request
+    return True
 
 def route_logs_to_vllm() -> None:
     """Send freespec's log records through vLLM's handlers at vLLM's level (``VLLM_LOGGING_LEVEL``).

@@ -5,7 +5,8 @@ Each probe says what moved. Probes that only report (never disable a plugin):
 freespec's tests and ``freespec bench`` read), ``metrics_registry`` (where freespec's
 worker metrics reach ``/metrics``, see ``metrics``), ``vllm_cli``, ``draft_rank``
 (which worker's drafts vLLM takes, see ``ranks``), ``request_ids`` (the adapter keys
-requests by vLLM's ids, else by a fingerprint). Every other failed probe drops
+requests by vLLM's ids, else by a fingerprint), ``last_step_cache`` (a vLLM defect ``patches``
+fixes in the engine's scheduler). Every other failed probe drops
 speculation with one warning (``blocking_probes``). The releases differ here
 (docs/compatibility.md has the matrix):
 
@@ -349,6 +350,48 @@ def probe_vllm_cli() -> ProbeResult:
 
 
 
+# Where vLLM decides which of a request's KV blocks enter the prefix cache (``v1/core/kv_cache_manager.py``):
+# when it schedules a step, up to the request's known tokens, draft tokens not counted.
+LAST_STEP_CACHE_CAP = "num_tokens_to_cache=min(total_computed_tokens+num_new_tokens,request.num_tokens,)"
+
+
+def probe_last_step_cache() -> ProbeResult:
+    """Whether the KV of the tokens accepted in a request's last speculative step reaches the prefix cache.
+
+    vLLM caches a request's full KV blocks when it schedules a step (``KVCacheManager.allocate_slots``, capped
+    at ``request.num_tokens``: drafts may be rejected), so the tokens accepted in the step that finishes a
+    request are computed but never cached; where they complete a block, the next turn of a conversation
+    prefills that block again. Patch ``last_step_cache`` caches them when the scheduler frees a finished
+    request (``Scheduler._free_request``, ``KVCacheManager.cache_blocks``). Reports only (never disables a plugin).
+    """
+    state, detail = last_step_cache_state()
+    return ProbeResult("last_step_cache", state in ("fixed", "absent"), detail)
+
+
+def last_step_cache_state() -> tuple[str, str]:
+    """(state, detail): ``moved`` (a seam the patch needs is gone), ``fixed`` (patched), ``absent`` (vLLM no
+    longer has the defect) or ``defect`` (present, and the patch fits)."""
+    try:
+        scheduler = importlib.import_module("vllm.v1.core.sched.scheduler")
+        kv_cache_manager = importlib.import_module("vllm.v1.core.kv_cache_manager")
+    except ImportError as e:
+        return "moved", f"module missing: {e}"
+    free = getattr(getattr(scheduler, "Scheduler", None), "_free_request", None)
+    if free is None or list(inspect.signature(free).parameters)[:2] != ["self", "request"]:
+        return "moved", "Scheduler._free_request(self, request, ...) is gone"
+    manager = getattr(kv_cache_manager, "KVCacheManager", None)
+    cache_blocks = getattr(manager, "cache_blocks", None)
+    if cache_blocks is None or list(inspect.signature(cache_blocks).parameters) != [
+        "self", "request", "num_computed_tokens"
+    ]:
+        return "moved", "KVCacheManager.cache_blocks(self, request, num_computed_tokens) is gone"
+    if getattr(free, "_freespec", False):
+        return "fixed", "fixed by freespec: a finished request's accepted tokens are cached when it is freed"
+    if LAST_STEP_CACHE_CAP not in _squeeze(inspect.getsource(manager.allocate_slots)):
+        return "absent", "allocate_slots no longer caps caching at request.num_tokens: nothing to fix"
+    return "defect", ("defect: the tokens accepted in a request's last step are never cached (allocate_slots "
+                      "caps at request.num_tokens); patch last_step_cache caches them in the engine")
+
 # ---------------------------------------------------------------- which worker's drafts vLLM takes (ranks.py)
 # How vLLM numbers the workers of one engine (``parallel_state.initialize_model_parallel``, whitespace
 # removed): the tensor-parallel rank varies fastest, then the prefill-context-parallel rank, then the
@@ -432,6 +475,7 @@ PROBES = (
     probe_vllm_cli,
     probe_draft_rank,
     probe_request_ids,
+    probe_last_step_cache,
 )
 
 

@@ -374,6 +374,20 @@ def check_general_plugins(src: Source) -> str:
     return f"{GENERAL_PLUGINS_GROUP} loaded by {plugins.name}(), in EngineArgs.__post_init__ too"
 
 
+def check_last_step_cache(src: Source) -> str:
+    """The seams patch ``last_step_cache`` wraps (``Scheduler._free_request(self, request, ...)``,
+    ``KVCacheManager.cache_blocks(self, request, num_computed_tokens)``); says whether the defect is there."""
+    rel = "v1/core/kv_cache_manager.py"
+    free = find_function(find_class(src.tree("v1/core/sched/scheduler.py"), "Scheduler"), "_free_request")
+    if params(free)[:2] != ["self", "request"]:
+        raise Moved(f"Scheduler._free_request takes {params(free)}")
+    manager = find_class(src.tree(rel), "KVCacheManager")
+    if params(find_function(manager, "cache_blocks")) != ["self", "request", "num_computed_tokens"]:
+        raise Moved("KVCacheManager.cache_blocks(self, request, num_computed_tokens) is gone")
+    if probes.LAST_STEP_CACHE_CAP in squeeze(src.segment(rel, find_function(manager, "allocate_slots"))):
+        return "defect still upstream (caching capped at request.num_tokens): freespec's patch applies in the engine"
+    return "allocate_slots no longer caps caching at request.num_tokens: the patch's probe will find nothing to fix"
+
 CHECKS: tuple[Callable[[Source], str], ...] = (
     check_general_plugins,
     check_frontend,
@@ -387,6 +401,7 @@ CHECKS: tuple[Callable[[Source], str], ...] = (
     check_vllm_cli,
     check_draft_rank,
     check_request_ids,
+    check_last_step_cache,
 )
 
 

@@ -1,0 +1,130 @@
+"""Patch ``last_step_cache``: which finished requests have their last accepted tokens cached, and how many.
+
+Stand-in scheduler and request objects (the rule is pure logic over their fields); the wrapper is installed
+on vLLM's real ``Scheduler`` class and restored after. The engine test is
+integration_tests/test_last_step_cache.py.
+"""
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+from freespec.vllm_plugins import patches, probes
+
+
+class Manager:
+    def __init__(self, enable_caching: bool = True) -> None:
+        self.enable_caching = enable_caching
+        self.cached: list[int] = []
+
+    def cache_blocks(self, request, num_computed_tokens: int) -> None:
+        self.cached.append(num_computed_tokens)
+
+
+def scheduler(method: str | None = "custom_class", connector=None, can_free: bool = True, caching: bool = True):
+    spec = None if method is None else SimpleNamespace(method=method)
+    return SimpleNamespace(
+        vllm_config=SimpleNamespace(speculative_config=spec),
+        connector=connector,
+        ec_connector=None,
+        kv_cache_manager=Manager(caching),
+        _request_blocks_can_be_freed=lambda request: can_free,
+    )
+
+
+def request(status: str = "FINISHED_STOPPED", computed: int = 140, tokens: int = 141, placeholders: int = 0):
+    return SimpleNamespace(status=SimpleNamespace(name=status), num_computed_tokens=computed, num_tokens=tokens,
+                           num_output_placeholders=placeholders)
+
+
+@pytest.mark.parametrize("method", ["custom_class", "suffix", "ngram"])
+def test_a_finished_text_drafting_request_caches_every_computed_token(method):
+    s = scheduler(method)
+    assert patches.cache_finished_blocks(s, request(computed=140, tokens=141))
+    assert s.kv_cache_manager.cached == [140]  # the bonus token's KV was never computed
+
+
+def test_a_stop_inside_the_accepted_tokens_caches_only_the_kept_tokens():
+    s = scheduler()
+    assert patches.cache_finished_blocks(s, request(status="FINISHED_LENGTH_CAPPED", computed=150, tokens=146))
+    assert s.kv_cache_manager.cached == [146]
+
+
+@pytest.mark.parametrize(
+    "case, sched, req",
+    [
+        ("no speculation", scheduler(method=None), request()),
+        ("a draft model's KV shares the cache", scheduler(method="draft_model"), request()),
+        ("eagle", scheduler(method="eagle"), request()),
+        ("a KV connector owns the blocks", scheduler(connector=object()), request()),
+        ("aborted", scheduler(), request(status="FINISHED_ABORTED")),
+        ("an error", scheduler(), request(status="FINISHED_ERROR")),
+        ("a step in flight (async scheduling)", scheduler(), request(placeholders=2)),
+        ("a deferred free", scheduler(can_free=False), request()),
+        ("prefix caching off", scheduler(caching=False), request()),
+    ],
+)
+def test_nothing_is_cached_where_a_block_could_hold_kv_not_written_by_the_target(case, sched, req):
+    assert not patches.cache_finished_blocks(sched, req), case
+    assert sched.kv_cache_manager.cached == []
+
+
+@pytest.fixture
+def vllm_scheduler(monkeypatch):
+    """vLLM's Scheduler with a stand-in ``_free_request`` that records its calls (restored after the test)."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    freed = []
+    monkeypatch.setattr(Scheduler, "_free_request", lambda self, request, delay_free_blocks=False: freed.append(
+        (request, delay_free_blocks)) or (None, None))
+    monkeypatch.setattr(probes, "last_step_cache_state", lambda: ("defect", "stand-in"))
+    return Scheduler, freed
+
+
+def test_the_wrapper_caches_before_vllm_frees_and_installs_once(vllm_scheduler):
+    Scheduler, freed = vllm_scheduler
+    assert patches.install_last_step_cache()
+    wrapped = Scheduler._free_request
+    assert wrapped._freespec
+    s, r = scheduler(), request()
+    assert wrapped(s, r, delay_free_blocks=True) == (None, None)
+    assert s.kv_cache_manager.cached == [140] and freed == [(r, True)]
+
+
+def test_a_failing_cache_still_frees_the_request_and_warns_once(vllm_scheduler, monkeypatch, caplog):
+    Scheduler, freed = vllm_scheduler
+    patches.install_last_step_cache()
+
+    def broken(scheduler, request):
+        raise RuntimeError("moved")
+
+    monkeypatch.setattr(patches, "cache_finished_blocks", broken)
+    with caplog.at_level(logging.WARNING, logger="freespec"):
+        for _ in range(3):
+            Scheduler._free_request(scheduler(), request())
+    assert len(freed) == 3
+    assert [r.message for r in caplog.records].count(
+        "freespec: patch last_step_cache failed (RuntimeError('moved')); finished requests are freed as vLLM "
+        "frees them") == 1
+
+
+@pytest.mark.parametrize("state", ["moved", "absent"])
+def test_nothing_is_installed_where_the_seam_moved_or_vllm_has_no_defect(vllm_scheduler, monkeypatch, state):
+    Scheduler, _ = vllm_scheduler
+    monkeypatch.setattr(probes, "last_step_cache_state", lambda: (state, "stand-in"))
+    assert not patches.install_last_step_cache()
+    assert not getattr(Scheduler._free_request, "_freespec", False)
+
+
+def test_the_probe_finds_the_defect_in_the_installed_vllm_and_the_fix_once_installed(monkeypatch):
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    monkeypatch.setattr(Scheduler, "_free_request", Scheduler._free_request)  # restored after the test
+    before = probes.probe_last_step_cache()
+    if before.detail.startswith("allocate_slots no longer caps"):
+        pytest.skip("this vLLM caches the last step's tokens itself")
+    assert not before.ok and before.detail.startswith("defect"), before
+    assert patches.install_last_step_cache()
+    after = probes.probe_last_step_cache()
+    assert after.ok and after.detail.startswith("fixed by freespec")
