@@ -33,9 +33,10 @@ def scheduler(method: str | None = "custom_class", connector=None, can_free: boo
     )
 
 
-def request(status: str = "FINISHED_STOPPED", computed: int = 140, tokens: int = 141, placeholders: int = 0):
+def request(status: str = "FINISHED_STOPPED", computed: int = 140, tokens: int = 141, placeholders: int = 0,
+            in_flight: int = 0):
     return SimpleNamespace(status=SimpleNamespace(name=status), num_computed_tokens=computed, num_tokens=tokens,
-                           num_output_placeholders=placeholders)
+                           num_output_placeholders=placeholders, num_in_flight_tokens=in_flight)
 
 
 @pytest.mark.parametrize("method", ["custom_class", "suffix", "ngram"])
@@ -43,6 +44,12 @@ def test_a_finished_text_drafting_request_caches_every_computed_token(method):
     s = scheduler(method)
     assert patches.cache_finished_blocks(s, request(computed=140, tokens=141))
     assert s.kv_cache_manager.cached == [140]  # the bonus token's KV was never computed
+
+
+def test_a_request_ended_at_a_stop_string_is_cached_too():
+    s = scheduler()  # vLLM's front-end aborts a request whose text reached a stop string
+    assert patches.cache_finished_blocks(s, request(status="FINISHED_ABORTED", computed=150, tokens=151))
+    assert s.kv_cache_manager.cached == [150]
 
 
 def test_a_stop_inside_the_accepted_tokens_caches_only_the_kept_tokens():
@@ -58,7 +65,7 @@ def test_a_stop_inside_the_accepted_tokens_caches_only_the_kept_tokens():
         ("a draft model's KV shares the cache", scheduler(method="draft_model"), request()),
         ("eagle", scheduler(method="eagle"), request()),
         ("a KV connector owns the blocks", scheduler(connector=object()), request()),
-        ("aborted", scheduler(), request(status="FINISHED_ABORTED")),
+        ("a step in flight (batch queue)", scheduler(), request(status="FINISHED_ABORTED", in_flight=9)),
         ("an error", scheduler(), request(status="FINISHED_ERROR")),
         ("a step in flight (async scheduling)", scheduler(), request(placeholders=2)),
         ("a deferred free", scheduler(can_free=False), request()),

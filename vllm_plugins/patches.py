@@ -59,10 +59,11 @@ PATCHES = (
     ),
     Patch(
         "last_step_cache",
-        "vLLM 0.30-0.32 caches a request's KV blocks only up to the tokens known when it schedules a step, so the "
+        "vLLM 0.32 caches a request's KV blocks only up to the tokens known when it schedules a step, so the "
         "tokens accepted in the step that finishes a speculative request are never cached and the next turn of a "
         "conversation prefills their block again; Scheduler._free_request is wrapped to cache a normally finished "
-        "request's computed full blocks first (text-drafting methods only, no KV connector, nothing in flight)",
+        "request's computed full blocks first (text-drafting methods only, stop/length/abort, no KV connector, nothing "
+        "in flight)",
         install="install_last_step_cache",
     ),
 )
@@ -199,16 +200,18 @@ def install_cpu_expand_fix() -> bool:
 # model alone. Draft-model methods (eagle, draft_model, ...) keep draft KV in the same cache, possibly
 # behind the target's at a request's end, so their blocks are left as vLLM leaves them.
 TEXT_DRAFT_METHODS = ("ngram", "suffix", "custom_class")
-# Normal ends: the KV of every computed token was written by a step that completed.
-NORMAL_FINISH = ("FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED")
+# Ends after which every computed token's KV was written by a completed step: a stop token, max_tokens, and an
+# abort, which is how vLLM's front-end ends a request at a stop string (the engine core takes aborts between
+# steps; a step still in flight is checked for below).
+FINISHED = ("FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED", "FINISHED_ABORTED")
 
 
 def cache_finished_blocks(scheduler, request) -> bool:
     """Named patch ``last_step_cache``: put a finished request's full computed blocks in the prefix cache.
 
-    Acts only where every computed token's KV is the target's and written: a text-drafting method, a normal
-    finish, no KV connector (it owns the blocks' fate), no step in flight (async scheduling's placeholders,
-    deferred frees). Caches ``min(num_computed_tokens, num_tokens)`` tokens: rejected drafts were already
+    Acts only where every computed token's KV is the target's and written: a text-drafting method, a finish
+    by stop, length or abort, no KV connector (it owns the blocks' fate), no step in flight (tokens scheduled and
+    not yet back, async scheduling's placeholders, deferred frees). Caches ``min(num_computed_tokens, num_tokens)`` tokens: rejected drafts were already
     subtracted from ``num_computed_tokens``, and a stop inside the accepted tokens trims ``num_tokens``.
     Returns whether it cached."""
     spec = getattr(scheduler.vllm_config, "speculative_config", None)
@@ -216,7 +219,9 @@ def cache_finished_blocks(scheduler, request) -> bool:
         return False
     if getattr(scheduler, "connector", None) is not None or getattr(scheduler, "ec_connector", None) is not None:
         return False
-    if getattr(request.status, "name", None) not in NORMAL_FINISH or getattr(request, "num_output_placeholders", 0):
+    if getattr(request.status, "name", None) not in FINISHED:
+        return False
+    if getattr(request, "num_in_flight_tokens", 0) or getattr(request, "num_output_placeholders", 0):
         return False
     can_free = getattr(scheduler, "_request_blocks_can_be_freed", None)
     if can_free is not None and not can_free(request):
@@ -255,6 +260,7 @@ def install_last_step_cache() -> bool:
 
     _free_request._freespec = True  # type: ignore[attr-defined]
     Scheduler._free_request = _free_request
+    logger.info("freespec: a finished request's last accepted tokens now enter the prefix cache (last_step_cache)")
     return True
 
 def route_logs_to_vllm() -> None:
