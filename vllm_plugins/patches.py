@@ -210,10 +210,11 @@ def cache_finished_blocks(scheduler, request) -> bool:
     """Named patch ``last_step_cache``: put a finished request's full computed blocks in the prefix cache.
 
     Acts only where every computed token's KV is the target's and written: a text-drafting method, a finish
-    by stop, length or abort, no KV connector (it owns the blocks' fate), no step in flight (tokens scheduled and
-    not yet back, async scheduling's placeholders, deferred frees). Caches ``min(num_computed_tokens, num_tokens)`` tokens: rejected drafts were already
-    subtracted from ``num_computed_tokens``, and a stop inside the accepted tokens trims ``num_tokens``.
-    Returns whether it cached."""
+    by stop, length or abort, no KV connector (it owns the blocks' fate), no step in flight (tokens scheduled
+    and not yet back, async scheduling's placeholders, deferred frees). Caches
+    ``min(num_computed_tokens, num_tokens)`` tokens: rejected drafts were already subtracted from
+    ``num_computed_tokens``, a stop inside the accepted tokens trims ``num_tokens``, and a preempted request
+    holds no blocks and no computed tokens. Returns whether it cached."""
     spec = getattr(scheduler.vllm_config, "speculative_config", None)
     if spec is None or getattr(spec, "method", None) not in TEXT_DRAFT_METHODS:
         return False
@@ -262,6 +263,7 @@ def install_last_step_cache() -> bool:
     Scheduler._free_request = _free_request
     logger.info("freespec: a finished request's last accepted tokens now enter the prefix cache (last_step_cache)")
     return True
+
 
 def route_logs_to_vllm() -> None:
     """Send freespec's log records through vLLM's handlers at vLLM's level (``VLLM_LOGGING_LEVEL``).
