@@ -324,6 +324,7 @@ def test_doctor_on_a_0_30_layout_names_why_each_plugin_is_disabled(monkeypatch):
         ProbeResult("cpu_expand_kernel", False, "defective"),
         ProbeResult("target_topk", True, "t"),
         ProbeResult("spec_metrics", False, "renamed"),
+        ProbeResult("last_step_cache", False, "Scheduler._free_request(self, request, ...) is gone"),
     ]
     out = doctor_with(monkeypatch, "0.30.0", results, hook=False)
     head = next(line for line in out.splitlines() if line.startswith("vLLM: "))
@@ -335,6 +336,7 @@ def test_doctor_on_a_0_30_layout_names_why_each_plugin_is_disabled(monkeypatch):
     assert "[FAIL] cpu_rejection_sampler: no kernel-override registry" in out
     assert "[DEFECT, not patched (no override hook)] cpu_expand_kernel" in out
     assert "[WARN] spec_metrics" in out
+    assert "[WARN, not patched] last_step_cache: Scheduler._free_request" in out
     copy = next(x for x in out.splitlines() if x.strip().startswith("copy ("))
     assert "disabled" in copy and "outside the supported range" in copy and "cpu_rejection_sampler" in copy
 
@@ -344,9 +346,11 @@ def test_doctor_on_a_supported_layout_marks_plugins_usable_and_topk_plugins_apar
         ProbeResult("frontend", True, "f"),
         ProbeResult("cpu_expand_kernel", False, "defective"),
         ProbeResult("target_topk", False, "moved"),
+        ProbeResult("last_step_cache", False, "defect: the tokens accepted in a request's last step ..."),
     ]
     out = doctor_with(monkeypatch, "0.32.0", results, hook=True)
     assert "[DEFECT, patched in workers] cpu_expand_kernel" in out
+    assert "[DEFECT, patched in the engine] last_step_cache" in out
     assert "[FAIL (plugins using target top-k)] target_topk" in out
     lines = {x.strip().split(" ", 1)[0]: x for x in out.splitlines() if x.startswith("  ") and "(freespec." in x}
     assert lines["copy"].endswith("usable")
