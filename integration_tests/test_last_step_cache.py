@@ -74,8 +74,8 @@ def without_speculation(tokens: int) -> int:
 def test_every_block_of_the_previous_turn_is_cached_with_the_patch_and_not_without(model_path):
     from freespec.vllm_plugins.probes import last_step_cache_state
 
-    state, detail = last_step_cache_state()
-    if state != "defect":
+    state, detail = last_step_cache_state()  # "fixed": installed in this test process; the engines start afresh
+    if state in ("moved", "absent"):
         pytest.skip(f"patch last_step_cache does not apply to this vLLM: {detail}")
     patched = second_turns(model_path, disable_patch=False)
     short = [r for r in patched if r["cached"] < without_speculation(r["tokens"])]

@@ -127,7 +127,8 @@ def test_nothing_is_installed_where_the_seam_moved_or_vllm_has_no_defect(vllm_sc
 def test_the_probe_finds_the_defect_in_the_installed_vllm_and_the_fix_once_installed(monkeypatch):
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    monkeypatch.setattr(Scheduler, "_free_request", Scheduler._free_request)  # restored after the test
+    current = Scheduler._free_request  # vLLM's own, even where a test process has the patch installed
+    monkeypatch.setattr(Scheduler, "_free_request", getattr(current, "__wrapped__", current))
     before = probes.probe_last_step_cache()
     if before.detail.startswith("allocate_slots no longer caps"):
         pytest.skip("this vLLM caches the last step's tokens itself")

@@ -131,9 +131,11 @@ def test_disabled_patches_are_not_installed(monkeypatch):
     monkeypatch.setattr(patches, "route_logs_to_vllm", lambda: None)
     monkeypatch.setattr(patches, "install_frontend", lambda: installed.append("frontend"))
     monkeypatch.setattr(patches, "install_cpu_expand_fix", lambda: installed.append("expand"))
+    # A stand-in, so vLLM's real Scheduler in this test process stays as vLLM ships it.
+    monkeypatch.setattr(patches, "install_last_step_cache", lambda: installed.append("last_step_cache"))
     monkeypatch.setenv("FREESPEC_DISABLE_PATCHES", "cpu_expand_kernel")
     patches.install_all()
-    assert installed == ["frontend"]
+    assert installed == ["frontend", "last_step_cache"]
 
 
 # ---------------------------------------------------------------- the gate: one warning naming every reason
