@@ -388,6 +388,7 @@ def check_last_step_cache(src: Source) -> str:
         return "defect still upstream (caching capped at request.num_tokens): freespec's patch applies in the engine"
     return "allocate_slots no longer caps caching at request.num_tokens: the patch's probe will find nothing to fix"
 
+
 CHECKS: tuple[Callable[[Source], str], ...] = (
     check_general_plugins,
     check_frontend,
