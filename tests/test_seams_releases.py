@@ -326,7 +326,7 @@ def test_doctor_on_a_0_30_layout_names_why_each_plugin_is_disabled(monkeypatch):
         ProbeResult("cpu_expand_kernel", False, "defective"),
         ProbeResult("target_topk", True, "t"),
         ProbeResult("spec_metrics", False, "renamed"),
-        ProbeResult("last_step_cache", False, "Scheduler._free_request(self, request, ...) is gone"),
+        ProbeResult("last_step_cache", False, "Scheduler._free_request(self, request, ...) is gone", "moved"),
     ]
     out = doctor_with(monkeypatch, "0.30.0", results, hook=False)
     head = next(line for line in out.splitlines() if line.startswith("vLLM: "))
@@ -348,7 +348,7 @@ def test_doctor_on_a_supported_layout_marks_plugins_usable_and_topk_plugins_apar
         ProbeResult("frontend", True, "f"),
         ProbeResult("cpu_expand_kernel", False, "defective"),
         ProbeResult("target_topk", False, "moved"),
-        ProbeResult("last_step_cache", False, "defect: the tokens accepted in a request's last step ..."),
+        ProbeResult("last_step_cache", False, "defect: the tokens accepted in a request's last step ...", "defect"),
     ]
     out = doctor_with(monkeypatch, "0.32.0", results, hook=True)
     assert "[DEFECT, patched in workers] cpu_expand_kernel" in out

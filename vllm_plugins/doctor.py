@@ -19,7 +19,7 @@ def _status(probe, expand_hook: bool) -> str:
     if probe.seam == "cpu_expand_kernel":  # a vLLM defect freespec patches in each CPU worker
         return "DEFECT, patched in workers" if expand_hook else "DEFECT, not patched (no override hook)"
     if probe.seam == "last_step_cache":  # a vLLM defect freespec patches in the engine's scheduler
-        return "DEFECT, patched in the engine" if probe.detail.startswith("defect") else "WARN, not patched"
+        return "DEFECT, patched in the engine" if probe.state == "defect" else "WARN, not patched"
     if probe.seam == "vllm_cli":  # a vLLM defect freespec's own command works around
         return "DEFECT, use `freespec serve`"
     if probe.seam in BLOCKING:

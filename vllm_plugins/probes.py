@@ -46,6 +46,7 @@ class ProbeResult:
     seam: str
     ok: bool
     detail: str
+    state: str = ""  # where a probe tells more than ok or not (last_step_cache: moved, defect, fixed, absent)
 
 
 # Probes whose failure disables every plugin (target_topk: only plugins that use it).
@@ -365,7 +366,7 @@ def probe_last_step_cache() -> ProbeResult:
     request (``Scheduler._free_request``, ``KVCacheManager.cache_blocks``). Reports only (never disables a plugin).
     """
     state, detail = last_step_cache_state()
-    return ProbeResult("last_step_cache", state in ("fixed", "absent"), detail)
+    return ProbeResult("last_step_cache", state in ("fixed", "absent"), detail, state)
 
 
 def last_step_cache_state() -> tuple[str, str]:
