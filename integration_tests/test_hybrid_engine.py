@@ -6,7 +6,7 @@ temperature 0.8 from the same distribution. Then every source with a datastore, 
 both checks of issue 7: hybrid's greedy text is the text without speculation, and at
 full batch (39 requests at once) the policy keeps speculation from costing throughput: hybrid's tokens/s is
 not below no speculation's by more than the run-to-run noise measured in the same two engines. With fixed
-draft bars, hybrid measured 0.64x at 39 requests (results/run-e/results.md), so this can fail.
+draft bars, hybrid measured 0.64x at 39 requests (results/load-first-sweep/results.md), so this can fail.
 """
 from __future__ import annotations
 

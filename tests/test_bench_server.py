@@ -93,7 +93,7 @@ def test_interleaved_servers_split_the_free_memory_after_each_servers_overhead(m
     monkeypatch.setattr(server, "ram_total_gib", lambda: 23.5)
     options = BenchOptions()
     # (0.8 * 0.9 - 4 * 1.5 / 23.5) / 4 = 0.116: 2.6 GiB each, where 0.3 / 4 (1.6 GiB) left a float32
-    # SmolLM2 server no KV cache (run AY); 4 * (2.6 + 1.5) GiB fit in the 21 GiB free
+    # SmolLM2 server no KV cache (interleave-float32); 4 * (2.6 + 1.5) GiB fit in the 21 GiB free
     assert server.interleaved_options(options, 4, cpu=True)[0].gpu_memory_utilization == 0.11
     assert server.interleaved_options(options, 2, cpu=True)[0].gpu_memory_utilization == 0.29  # (0.72 - 0.128) / 2
     monkeypatch.setattr(server, "ram_total_gib", lambda: 256.0)  # a large machine: at most one server's 0.3
