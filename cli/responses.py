@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from freespec.cli.arguments import int_in
+from freespec.safe_files import printable
 from freespec.proposers.suffix_tree import SuffixOptions
 
 MIN_PROMPT_CHARS = 20
@@ -31,11 +32,11 @@ MAX_STORE_TOKENS = SuffixOptions.model_fields["max_saved_tokens"].default
 
 
 def _log(message: str) -> None:
-    print(f"freespec: {message}", file=sys.stderr, flush=True)
+    print(f"freespec: {printable(message)}", file=sys.stderr, flush=True)
 
 
 def _error(message: str) -> int:
-    print(f"freespec: error: {message}", file=sys.stderr, flush=True)
+    print(f"freespec: error: {printable(message)}", file=sys.stderr, flush=True)
     return 2
 
 

@@ -33,7 +33,7 @@ from importlib import metadata as importlib_metadata
 from pathlib import Path
 
 from freespec import settings
-from freespec.safe_files import load_json
+from freespec.safe_files import load_json, printable
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 MARKER_NAME = ".freespec-prepared.json"
@@ -222,7 +222,7 @@ def _locked(lock_path: Path) -> Iterator[None]:
 
 
 def _log(message: str) -> None:
-    print(f"freespec: {message}", file=sys.stderr, flush=True)
+    print(f"freespec: {printable(message)}", file=sys.stderr, flush=True)
 
 
 def _progress(total: int, desc: str):

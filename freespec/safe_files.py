@@ -14,6 +14,8 @@ One rule per class of bad input (docs/reliability.md, "Files, JSON and peers"):
   (numpy reads a version-2/3 header of up to 4 GiB before it checks its own limit).
 - ``short``: a value cut to a few hundred characters for a message (a 1,000,000-entry list never makes
   a 50 MB error).
+- ``printable``: text read from a file, with control and format characters escaped, for a terminal: every
+  command that prints what a file says goes through it, so a manifest cannot forge the command's output.
 
 Config-stage checks of path options and of option types: ``freespec.option_checks``.
 """
@@ -22,8 +24,10 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import stat
 import struct
+import unicodedata
 from typing import Any
 
 MAX_JSON_DEPTH = 256
@@ -55,6 +59,32 @@ def clip(text: str, limit: int = MESSAGE_CHARS) -> str:
     """``text`` cut to ``limit`` characters, saying how much was cut (an error's own text in a message)."""
     text = str(text)
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit:,} more characters)"
+
+
+# C0 and C1 controls and DEL, and the format and separator characters that move, hide or reorder text
+# (bidirectional overrides, zero-width characters, U+2028/U+2029); lone surrogates cannot be printed at all.
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f"
+                          r"\ufeff\ufff9-\ufffb\ud800-\udfff]")
+
+
+def _escape(match: re.Match) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(text: Any, *, newlines: bool = False) -> str:
+    """``str(text)`` safe to print on a terminal: control and format characters as ``\\xNN`` / ``\\uNNNN``.
+
+    ``newlines=True`` keeps line breaks (a multi-line report); otherwise a value prints as one line.
+    Other Unicode format characters (category Cf) are escaped as well.
+    """
+    text = str(text)
+    if newlines:
+        return "\n".join(printable(line) for line in text.split("\n"))
+    text = _UNPRINTABLE.sub(_escape, text)
+    if not text.isascii():
+        text = "".join(f"\\u{ord(c):04x}" if unicodedata.category(c) == "Cf" else c for c in text)
+    return text
 
 
 def _kind(mode: int) -> str:

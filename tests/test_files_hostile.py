@@ -4,6 +4,7 @@ Planted symlinks in shared folders, builds killed by SIGKILL, bad records, one h
 characters in files a command prints, and booleans where a number is wanted."""
 from __future__ import annotations
 
+import json
 import types
 import typing
 
@@ -55,3 +56,90 @@ def test_a_boolean_inside_a_list_of_numbers_is_refused_and_real_booleans_still_p
     bool_fields = [n for n, f in RecycleOptions.model_fields.items() if f.annotation is bool]
     assert bool_fields and RecycleOptions.model_validate({bool_fields[0]: True})
     assert typing.get_origin(RecycleOptions.model_fields["tree_widths"].annotation) is not None
+
+
+# --------------------------------------------------------------------------- printing what a file says
+
+FORGERY = "chars\x1b[2K\r\nfreespec: all checks passed\x07\u202e\x9b"
+
+
+def char_tokenize(texts):
+    return [[ord(c) % 1000 for c in t] for t in texts]
+
+
+def small_datastore(tmp_path, name="ds", texts=("the quick brown fox", "jumps over the lazy dog"), **kwargs):
+    from freespec.proposers.retrieval.build import build_datastore
+
+    corpus = tmp_path / f"{name}.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    options = dict(tokenizer_name="chars", fingerprint="sha256:chars", vocab_size=1000, progress=False)
+    options.update(kwargs)
+    build_datastore([str(corpus)], tmp_path / name, char_tokenize, **options)
+    return tmp_path / name
+
+
+def _no_terminal_controls(text: str) -> None:
+    """None of the forgery's controls reached the terminal raw (a progress bar's own ``\\r`` is fine)."""
+    bad = [c for c in text if c in "\x1b\x07\u202e\x9b"]
+    assert not bad, f"raw control characters printed: {bad!r}"
+    assert not any(line.lstrip("\r").startswith("freespec: all checks passed") for line in text.splitlines())
+
+
+def test_datastore_info_and_verify_escape_what_the_manifest_says(tmp_path, capsys):
+    from freespec.cli.main import main
+
+    store = small_datastore(tmp_path)
+    manifest = json.loads((store / "manifest.json").read_text())
+    manifest["tokenizer"]["name"] = FORGERY
+    manifest["created"] = FORGERY
+    manifest["sources"] = [FORGERY]
+    (store / "manifest.json").write_text(json.dumps(manifest))
+    assert main(["datastore", "info", str(store)]) == 0
+    out = capsys.readouterr()
+    _no_terminal_controls(out.out + out.err)
+    assert "\\x1b[2K" in out.out and "all checks passed" in out.out
+    assert not any(line.startswith("freespec: all checks passed") for line in out.out.splitlines())
+
+    (store / "shard-00000.tokens").write_bytes(b"\0" * (store / "shard-00000.tokens").stat().st_size)
+    manifest["shards"][0]["tokens_sha256"] = FORGERY
+    (store / "manifest.json").write_text(json.dumps(manifest))
+    assert main(["datastore", "verify", str(store)]) == 1
+    out = capsys.readouterr()
+    _no_terminal_controls(out.out + out.err)
+
+
+def test_doctor_models_recycle_and_responses_escape_what_they_print(tmp_path, capsys, monkeypatch):
+    from freespec.cli.main import main
+    from freespec.vllm_plugins import doctor
+
+    monkeypatch.setattr(doctor, "diagnose", lambda: {})
+    # An entry point's name is one line of entry_points.txt: it may hold any control but a line break.
+    name = FORGERY.replace("\n", "")
+    monkeypatch.setattr(doctor, "report", lambda data: f"plugins:\n  {name} (other.pkg:Class): usable")
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr()
+    _no_terminal_controls(out.out + out.err)
+    assert "plugins:\n" in out.out
+
+    assert main(["models", "list", "--cache-dir", str(tmp_path / FORGERY.replace("/", ""))]) == 0
+    out = capsys.readouterr()
+    _no_terminal_controls(out.out + out.err)
+
+    bad = tmp_path / f"{FORGERY}.npz"
+    bad.write_bytes(b"not a zip")
+    assert main(["recycle", "info", str(bad)]) == 2
+    out = capsys.readouterr()
+    _no_terminal_controls(out.out + out.err)
+
+    assert main(["responses", "build", "--model", "x", "--prompts", str(bad.with_suffix(".jsonl")),
+                 "--out", str(tmp_path / "missing" / "r.bin")]) == 2
+    out = capsys.readouterr()
+    _no_terminal_controls(out.out + out.err)
+
+
+def test_printable_escapes_controls_and_keeps_ordinary_text():
+    from freespec.safe_files import printable
+
+    assert printable("naïve 日本 tab\tend") == "naïve 日本 tab\\x09end"
+    assert printable("a\nb\x1b", newlines=True) == "a\nb\\x1b"
+    assert printable("\ud800\u2028\u200b") == "\\ud800\\u2028\\u200b"
