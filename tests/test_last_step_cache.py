@@ -1,4 +1,5 @@
-"""Patch ``last_step_cache``: which finished requests have their last accepted tokens cached, and how many.
+"""Patch ``last_step_cache``: which finished requests have their last accepted tokens cached, and how many; in
+which engines it acts (a freespec plugin's; vLLM's ngram and suffix only with ``FREESPEC_FIX_VLLM``).
 
 Stand-in scheduler and request objects (the rule is pure logic over their fields); the wrapper is installed
 on vLLM's real ``Scheduler`` class and restored after. The engine test is
@@ -22,10 +23,12 @@ class Manager:
         self.cached.append(num_computed_tokens)
 
 
-def scheduler(method: str | None = "custom_class", connector=None, can_free: bool = True, caching: bool = True):
+def scheduler(method: str | None = "custom_class", connector=None, can_free: bool = True, caching: bool = True,
+              freespec: bool = True):
     spec = None if method is None else SimpleNamespace(method=method)
+    additional = {"freespec": {"plugin": "hybrid"}} if freespec and method == "custom_class" else {}
     return SimpleNamespace(
-        vllm_config=SimpleNamespace(speculative_config=spec),
+        vllm_config=SimpleNamespace(speculative_config=spec, additional_config=additional),
         connector=connector,
         ec_connector=None,
         kv_cache_manager=Manager(caching),
@@ -39,8 +42,14 @@ def request(status: str = "FINISHED_STOPPED", computed: int = 140, tokens: int =
                            num_output_placeholders=placeholders, num_in_flight_tokens=in_flight)
 
 
+@pytest.fixture
+def fix_vllm(monkeypatch):
+    """The operator's opt-in for vLLM's own methods."""
+    monkeypatch.setenv("FREESPEC_FIX_VLLM", "last_step_cache")
+
+
 @pytest.mark.parametrize("method", ["custom_class", "suffix", "ngram"])
-def test_a_finished_text_drafting_request_caches_every_computed_token(method):
+def test_a_finished_text_drafting_request_caches_every_computed_token(method, fix_vllm):
     s = scheduler(method)
     assert patches.cache_finished_blocks(s, request(computed=140, tokens=141))
     assert s.kv_cache_manager.cached == [140]  # the bonus token's KV was never computed
@@ -64,6 +73,9 @@ def test_a_stop_inside_the_accepted_tokens_caches_only_the_kept_tokens():
         ("no speculation", scheduler(method=None), request()),
         ("a draft model's KV shares the cache", scheduler(method="draft_model"), request()),
         ("eagle", scheduler(method="eagle"), request()),
+        ("vLLM's suffix without the opt-in", scheduler(method="suffix"), request()),
+        ("vLLM's ngram without the opt-in", scheduler(method="ngram"), request()),
+        ("another package's custom_class", scheduler(freespec=False), request()),
         ("a KV connector owns the blocks", scheduler(connector=object()), request()),
         ("a step in flight (batch queue)", scheduler(), request(status="FINISHED_ABORTED", in_flight=9)),
         ("an error", scheduler(), request(status="FINISHED_ERROR")),
@@ -72,7 +84,9 @@ def test_a_stop_inside_the_accepted_tokens_caches_only_the_kept_tokens():
         ("prefix caching off", scheduler(caching=False), request()),
     ],
 )
-def test_nothing_is_cached_where_a_block_could_hold_kv_not_written_by_the_target(case, sched, req):
+def test_nothing_is_cached_where_a_block_could_hold_kv_not_written_by_the_target_or_not_asked(case, sched, req,
+                                                                                              monkeypatch):
+    monkeypatch.delenv("FREESPEC_FIX_VLLM", raising=False)
     assert not patches.cache_finished_blocks(sched, req), case
     assert sched.kv_cache_manager.cached == []
 
@@ -116,8 +130,18 @@ def test_a_failing_cache_still_frees_the_request_and_warns_once(vllm_scheduler, 
         "frees them") == 1
 
 
+@pytest.mark.parametrize("opt_in", ["", "last_step_cache", "all", "cpu_expand_kernel"])
+def test_the_opt_in_turns_the_fix_on_for_vllms_own_methods_only_when_it_names_it(opt_in, monkeypatch):
+    monkeypatch.setenv("FREESPEC_FIX_VLLM", opt_in)
+    for method in ("ngram", "suffix"):
+        s = scheduler(method)
+        assert patches.cache_finished_blocks(s, request()) == (opt_in in ("last_step_cache", "all")), method
+    assert patches.cache_finished_blocks(scheduler("draft_model"), request()) is False  # never: draft KV
+
+
 @pytest.mark.parametrize("state", ["moved", "absent"])
 def test_nothing_is_installed_where_the_seam_moved_or_vllm_has_no_defect(vllm_scheduler, monkeypatch, state):
+    """``absent``: vLLM ships the fix (PR #54979) and the patch retires itself: install is a no-op."""
     Scheduler, _ = vllm_scheduler
     monkeypatch.setattr(probes, "last_step_cache_state", lambda: (state, "stand-in"))
     assert not patches.install_last_step_cache()
@@ -136,3 +160,46 @@ def test_the_probe_finds_the_defect_in_the_installed_vllm_and_the_fix_once_insta
     assert patches.install_last_step_cache()
     after = probes.probe_last_step_cache()
     assert after.ok and after.state == "fixed" and after.detail.startswith("fixed by freespec")
+
+
+def _vllm_config(spec: dict | None, additional: dict | None = None):
+    """A real ``SpeculativeConfig`` as vLLM builds it, on a stand-in ``VllmConfig``."""
+    from vllm.config import SpeculativeConfig
+
+    built = None if spec is None else SpeculativeConfig(**spec)
+    return SimpleNamespace(speculative_config=built, additional_config=additional or {})
+
+
+@pytest.mark.parametrize("spec", [None, {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3},
+                                  {"method": "suffix", "num_speculative_tokens": 3}])
+def test_a_stock_engine_config_gets_nothing_and_a_freespec_one_does(spec, monkeypatch):
+    monkeypatch.delenv("FREESPEC_FIX_VLLM", raising=False)
+    s = scheduler()
+    s.vllm_config = _vllm_config(spec)
+    assert not patches.acts_in(s) and not patches.cache_finished_blocks(s, request())
+    freespec = scheduler()
+    freespec.vllm_config = _vllm_config(
+        {"method": "custom_class", "model": "freespec.vllm_plugins.adapter.FreespecProposer",
+         "num_speculative_tokens": 3}, {"freespec": {"plugin": "copy"}})
+    assert patches.acts_in(freespec) and patches.cache_finished_blocks(freespec, request())
+
+
+@pytest.mark.parametrize("env, installed", [
+    ({}, False),
+    ({"FREESPEC_FIX_VLLM": "cpu_expand_kernel"}, False),
+    ({"FREESPEC_FIX_VLLM": "last_step_cache"}, True),
+    ({"FREESPEC_PLUGIN_ENGINE": "hybrid"}, True),
+    ({"FREESPEC_PLUGIN_ENGINE": "hybrid", "FREESPEC_DISABLE_PATCHES": "last_step_cache"}, False),
+])
+def test_the_general_plugin_wraps_the_scheduler_only_for_a_freespec_engine_or_the_opt_in(
+        vllm_scheduler, monkeypatch, env, installed):
+    Scheduler, _ = vllm_scheduler
+    for name in ("FREESPEC_FIX_VLLM", "FREESPEC_PLUGIN_ENGINE", "FREESPEC_DISABLE_PATCHES"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(patches, "install_frontend", lambda: None)
+    monkeypatch.setattr(patches, "install_cpu_expand_fix", lambda: None)
+    monkeypatch.setattr("sys.argv", ["vllm", "serve", "m"])
+    patches.install_all()
+    assert getattr(Scheduler._free_request, "_freespec", False) is installed

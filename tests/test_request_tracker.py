@@ -53,3 +53,23 @@ def test_a_row_with_unexpected_length_is_a_new_request():
     (k1,), _ = t.update([(a[:100], 1)])
     (k2,), gone = t.update([(a[:110], 1)])  # 10 new tokens but only 1 reported: not the same request
     assert k2 != k1 and gone == [k1]
+
+
+def test_request_ids_are_read_from_the_callers_batch_unless_the_patch_is_disabled(monkeypatch):
+    import sys
+    from types import SimpleNamespace
+
+    from freespec.vllm_plugins.request_ids import BatchRequestIds
+
+    tokens = np.zeros((2, 4), dtype=np.int32)
+
+    class Runner:  # stands in for vLLM's model runner calling the seam's propose()
+        input_batch = SimpleNamespace(token_ids_cpu=tokens, req_ids=["a", "b"])
+
+        def propose(self, reader):
+            return reader.read(sys._getframe(0), tokens, 2)
+
+    monkeypatch.delenv("FREESPEC_DISABLE_PATCHES", raising=False)
+    assert Runner().propose(BatchRequestIds()) == ["a", "b"]
+    monkeypatch.setenv("FREESPEC_DISABLE_PATCHES", "request_ids")
+    assert Runner().propose(BatchRequestIds()) is None

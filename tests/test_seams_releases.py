@@ -103,39 +103,127 @@ def test_release_0_30_expand_fix_has_no_hook_and_does_not_raise(monkeypatch):
 def test_release_0_31_and_0_32_expand_fix_runs_before_the_overrides_once(monkeypatch, release):
     platform = install_layout(monkeypatch, release=release)
     monkeypatch.setattr(patches, "fix_cpu_expand_kernel", lambda: platform.calls.append("freespec"))
+    monkeypatch.setattr(probes, "probe_cpu_expand_kernel", lambda: ProbeResult("cpu_expand_kernel", False, "defective"))
     assert patches.install_cpu_expand_fix() is True
     assert patches.install_cpu_expand_fix() is True  # idempotent: wrapped once
     platform.register_triton_kernel_overrides()
     assert platform.calls == ["freespec", "vllm"]
 
 
-# ---------------------------------------------------------------- register() never raises
-def test_install_all_skips_a_patch_that_cannot_be_installed(monkeypatch, caplog):
+# ---------------------------------------------------------------- register(): what acts, and where
+@pytest.fixture
+def recorded(monkeypatch):
+    """install_all with every patch's install replaced by a recorder; no opt-in, no freespec engine, a plain
+    command line."""
     installed = []
+    monkeypatch.setattr(patches, "route_logs_to_vllm", lambda: None)
+    for name in ("frontend", "cpu_expand_fix", "prometheus_multiproc"):
+        monkeypatch.setattr(patches, f"install_{name}", lambda name=name: installed.append(name))
+    # A stand-in, so vLLM's real Scheduler in this test process stays as vLLM ships it.
+    monkeypatch.setattr(patches, "install_last_step_cache", lambda: installed.append("last_step_cache"))
+    for name in ("FREESPEC_DISABLE_PATCHES", "FREESPEC_FIX_VLLM", "FREESPEC_PLUGIN_ENGINE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(sys, "argv", ["vllm", "serve", "model"])
+    return installed
 
+
+@pytest.mark.parametrize("argv", [
+    ["vllm", "serve", "model"],
+    ["vllm", "serve", "model", "--speculative-config", '{"method": "suffix", "num_speculative_tokens": 8}'],
+    ["vllm", "serve", "model", '--speculative_config={"method": "ngram", "prompt_lookup_max": 4}'],
+])
+def test_a_stock_vllm_process_gets_only_the_front_end(recorded, monkeypatch, argv):
+    monkeypatch.setattr(sys, "argv", argv)
+    patches.install_all()
+    assert recorded == ["frontend"]
+
+
+@pytest.mark.parametrize("argv", [
+    ["vllm", "serve", "model", "--speculative-config", '{"plugin": "copy", "num_speculative_tokens": 4}'],
+    ["vllm", "serve", "model", '--speculative-config={"plugin": "hybrid"}'],
+    ["vllm", "serve", "model", "--speculative-config.plugin", "copy"],
+    ["vllm", "serve", "model", "--speculative-config",
+     '{"method": "custom_class", "model": "freespec.vllm_plugins.adapter.FreespecProposer"}'],
+])
+def test_a_freespec_plugin_on_the_command_line_turns_on_the_metrics_directory(recorded, monkeypatch, argv):
+    monkeypatch.setattr(sys, "argv", argv)
+    patches.install_all()
+    assert recorded == ["frontend", "prometheus_multiproc"]
+
+
+def test_the_engine_of_a_freespec_plugin_gets_its_patches(recorded, monkeypatch):
+    monkeypatch.setenv("FREESPEC_PLUGIN_ENGINE", "copy")  # set by the front-end, inherited by the engine
+    patches.install_all()
+    assert recorded == ["frontend", "prometheus_multiproc", "last_step_cache"]
+
+
+@pytest.mark.parametrize("opt_in, expected", [
+    ("last_step_cache", ["last_step_cache"]),
+    ("cpu_expand_kernel", ["cpu_expand_fix"]),
+    ("last_step_cache, cpu_expand_kernel", ["last_step_cache", "cpu_expand_fix"]),
+    ("all", ["last_step_cache", "cpu_expand_fix"]),
+    ("prometheus_multiproc,typo", []),  # only the fixes of vLLM defects can be asked for
+])
+def test_the_opt_in_names_the_fixes_vllms_own_methods_get(recorded, monkeypatch, opt_in, expected):
+    monkeypatch.setenv("FREESPEC_FIX_VLLM", opt_in)
+    patches.install_all()
+    assert recorded == ["frontend", *expected]
+
+
+def test_install_all_skips_a_patch_that_cannot_be_installed(recorded, monkeypatch, caplog):
     def broken():
         raise AttributeError("type object 'CpuPlatform' has no attribute 'x'")
 
-    monkeypatch.setattr(patches, "route_logs_to_vllm", lambda: None)
-    monkeypatch.setattr(patches, "install_frontend", lambda: installed.append("frontend"))
     monkeypatch.setattr(patches, "install_cpu_expand_fix", broken)
-    monkeypatch.delenv("FREESPEC_DISABLE_PATCHES", raising=False)
+    monkeypatch.setenv("FREESPEC_FIX_VLLM", "cpu_expand_kernel")
     with caplog.at_level(logging.WARNING, logger="freespec"):
         patches.install_all()  # vLLM calls register() unguarded: this must not raise
-    assert installed == ["frontend"]
+    assert recorded == ["frontend"]
     assert "cpu_expand_kernel" in caplog.text and "skipped" in caplog.text
 
 
-def test_disabled_patches_are_not_installed(monkeypatch):
-    installed = []
-    monkeypatch.setattr(patches, "route_logs_to_vllm", lambda: None)
-    monkeypatch.setattr(patches, "install_frontend", lambda: installed.append("frontend"))
-    monkeypatch.setattr(patches, "install_cpu_expand_fix", lambda: installed.append("expand"))
-    # A stand-in, so vLLM's real Scheduler in this test process stays as vLLM ships it.
-    monkeypatch.setattr(patches, "install_last_step_cache", lambda: installed.append("last_step_cache"))
+def test_disabled_patches_are_not_installed(recorded, monkeypatch):
+    monkeypatch.setenv("FREESPEC_FIX_VLLM", "all")
     monkeypatch.setenv("FREESPEC_DISABLE_PATCHES", "cpu_expand_kernel")
     patches.install_all()
-    assert installed == ["frontend", "last_step_cache"]
+    assert recorded == ["frontend", "last_step_cache"]
+
+
+def test_the_front_end_passes_a_stock_config_through_untouched_and_marks_a_freespec_one(monkeypatch):
+    """vLLM's real ``EngineArgs``, with its ``create_speculative_config`` behind freespec's wrapper."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    seen, started = [], []
+    monkeypatch.setattr(EngineArgs, "create_speculative_config",
+                        lambda self, *a, **k: seen.append((self.speculative_config, self.additional_config)))
+    monkeypatch.setattr(patches, "plugin_engine_started", started.append)
+    monkeypatch.setattr(patches, "_frontend_rewrite", lambda spec, extra: ({"method": "custom_class"}, {"f": 1}))
+    patches.install_frontend()
+    for stock in (None, {"method": "suffix", "num_speculative_tokens": 8}, {"method": "ngram"},
+                  {"method": "custom_class", "model": "other.Proposer"}):
+        args = EngineArgs(model="m", speculative_config=stock, additional_config={"x": 1})
+        args.create_speculative_config()
+        assert seen[-1][0] is stock and seen[-1][1] == {"x": 1}
+    assert started == []
+    EngineArgs(model="m", speculative_config={"plugin": "copy"}).create_speculative_config()
+    assert seen[-1] == ({"method": "custom_class"}, {"f": 1}) and started == ["copy"]
+
+
+def test_in_a_worker_of_a_freespec_engine_the_expand_kernel_is_fixed_unless_disabled(monkeypatch):
+    fixed = []
+    monkeypatch.setattr(patches, "fix_cpu_expand_kernel", lambda: fixed.append(1))
+    monkeypatch.delenv("FREESPEC_DISABLE_PATCHES", raising=False)
+    patches.install_in_worker()
+    monkeypatch.setenv("FREESPEC_DISABLE_PATCHES", "cpu_expand_kernel")
+    patches.install_in_worker()
+    assert fixed == [1]
+
+
+def test_the_expand_fix_retires_where_vllms_fallback_is_correct(monkeypatch):
+    platform = install_layout(monkeypatch, release="0.32.0")
+    monkeypatch.setattr(probes, "probe_cpu_expand_kernel", lambda: ProbeResult("cpu_expand_kernel", True, "correct"))
+    assert patches.install_cpu_expand_fix() is False
+    assert not getattr(platform.register_triton_kernel_overrides, "_freespec", False)
 
 
 # ---------------------------------------------------------------- the gate: one warning naming every reason
@@ -351,8 +439,13 @@ def test_doctor_on_a_supported_layout_marks_plugins_usable_and_topk_plugins_apar
         ProbeResult("last_step_cache", False, "defect: the tokens accepted in a request's last step ...", "defect"),
     ]
     out = doctor_with(monkeypatch, "0.32.0", results, hook=True)
-    assert "[DEFECT, patched in workers] cpu_expand_kernel" in out
-    assert "[DEFECT, patched in the engine] last_step_cache" in out
+    assert "[DEFECT, patched in freespec engines] cpu_expand_kernel" in out
+    assert "[DEFECT, patched in freespec engines] last_step_cache" in out
+    # Every patch, with its state; the fixes are the operator's opt-in for vLLM's own methods.
+    assert "\n  [acting] last_step_cache: " in out and "vLLM's own methods: opt-in off; upstream: vLLM PR #54979" in out
+    assert "\n  [acting] cpu_expand_kernel: " in out and "\n  [seam moved] target_topk: " in out
+    for name in ("speculative_config_frontend", "request_ids", "vllm_cli_version", "prometheus_multiproc"):
+        assert f"] {name}: " in out
     assert "[FAIL (plugins using target top-k)] target_topk" in out
     lines = {x.strip().split(" ", 1)[0]: x for x in out.splitlines() if x.startswith("  ") and "(freespec." in x}
     assert lines["copy"].endswith("usable")

@@ -88,3 +88,11 @@ def test_the_engine_warm_up_before_the_first_step_is_neither_copied_nor_charged(
         model.compute_logits(torch.zeros(256, 4))
     assert topk.take_seconds() == 0.0 and topk.topk_seconds == 0.0
     assert topk.scored([(seq(3, 0), 1)], [[]]) is None and topk.mismatched_steps == 0
+
+
+def test_a_disabled_patch_leaves_the_target_model_as_it_is(monkeypatch):
+    monkeypatch.setenv("FREESPEC_DISABLE_PATCHES", "target_topk")
+    model = FakeModel()
+    own = model.compute_logits
+    TargetTopK(k=2).install(model)
+    assert "compute_logits" not in vars(model) and model.compute_logits == own

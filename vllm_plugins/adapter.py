@@ -35,6 +35,7 @@ from freespec.vllm_plugins.accounting import (
 )
 from freespec.vllm_plugins.breaker import CircuitBreaker
 from freespec.vllm_plugins.frontend import ADDITIONAL_CONFIG_KEY, check_additional_config
+from freespec.vllm_plugins.patches import install_in_worker
 from freespec.vllm_plugins.ranks import draft_rank
 from freespec.vllm_plugins.request_ids import BatchRequestIds
 from freespec.vllm_plugins.request_tracker import RequestTracker
@@ -54,6 +55,7 @@ class FreespecProposer:
         spec = vllm_config.speculative_config
         # the same checks, and messages, as the {"plugin": ...} spelling; on every rank
         self.plugin, options, adapter = check_additional_config(cfg, spec.num_speculative_tokens)
+        install_in_worker()  # patches a freespec engine's workers need (cpu_expand_kernel)
         where = draft_rank(vllm_config)
         self.drafting = where.drafts
         self.breaker: CircuitBreaker | None = None

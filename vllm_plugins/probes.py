@@ -39,6 +39,7 @@ from dataclasses import dataclass
 # What freespec's adapter must be called with (v1/worker/gpu_model_runner.py).
 PROPOSE_PARAMS = ("sampled_token_ids", "num_tokens_no_spec", "token_ids_cpu")
 EXPAND_KERNEL_NAME = "vllm.v1.sample.rejection_sampler.expand_kernel"
+FIXED_BY_FREESPEC = "fixed by freespec"  # the cpu_expand_kernel probe's detail once freespec's patch is in
 
 
 @dataclass
@@ -147,7 +148,7 @@ def probe_cpu_expand_kernel() -> ProbeResult:
     if impl is None:
         return ProbeResult("cpu_expand_kernel", True, "no CPU expand_kernel fallback: nothing to fix")
     if getattr(impl, "_freespec_fixed", False):
-        return ProbeResult("cpu_expand_kernel", True, "fixed by freespec")
+        return ProbeResult("cpu_expand_kernel", True, FIXED_BY_FREESPEC)
     try:
         import vllm._custom_ops  # noqa: F401  (loads the platform's C++ ops the fallback calls)
 

@@ -5,10 +5,14 @@ whose ``self.input_batch`` holds ``token_ids_cpu`` (the very array passed) and `
 order. The batch is found once through the caller's frame and then reused while it still holds that array;
 anything unexpected (another vLLM, another caller, ids missing or repeated) gives None, and the adapter
 tells requests apart by their tokens instead (``request_tracker.RequestTracker``), with one log line.
+Named patch ``request_ids`` (``patches.PATCHES``, probe ``request_ids``): ``FREESPEC_DISABLE_PATCHES=request_ids``
+leaves vLLM's frames alone, and requests are told apart by their tokens.
 """
 from __future__ import annotations
 
 import logging
+
+from freespec import settings
 
 logger = logging.getLogger("freespec")
 
@@ -19,9 +23,12 @@ class BatchRequestIds:
     def __init__(self) -> None:
         self._batch = None  # vLLM's input batch, once found
         self._warned = False
+        self.off = "request_ids" in settings.disabled_patches()
 
     def read(self, caller, token_ids_cpu, n_rows: int) -> list[str] | None:
         """The ids of the first ``n_rows`` rows; ``caller``: the frame that called the seam's ``propose``."""
+        if self.off:
+            return None
         batch = self._batch
         if batch is None or getattr(batch, "token_ids_cpu", None) is not token_ids_cpu:
             batch = None

@@ -19,6 +19,9 @@ count does not match (the scheduler cut a draft, a second ``compute_logits``
 call for prompt logprobs, a layout change) is skipped and counted: recycled
 candidates only ever change what is *proposed*, never what is accepted, so a
 skipped or wrong update costs speed, not correctness.
+
+Named patch ``target_topk`` (``patches.PATCHES``, probe ``target_topk``): ``FREESPEC_DISABLE_PATCHES=target_topk``
+leaves the target model as it is, and nothing is captured.
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ from typing import Sequence
 
 import numpy as np
 
+from freespec import settings
 from freespec.proposers.base import ScoredPositions
 
 logger = logging.getLogger("freespec")
@@ -61,7 +65,10 @@ class TargetTopK:
         self.active = False
 
     def install(self, target_model) -> None:
-        """Shadow ``compute_logits`` on this model instance (idempotent)."""
+        """Shadow ``compute_logits`` on this model instance (idempotent); not where the patch is disabled."""
+        if "target_topk" in settings.disabled_patches():
+            logger.info("freespec: patch target_topk is disabled: the target's top-k is not captured")
+            return
         original = target_model.compute_logits
         if getattr(original, "_freespec_topk", None) is not None:
             original._freespec_topk.append(self)

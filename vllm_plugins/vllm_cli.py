@@ -30,7 +30,7 @@ import sys
 import tempfile
 
 from freespec import settings
-from freespec.vllm_plugins.patches import disabled
+from freespec.vllm_plugins.patches import disabled, plugin_requested
 from freespec.vllm_plugins.version_gate import installed_distribution
 
 # Distributions that ship the ``vllm`` Python package under another name, and the local
@@ -102,7 +102,9 @@ def multiproc_metrics_dir() -> tempfile.TemporaryDirectory | None:
 def main(argv: list[str] | None = None) -> int | None:
     """Run vLLM's CLI with ``argv`` (default: this process's arguments), version lookup fixed first."""
     args = sys.argv[1:] if argv is None else argv
-    metrics_dir = multiproc_metrics_dir() if args[:1] == ["serve"] else None  # noqa: F841 (held until exit)
+    # only for a freespec plugin: vLLM's own methods run as vLLM runs them
+    serve_plugin = args[:1] == ["serve"] and plugin_requested(args)
+    metrics_dir = multiproc_metrics_dir() if serve_plugin else None  # noqa: F841 (held until exit)
     apply_version_alias()
     if argv is not None:
         # vLLM's CLI reads sys.argv itself (its parser and several subcommands).
