@@ -57,6 +57,8 @@ def test_a_plugin_named_by_its_import_path_is_a_whole_json_config():
         ('copy:{"plugin": "other"}', r"option 'plugin'"),
         ('ngram:{"method": "suffix"}', r"option 'method'"),
         ("bad name", r"not a config name"),
+        ("copy+fixes", r"'\+fixes' is for vLLM's own methods"),
+        ("+fixes", r"not a config name"),
         # A plugin's config is checked by the front-end's rules (as `vllm serve` would), before any server.
         ('copy:{"colour": "red"}', r"config 'copy:.*unknown option 'colour'.*Allowed options: "),
         ('copy:{"min_match": "three"}', r"option 'min_match'"),
@@ -96,3 +98,35 @@ def test_a_checked_plugin_config_is_recorded_as_written():
     config = configs.parse_config_spec('copy:{"policy": "fixed", "step_budget_ms": 500}', 8)
     assert config.speculative_config == {"plugin": "copy", "num_speculative_tokens": 8, "policy": "fixed",
                                          "step_budget_ms": 500}
+
+
+@pytest.mark.parametrize("spec", ["none", "ngram", "suffix", "ngram-table", 'draft_model:{"model": "/m"}', "copy"])
+def test_every_config_runs_without_the_fixes_of_vllm_defects_for_vllms_own_methods(spec):
+    # whatever the shell running the benchmark sets: stock vLLM as users get it (a plugin has its fixes anyway)
+    assert configs.parse_config_spec(spec, 8).env == {"FREESPEC_FIX_VLLM": ""}
+
+
+@pytest.mark.parametrize("spec, method", [("suffix+fixes", "suffix"), ("ngram+fixes", "ngram"),
+                                          ('suffix-table+fixes:{"num_speculative_tokens": 4}', "suffix")])
+def test_a_patched_stock_row_is_asked_for_by_name_and_sets_the_opt_in_for_its_server(spec, method):
+    config = configs.parse_config_spec(spec, 8)
+    assert config.env == {"FREESPEC_FIX_VLLM": "all"} and config.method == method and config.label == spec
+    plain = configs.parse_config_spec(spec.replace("+fixes", ""), 8)
+    assert config.speculative_config == plain.speculative_config
+    assert [c.label for c in configs.parse_config_list(["suffix,suffix+fixes"], 8)] == ["none", "suffix",
+                                                                                         "suffix+fixes"]
+
+
+def test_a_configs_env_reaches_its_server_only(tmp_path, monkeypatch):
+    import sys
+
+    from freespec.bench.server import Server
+
+    monkeypatch.setenv("FREESPEC_FIX_VLLM", "last_step_cache")  # the shell's; the stock row clears it
+    code = "import os; print('fix=' + repr(os.environ.get('FREESPEC_FIX_VLLM')))"
+    for spec, expected in (("suffix", "fix=''"), ("suffix+fixes", "fix='all'")):
+        log = tmp_path / f"{spec}.log"
+        server = Server([sys.executable, "-c", code], 0, log, env=configs.parse_config_spec(spec, 8).env)
+        server.start()
+        server.proc.wait(timeout=60)
+        assert expected in log.read_text()

@@ -238,7 +238,7 @@ def test_interleaved_run_stops_every_server_it_started_when_interrupted(tmp_path
     stopped = []
 
     class FakeServer:
-        def __init__(self, cmd, port, log_path):
+        def __init__(self, cmd, port, log_path, env=None):
             self.cmd, self.log_path, self.proc = cmd, log_path, None
 
         def stop(self):

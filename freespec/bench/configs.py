@@ -4,6 +4,10 @@
 with vLLM 0.32's batch-size table (``num_speculative_tokens_per_batch_size``, dynamic speculative decoding; see
 ``freespec.bench.batch_table``), the default table unless the options give one.
 
+vLLM's own methods run as users get them: no freespec patch acts in their servers (``FREESPEC_FIX_VLLM`` is
+cleared for them). ``NAME+fixes`` (``suffix+fixes``, ``ngram-table+fixes``) is the same method with
+freespec's fixes of vLLM defects turned on for that server only (``FREESPEC_FIX_VLLM=all``).
+
 A plugin's speculative config is checked here by the same rules ``vllm serve`` applies to it
 (``freespec.vllm_plugins.frontend.translate``: option names and values, reserved keys), so a typo fails
 before a server is started instead of minutes later in its log.
@@ -13,7 +17,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from freespec.bench.batch_table import TABLE_CONFIGS, TABLE_KEY, check_table, default_table
@@ -32,6 +36,12 @@ VLLM_METHODS = ("ngram", "suffix", "draft_model")
 # complete. Override with e.g. ``ngram:{"prompt_lookup_min":2,"prompt_lookup_max":4}``.
 NGRAM_DEFAULTS = {"prompt_lookup_max": 5, "prompt_lookup_min": 5}
 
+# A stock method with freespec's fixes of vLLM defects (patches.VLLM_FIXES), e.g. ``suffix+fixes``.
+FIXES_SUFFIX = "+fixes"
+FIX_ENV = "FREESPEC_FIX_VLLM"
+STOCK_ENV = {FIX_ENV: ""}  # a server of vLLM as users get it, whatever the shell running the benchmark sets
+FIXES_ENV = {FIX_ENV: "all"}
+
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 
 
@@ -40,6 +50,7 @@ class BenchConfig:
     label: str  # as the user wrote it; unique within a run
     name: str  # none | ngram | suffix | plugin name
     speculative_config: dict[str, Any] | None  # None for ``none``
+    env: dict[str, str] = field(default_factory=lambda: dict(STOCK_ENV))  # set for this config's server only
 
     @property
     def is_baseline(self) -> bool:
@@ -116,25 +127,30 @@ def parse_config_spec(spec: str, num_speculative_tokens: int) -> BenchConfig:
         return _whole_plugin_config(spec, num_speculative_tokens)
     name, sep, options_text = spec.partition(":")
     name = name.strip()
-    if not name or not _NAME_RE.match(name):
+    fixes = name.endswith(FIXES_SUFFIX)
+    base = name.removesuffix(FIXES_SUFFIX)
+    if not base or not _NAME_RE.match(base):
         raise ConfigSpecError(f"config {spec!r}: {name!r} is not a config name (e.g. none, ngram, suffix, copy)")
     options = _options(spec, name, options_text) if sep else {}
     if name == BASELINE:
         if options:
             raise ConfigSpecError(f"config {spec!r}: '{BASELINE}' (no speculation) takes no options")
         return BenchConfig(label=BASELINE, name=BASELINE, speculative_config=None)
-    method = TABLE_CONFIGS.get(name, name)
+    method = TABLE_CONFIGS.get(base, base)
     chooser = "method" if method in VLLM_METHODS else "plugin"
+    if fixes and chooser == "plugin":
+        raise ConfigSpecError(f"config {spec!r}: '{FIXES_SUFFIX}' is for vLLM's own methods ({', '.join(VLLM_METHODS)}); "
+                              "a freespec plugin's server has the fixes already")
     if chooser in options:
         raise ConfigSpecError(f"config {spec!r}: option {chooser!r} is set by the config name; leave it out")
     sc: dict[str, Any] = {chooser: method, "num_speculative_tokens": num_speculative_tokens}
     if method == "ngram" and not ({"prompt_lookup_min", "prompt_lookup_max"} & options.keys()):
         sc.update(NGRAM_DEFAULTS)
-    if name in TABLE_CONFIGS and TABLE_KEY not in options:
+    if base in TABLE_CONFIGS and TABLE_KEY not in options:
         sc[TABLE_KEY] = default_table(int(options.get("num_speculative_tokens", num_speculative_tokens)))
     if method == "draft_model" and "model" not in options:
         raise ConfigSpecError(
-            f"config {spec!r}: {name} needs option 'model', the draft checkpoint, "
+            f"config {spec!r}: {base} needs option 'model', the draft checkpoint, "
             f"e.g. {name}:{{\"model\": \"/path/to/draft\"}}"
         )
     sc.update(options)
@@ -144,7 +160,8 @@ def parse_config_spec(spec: str, num_speculative_tokens: int) -> BenchConfig:
         problem = check_table(sc[TABLE_KEY])
         if problem:
             raise ConfigSpecError(f"config {spec!r}: {TABLE_KEY}: {problem}")
-    return BenchConfig(label=spec, name=name, speculative_config=sc)
+    env = dict(FIXES_ENV if fixes else STOCK_ENV)
+    return BenchConfig(label=spec, name=name, speculative_config=sc, env=env)
 
 
 def _check_plugin_config(spec: str, sc: dict[str, Any]) -> None:

@@ -280,8 +280,10 @@ def _open_server(target: Target, session: list[int], options: BenchOptions, out:
         log_path = out / f"server_{slug(target.config.label)}.log"
         port = options.port or free_port()
         cmd = server_command(target.model, port, target.config, options, cpu)
-        server = Server(cmd, port, log_path)
+        server = Server(cmd, port, log_path, env=target.config.env)
         server_info = {"command": cmd, "concurrency": session, "log": log_path.name}
+        if any(target.config.env.values()):
+            server_info["env"] = {k: v for k, v in target.config.env.items() if v}
     info["servers"].append(server_info)
     return server, server_info
 

@@ -286,8 +286,9 @@ class RunningServer(_Endpoint):
 class Server(_Endpoint):
     """One vLLM OpenAI-compatible server in its own process group."""
 
-    def __init__(self, cmd: list[str], port: int, log_path: Path):
+    def __init__(self, cmd: list[str], port: int, log_path: Path, env: dict[str, str] | None = None):
         self.cmd = cmd
+        self.env = dict(env or {})  # set for this server only (BenchConfig.env)
         self.port = port
         self.log_path = log_path
         self.base_url = f"http://127.0.0.1:{port}"
@@ -301,7 +302,7 @@ class Server(_Endpoint):
         separator = "\n" if self._log_offset else ""
         self._log.write(f"{separator}$ {shlex.join(self.cmd)}\n".encode())
         self._log.flush()
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
         self.proc = subprocess.Popen(
             self.cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=env, start_new_session=True,
