@@ -16,7 +16,7 @@ from __future__ import annotations
 from abc import ABC
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, ClassVar, Optional, Sequence
 
 import numpy as np
@@ -87,9 +87,9 @@ class ScoredPositions:
     topk_probs: np.ndarray  # float32 [n, c]
 
 
-@dataclass
+@dataclass(frozen=True)
 class StepContext:
-    """What the adapter tells a proposer about the step it drafts for (a new one every step).
+    """What the adapter tells a proposer about the step it drafts for (a new one every step; read-only).
 
     ``token_cost``: the load-aware policy's price of one draft token, in expected accepted tokens
     (``scorers.policy.GoodputPolicy.token_cost``): near 0 where verifying is almost free, near 1 under
@@ -98,14 +98,12 @@ class StepContext:
     source is worth running); it need not cut its drafts by it: the policy cuts what is returned.
     ``budget_s``: seconds the whole ``draft`` call may take before the circuit breaker counts it as
     overrun. ``capture_seconds``: seconds the adapter spent in the last step copying the target's top-k
-    for this proposer (0 without ``target_topk``). ``source_seconds``: the proposer's seconds per source
-    in this call, filled by a proposer with several sources (metrics by source); empty otherwise.
+    for this proposer (0 without ``target_topk``).
     """
 
     token_cost: Optional[float] = None
     budget_s: float = math.inf
     capture_seconds: float = 0.0
-    source_seconds: dict[str, float] = field(default_factory=dict)
 
     def bar(self, fixed: Optional[float]) -> Optional[float]:
         """The bar for one more draft token: the policy's price, else the proposer's fixed option."""
@@ -128,6 +126,14 @@ class Draft:
     chances: Optional[list[float]] = None
     source: Optional[str] = None
 
+
+class Drafts(list):
+    """What ``draft`` may return in place of a plain list: the ``Draft`` per row, and the proposer's seconds
+    per source in this call (``source_seconds``; metrics by source), for a proposer with several sources."""
+
+    def __init__(self, drafts: Sequence[Draft] = (), source_seconds: Optional[dict[str, float]] = None) -> None:
+        super().__init__(drafts)
+        self.source_seconds: dict[str, float] = source_seconds if source_seconds is not None else {}
 
 
 class Proposer(ABC):
@@ -200,7 +206,8 @@ class Proposer(ABC):
         return self.target_topk > 0
 
     def draft(self, rows: Sequence[Row], step: StepContext) -> list[Draft]:
-        """One ``Draft`` per row, in row order. Every subclass implements it."""
+        """One ``Draft`` per row, in row order (a ``Drafts`` to name the seconds of several sources). Every
+        subclass implements it."""
         raise NotImplementedError(f"{type(self).__name__} implements neither draft() nor propose()")
 
     def propose(self, rows: Sequence[Row], step: Optional[StepContext] = None) -> list[list[int]]:
@@ -268,10 +275,8 @@ def _draft_through_propose(self: Proposer, rows: Sequence[Row], step: StepContex
     chances = _legacy_answer(self, "draft_chances", len(tokens))
     sources = _legacy_answer(self, "draft_sources", len(tokens))
     seconds = _legacy_answer(self, "source_seconds", None)
-    if isinstance(seconds, dict):
-        step.source_seconds.update(seconds)
-    return [Draft(list(t), chances[i] if chances else None, sources[i] if sources else None)
-            for i, t in enumerate(tokens)]
+    return Drafts([Draft(list(t), chances[i] if chances else None, sources[i] if sources else None)
+                   for i, t in enumerate(tokens)], dict(seconds) if isinstance(seconds, dict) else None)
 
 
 def _warn_legacy(cls: type) -> None:

@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
-from freespec.proposers.base import Draft, EngineInfo, Proposer, Row, ScoredPositions, StepContext
+from freespec.proposers.base import Draft, Drafts, EngineInfo, Proposer, Row, ScoredPositions, StepContext
 from freespec.proposers.registry import CopySourceOptions, build_proposer, load_options
 from freespec.proposers.suffix_tree import available as suffix_available
 from freespec.scorers.acceptance import matched_prefix
@@ -327,7 +327,7 @@ class HybridProposer(Proposer):
         if self.pricing is not None:
             self.pricing.observe_tokens(right, produced_total)
 
-    def draft(self, rows: Sequence[Row], step: StepContext) -> list[Draft]:
+    def draft(self, rows: Sequence[Row], step: StepContext) -> Drafts:
         now = time.perf_counter()
         if self.pricing is not None and self._last_call is not None:
             self.pricing.observe_step(now - self._last_call)
@@ -335,13 +335,13 @@ class HybridProposer(Proposer):
         self._steps += 1
         self._bar = step.token_cost
         self._learn(rows)
-        offered = {}
+        offered, seconds_by = {}, {}
         for name, source in self.sources.items():
             if not self._runs(name, step.token_cost):
                 continue
             t0 = time.perf_counter()
             offered[name] = source.candidates(rows, step)
-            seconds = step.source_seconds[name] = time.perf_counter() - t0
+            seconds = seconds_by[name] = time.perf_counter() - t0
             if self.pricing is not None:  # a source's price includes the top-k captured for it
                 self.pricing.observe_cost(name, seconds + (step.capture_seconds if source.target_topk else 0.0))
         if self.pricing is not None:
@@ -350,7 +350,7 @@ class HybridProposer(Proposer):
             if paused != self._paused:
                 self._paused = paused
                 logger.info("freespec: hybrid sources paused %s (%s)", paused, self.pricing.describe())
-        drafts = []
+        drafts = Drafts(source_seconds=seconds_by)
         for i, row in enumerate(rows):
             fused = fuse_sources({name: found[i] for name, found in offered.items()}, self.weights, self.k,
                                  self.options.min_support, step.token_cost)

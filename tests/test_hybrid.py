@@ -56,9 +56,7 @@ def test_each_request_gets_the_source_that_knows_something():
 
 def test_each_source_that_ran_reports_its_own_time():
     p = make(sources=("copy", "recycle"), price_sources=False)
-    step = StepContext()
-    p.draft([row(0, [5, 6, 7, 8, 9, 10, 11, 5, 6, 7])], step)
-    seconds = step.source_seconds
+    seconds = p.draft([row(0, [5, 6, 7, 8, 9, 10, 11, 5, 6, 7])], StepContext()).source_seconds
     assert set(seconds) == {"copy", "recycle"} and all(s > 0 for s in seconds.values())
 
 

@@ -44,10 +44,9 @@ def test_the_draft_chain_is_drafted_where_no_other_source_knows_anything(tiny_di
     p = make(tiny_dir, k, sources=("copy", "draft"))
     try:
         context = [5, 17, 33, 2, 60]  # repeats nothing: copy has no match
-        step = StepContext()
-        drafts = p.draft([Row(0, arr(context), 1)], step)
+        drafts = p.draft([Row(0, arr(context), 1)], StepContext())
         assert drafts[0].tokens == reference(context, k) and drafts[0].source == "draft"
-        assert set(step.source_seconds) == {"copy", "draft"}
+        assert set(drafts.source_seconds) == {"copy", "draft"}
     finally:
         p.sources["draft"].close()
 

@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 import pytest
-from freespec.proposers.base import Draft
+from freespec.proposers.base import Draft, Drafts
 from freespec.proposers.copy import CopyProposer
 from freespec.vllm_plugins import accounting as accounting_module, metrics, patches, vllm_cli
 from freespec.vllm_plugins.adapter import FreespecProposer, accepted_tokens
@@ -350,8 +350,7 @@ class TimedSources(CopyProposer):
     """Copy's drafts, with a fixed share of each step's time named as two sources' (as hybrid times its sources)."""
 
     def draft(self, rows, step):
-        step.source_seconds.update({"fast": 1e-6, "slow": 2e-6})
-        return super().draft(rows, step)
+        return Drafts(super().draft(rows, step), {"fast": 1e-6, "slow": 2e-6})
 
 
 def test_the_plugins_time_is_split_by_source_and_the_rest_is_its_own():

@@ -2,13 +2,14 @@
 which plugin names and classes are refused at the config stage."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from freespec.proposers.base import API_VERSION, Draft, Proposer, ProposerOptions, Row, StepContext
+from freespec.proposers.base import API_VERSION, Draft, Drafts, Proposer, ProposerOptions, Row, StepContext
 from freespec.proposers.copy import CopyProposer
 from freespec.proposers.registry import UnknownPluginError, load_proposer_class
 from freespec.scorers.policy import cut, paying_prefix
@@ -30,8 +31,8 @@ class Fixed(Proposer):
 
     def draft(self, rows, step):
         self.steps.append(step)
-        step.source_seconds["fixed-source"] = 0.001
-        return [Draft([1, 2, 3, 4], [0.5, 0.25, 0.125, 0.0625], "fixed-source") for _ in rows]
+        return Drafts([Draft([1, 2, 3, 4], [0.5, 0.25, 0.125, 0.0625], "fixed-source") for _ in rows],
+                      {"fixed-source": 0.001})
 
 
 class OldStyle(Proposer):
@@ -174,3 +175,23 @@ def test_the_plain_vllm_spelling_refuses_a_k_the_front_end_refuses():
         from freespec.vllm_plugins.adapter import FreespecProposer
 
         FreespecProposer(cfg)
+
+
+def test_the_step_context_is_read_only_and_a_proposers_timings_come_back_in_its_result():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        StepContext().token_cost = 0.5  # a proposer cannot write into its input
+    assert Drafts([Draft([1])], {"a": 0.1}).source_seconds == {"a": 0.1} and Drafts().source_seconds == {}
+
+
+def test_each_step_is_one_record_read_by_the_next(monkeypatch):
+    adapter = adapter_for({"plugin": "tests.test_proposer_api:Fixed", "num_speculative_tokens": 4,
+                           "policy": "fixed"})
+    adapter.metrics = metrics.PluginMetrics("test_proposer_api:Fixed")
+    out = step_through(adapter, [9] * 50)
+    record = adapter.last
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        record.tokens = []  # built once, never changed
+    assert list(record.tokens) == out[-1] and record.drafted and record.source_seconds == {"fixed-source": 0.001}
+    monkeypatch.setattr(adapter.breaker, "allow", lambda: False)
+    step_through(adapter, [9] * 50, steps=1)
+    assert adapter.last.started is None and not adapter.last.measured and adapter.last.given() == {}

@@ -12,6 +12,7 @@ import time
 
 from freespec import settings
 from freespec.vllm_plugins.metrics import PluginMetrics
+from freespec.vllm_plugins.step_record import StepRecord
 
 logger = logging.getLogger("freespec")
 
@@ -61,13 +62,12 @@ class StepAccounting:
         self.stats.errors += 1
         self.metrics.error()
 
-    def count(self, drafts: list[list[int]], seconds: float | None, accepted: int,
-              accepted_by: dict[str, int] | None = None, sources: list | None = None,
-              seconds_by: dict[str, float] | None = None, padding: list[int] | None = None) -> None:
-        """Account one step (``seconds``: the plugin's time, None when the breaker kept it out; ``accepted_by``,
-        ``sources`` and ``seconds_by``: the accepted tokens, this step's drafts and its seconds by source, for
-        plugins that name them; ``padding``: each row's padding tokens, counted under the source ``padding``)."""
+    def count(self, step: StepRecord, accepted: int, accepted_by: dict[str, int] | None = None) -> None:
+        """Account one step (``step``: what the adapter did in it; ``accepted`` and ``accepted_by``: the last
+        step's draft tokens accepted, split by source for plugins that name them; padding tokens are counted
+        under the source ``padding``)."""
         s = self.stats
+        drafts, sources, padding = step.tokens, step.sources, step.padding
         drafted = sum(1 for d in drafts if d)
         tokens = sum(len(d) for d in drafts)
         s.steps += 1
@@ -75,7 +75,7 @@ class StepAccounting:
         s.drafts += drafted
         s.draft_tokens += tokens
         s.accepted_tokens += accepted
-        s.propose_seconds += seconds or 0.0
+        s.propose_seconds += step.plugin_s or 0.0
         draft_by = None
         if sources is not None or padding is not None:
             draft_by = {}
@@ -85,7 +85,7 @@ class StepAccounting:
                     draft_by[name] = draft_by.get(name, 0) + len(draft) - pad
                 if pad:
                     draft_by[PADDING] = draft_by.get(PADDING, 0) + pad
-        self.metrics.step(tokens, accepted, drafted > 0, seconds, draft_by, accepted_by, seconds_by)
+        self.metrics.step(tokens, accepted, drafted > 0, step.plugin_s, draft_by, accepted_by, step.source_seconds)
 
     def periodic(self, breaker, policy, proposer, extra: str) -> None:
         """Export the breaker's state when it changed, the policy's fit and the plugin's file events every

@@ -39,6 +39,7 @@ from freespec.vllm_plugins.patches import install_in_worker
 from freespec.vllm_plugins.ranks import draft_rank
 from freespec.vllm_plugins.request_ids import BatchRequestIds
 from freespec.vllm_plugins.request_tracker import RequestTracker
+from freespec.vllm_plugins.step_record import START, StepRecord
 from freespec.vllm_plugins.target_topk import TargetTopK
 
 logger = logging.getLogger("freespec")
@@ -71,15 +72,7 @@ class FreespecProposer:
         self.policy = GoodputPolicy() if adapter.policy == "goodput" else None
         pad = adapter.pad if self.policy is not None else "off"
         self.pad, self.trim = pad != "off", pad == "auto"
-        self._last_padding: dict = {}
-        self._last_step_at: float | None = None
-        self._last_plugin_s = 0.0  # the last step's plugin time, left out of the policy's fit (prices_own_time)
-        self.token_cost: float | None = None  # the policy's last price of a draft token (logged, tests)
         self.step_aside = StepAside() if adapter.step_aside else None
-        self._aside_at: float | None = None  # the start of the last adapter call step_aside can measure from
-        self._aside_rows = 0
-        self._aside_drafted = True  # whether the plugin drafted for the last step
-        self._aside_plugin_s = 0.0  # the plugin's own time in the last call
         self.k = int(spec.num_speculative_tokens)
         self.vocab_size = int(vllm_config.model_config.get_vocab_size())
         self.max_model_len = int(vllm_config.model_config.max_model_len)
@@ -94,9 +87,7 @@ class FreespecProposer:
         )
         # Proposers that learn from the target's own predictions get them through this adapter.
         self.target_topk = TargetTopK(self.proposer.target_topk) if self.proposer.target_topk else None
-        self._last_drafts: dict[int, list[int]] = {}  # request key -> what we proposed last step
-        self._last_sources: dict[int, str | None] = {}  # request key -> the source of that draft (metrics)
-        self._prefilling: set[int] = set()  # keys whose last step was a partial prefill chunk
+        self.last = START  # the last step, as the next one measures it
         self.tracker = RequestTracker()
         self.request_ids = BatchRequestIds()
         self.accounting = StepAccounting(self.plugin)
@@ -139,71 +130,86 @@ class FreespecProposer:
         ids = self.request_ids.read(sys._getframe(1), token_ids_cpu, n_rows)
         self.stats.steps_without_ids += ids is None
         keys, departed = self.tracker.update(views, ids)
-        prev = [None if key in self._prefilling else self._last_drafts.get(key) for key in keys]
+        last, given = self.last, self.last.given()
+        prev = [None if key in last.prefilling else given.get(key) for key in keys]
         counted = step_tokens(views, prev)  # what the last step scored and produced (None: it prefilled)
         accepted = accepted_tokens(views, prev)
         accepted_by = None
-        if self._last_sources or self._last_padding:
-            accepted_by = accepted_by_source(views, prev, [self._last_sources.get(key) for key in keys], self.plugin,
-                                             [self._last_padding.get(key, 0) for key in keys])
+        if given and (last.sources is not None or last.padding is not None):
+            accepted_by = accepted_by_source(views, prev, last.by_key(last.sources, keys), self.plugin,
+                                             last.by_key(last.padding, keys, 0))
             self.stats.padding_accepted += accepted_by.get(PADDING, 0)
-        if not self.breaker.allow():
-            return self._skip(keys, departed, n_rows, accepted, accepted_by)
+        prefilling = frozenset(key for key, (_, num_new) in zip(keys, views) if num_new == 0)
+        nothing = [[] for _ in range(n_rows)]
+        if not self.breaker.allow():  # no drafts, nothing asked of the plugin but freeing departed requests
+            self.stats.skipped_steps += 1
+            record = StepRecord(None, keys, nothing, measured=False, token_cost=last.token_cost)
+            return self._draft_nothing(record, departed, accepted, accepted_by)
         start = time.perf_counter()
-        if self._steps_aside(len(views), counted, start):
-            return self._aside(views, keys, departed, accepted, accepted_by, counted, start)
-        failure = None
-        step = StepContext(budget_s=self.breaker.budget_s)
+        if self._steps_aside(n_rows, counted, start):  # no drafts; the policy still learns the plain step
+            self.stats.aside_steps += 1
+            cost = self._observe_step(n_rows, counted, start, 0.0) if self.policy is not None else last.token_cost
+            record = StepRecord(start, keys, nothing, prefilling, token_cost=cost)
+            return self._draft_nothing(record, departed, accepted, accepted_by)
+        failure, drafts, cost = None, None, last.token_cost
         try:
             if self.policy is not None:
-                step.token_cost = self._observe_step(len(views), counted, start)
+                plugin_s = last.plugin_s or 0.0 if self.proposer.prices_own_time else 0.0
+                cost = self._observe_step(n_rows, counted, start, plugin_s)
             for key in departed:
                 self.proposer.release(key)
+            capture = 0.0
             if self.target_topk is not None:
-                scored = self.target_topk.scored(views, [self._last_drafts.get(key, []) for key in keys])
+                scored = self.target_topk.scored(views, [given.get(key, []) for key in keys])
                 if scored is not None:
                     self.proposer.observe(scored)
-                step.capture_seconds = self.target_topk.take_seconds()
-            rows = [Row(key, tokens, num_new) for key, (tokens, num_new) in zip(keys, views)]
-            drafts = self.proposer.draft(rows, step)
+                capture = self.target_topk.take_seconds()
+            step = StepContext(token_cost=cost, budget_s=self.breaker.budget_s, capture_seconds=capture)
+            drafts = self.proposer.draft([Row(key, tokens, num_new) for key, (tokens, num_new) in zip(keys, views)],
+                                         step)
             if not isinstance(drafts, list) or len(drafts) != n_rows:
                 raise ValueError(f"plugin returned {len(drafts)} drafts for {n_rows} rows")
             rooms = [0 if views[i][1] == 0 else max(0, min(self.k, self.max_model_len - 1 - int(lengths[i])))
                      for i in range(n_rows)]
-            drafts = [self._checked(d, room) for d, room in zip(drafts, rooms)]
-            shaped = shape_drafts(drafts, step.bar(self.proposer.fixed_bar()), self.policy, [v[0] for v in views],
+            checked = [self._checked(d, room) for d, room in zip(drafts, rooms)]
+            shaped = shape_drafts(checked, step.bar(self.proposer.fixed_bar()), self.policy, [v[0] for v in views],
                                   rooms, self.pad, self.trim)
-            tokens, padding = shaped.tokens, shaped.padding
+            tokens, padding = shaped.tokens, shaped.padding if self.pad else None
             self.stats.trimmed_tokens += shaped.trimmed
             self.stats.expected_accepted += shaped.expected
-            self.stats.padded_tokens += sum(padding)
+            self.stats.padded_tokens += sum(shaped.padding)
+            sources = [d.source for d in checked]
+            sources = None if all(s is None for s in sources) else sources
+            seconds_by = getattr(drafts, "source_seconds", None)
+            seconds_by = {str(k): float(v) for k, v in seconds_by.items()} or None if seconds_by else None
         except Exception as e:
             failure = f"{type(e).__name__}: {e}"
             self.accounting.error()
             if self.stats.errors == 1:
                 logger.exception("freespec: plugin %r failed; this step drafts nothing (logged once)", self.plugin)
-            tokens, padding = [[] for _ in range(n_rows)], None
-        self._last_drafts = dict(zip(keys, tokens))
-        self._last_padding = dict(zip(keys, padding)) if failure is None and self.pad else {}
-        sources = [d.source for d in drafts] if failure is None else None
-        if sources is not None and all(s is None for s in sources):
-            sources = None
-        self._last_sources = dict(zip(keys, sources)) if sources is not None else {}
+            tokens, padding, sources, seconds_by = nothing, None, None, None
         if self.target_topk is not None:
             self.target_topk.active = self._wants_target_topk()
-        self._prefilling = {key for key, (_, num_new) in zip(keys, views) if num_new == 0}
         seconds = time.perf_counter() - start
-        self._last_plugin_s = seconds if getattr(self.proposer, "prices_own_time", False) else 0.0
-        self._aside_drafted, self._aside_plugin_s = True, seconds
         if seconds > self.breaker.budget_s:
             self.stats.overruns += 1
-        if self.breaker.record(failure, seconds):
-            self._opened(keys, forget=failure is not None)
-        seconds_by = {str(k): float(v) for k, v in step.source_seconds.items()} if failure is None else None
-        self.accounting.count(tokens, seconds, accepted, accepted_by, sources, seconds_by or None,
-                              padding if self._last_padding else None)
+        # The breaker just opened: nothing drafted now is measured next step. A plugin that raised forgets the
+        # live requests (it may be what fails; tried again, it sees them as new). One that was only slow keeps
+        # them: each row carries its whole sequence, so the trial step catches up; forgetting would make the
+        # trial re-read every live request (pearl re-prefills each), overrun, and double the back-off.
+        opened = self.breaker.record(failure, seconds)
+        if opened and failure is not None:
+            self._release(keys)
+        self.last = record = StepRecord(start, keys, tokens, prefilling, not opened, seconds, sources, padding,
+                                        seconds_by, cost)
+        self.accounting.count(record, accepted, accepted_by)
         self._periodic()
         return tokens
+
+    @property
+    def token_cost(self) -> float | None:
+        """The policy's last price of a draft token (logged, tests)."""
+        return self.last.token_cost
 
     @property
     def metrics(self):
@@ -236,68 +242,31 @@ class FreespecProposer:
             return {"state": "not drafting"}
         return self.breaker.state_dict()
 
-    def _skip(self, keys: list[int], departed: list[int], n_rows: int, accepted: int,
-              accepted_by: dict[str, int] | None = None) -> list[list[int]]:
-        """A step while the breaker is open: no drafts, nothing asked of the plugin but freeing departed requests."""
-        self.stats.skipped_steps += 1
-        self._last_drafts = {}
-        self._last_sources = {}
-        self._prefilling = set()
-        self._last_step_at = None  # the policy's step-time fit skips the gap
-        self._aside_at = None  # and so does step_aside's measure
-        return self._draft_nothing(n_rows, departed, accepted, accepted_by)
-
-    def _draft_nothing(self, n_rows: int, departed: list[int], accepted: int,
+    def _draft_nothing(self, record: StepRecord, departed: list[int], accepted: int,
                        accepted_by: dict[str, int] | None) -> list[list[int]]:
         """The end of a step the plugin was not asked to draft for (breaker open, or stepped aside): departed
         requests freed, nothing else asked of it."""
         self._release(departed)
         if self.target_topk is not None:
             self.target_topk.active = False  # no top-k copied for a plugin that is off
-        self.accounting.count([[] for _ in range(n_rows)], None, accepted, accepted_by)
+        self.last = record
+        self.accounting.count(record, accepted, accepted_by)
         self._periodic()
-        return [[] for _ in range(n_rows)]
+        return list(record.tokens)
 
     def _steps_aside(self, rows: int, counted: tuple[int, int] | None, now: float) -> bool:
         """Feed ``step_aside`` the step that just ran; whether the plugin sits this one out."""
         if self.step_aside is None:
             return False
-        if self._aside_at is not None and counted is not None:
-            self.step_aside.observe(self._aside_rows, self._aside_drafted, now - self._aside_at, counted[1],
-                                    self._aside_plugin_s)
-        self._aside_at, self._aside_rows = now, rows
+        last = self.last
+        if last.started is not None and counted is not None:
+            self.step_aside.observe(len(last.keys), last.drafted, now - last.started, counted[1],
+                                    last.plugin_s or 0.0)
         drafts = self.step_aside.drafts(rows)
         for change in self.step_aside.changes:
             logger.info("freespec: plugin %r at %s", self.plugin, change)
         self.step_aside.changes.clear()
         return not drafts
-
-    def _aside(self, views, keys: list[int], departed: list[int], accepted: int,
-               accepted_by: dict[str, int] | None, counted: tuple[int, int] | None, start: float) -> list[list[int]]:
-        """A step the plugin sits out (``step_aside``): no drafts; the policy still learns the plain step."""
-        self.stats.aside_steps += 1
-        if self.policy is not None:
-            self._last_plugin_s = 0.0
-            self._observe_step(len(views), counted, start)
-        self._last_drafts = {key: [] for key in keys}  # measured next step: each row scored its last token
-        self._last_sources, self._last_padding = {}, {}
-        self._prefilling = {key for key, (_, num_new) in zip(keys, views) if num_new == 0}
-        self._aside_drafted, self._aside_plugin_s = False, 0.0
-        return self._draft_nothing(len(views), departed, accepted, accepted_by)
-
-    def _opened(self, keys: list[int], forget: bool) -> None:
-        """The breaker has just opened. A plugin that raised (``forget``) forgets the live requests' state
-        (it may be what fails) and sees them as new requests when tried again (their keys are unchanged).
-
-        A plugin that was only slow keeps it: every row carries its whole sequence, so at the trial step it
-        catches up on the steps it missed. Forgetting would make that trial re-read every live request (pearl
-        re-prefills each context in the step), so the trial would overrun, the breaker open again with twice
-        the back-off, and the plugin draft nothing while those requests lived.
-        """
-        if forget:
-            self._release(keys)
-        self._last_drafts = {}
-        self._last_sources = {}
 
     def _release(self, keys: list[int]) -> None:
         """Tell the plugin these requests are gone; a plugin that raises is counted, never propagated."""
@@ -307,18 +276,16 @@ class FreespecProposer:
             except Exception:
                 self.accounting.error()
 
-    def _observe_step(self, rows: int, counted: tuple[int, int] | None, now: float) -> float | None:
-        """Feed the policy the step that just ran (time since the last call, tokens it scored and produced:
-        ``counted``, None for a step that prefilled); the price of a draft token for the step about to be drafted."""
-        if self._last_step_at is not None and counted is not None:
-            # A plugin that prices its own time (hybrid's sources) leaves it out: the fit is the
-            # target's step, what verifying one more token costs.
-            seconds = now - self._last_step_at - self._last_plugin_s
-            self.policy.observe_step(counted[0], counted[1], seconds, rows=rows)
-        self._last_step_at = now
-        self.token_cost = self.policy.token_cost(rows=rows)
-        self.metrics.token_cost(self.token_cost)
-        return self.token_cost
+    def _observe_step(self, rows: int, counted: tuple[int, int] | None, now: float, plugin_s: float) -> float | None:
+        """Feed the policy the step that just ran (time since the last call less ``plugin_s``, tokens it scored
+        and produced: ``counted``, None for a step that prefilled); the price of a draft token for the step
+        about to be drafted. A plugin that prices its own time (hybrid's sources) leaves it out (``plugin_s``):
+        the fit is the target's step, what verifying one more token costs."""
+        if self.last.started is not None and counted is not None:
+            self.policy.observe_step(counted[0], counted[1], now - self.last.started - plugin_s, rows=rows)
+        cost = self.policy.token_cost(rows=rows)
+        self.metrics.token_cost(cost)
+        return cost
 
     def _wants_target_topk(self) -> bool:
         try:
@@ -327,7 +294,7 @@ class FreespecProposer:
             return True  # capture as before; the failing proposer is already counted by propose()
 
     def _periodic(self) -> None:
-        extra = f" token_cost={self.token_cost}" if self.policy is not None else ""
+        extra = f" token_cost={self.last.token_cost}" if self.policy is not None else ""
         if self.target_topk is not None:
             t = self.target_topk
             extra += f" target_topk steps={t.steps} mismatched={t.mismatched_steps} seconds={t.topk_seconds:.3f}"
