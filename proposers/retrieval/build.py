@@ -9,11 +9,16 @@ Documents are tokenized in batches and appended to the current shard, each follo
 (only a document longer than a whole shard is cut). A full shard is written (``.tokens``),
 its suffix array computed with libdivsufsort (``pydivsufsort``) and written (``.sa``), and
 its memory released: only one shard is in memory at a time. Everything is built in a
-temporary directory next to the output and renamed into place once the manifest, written
-last, is on disk.
+temporary directory next to the output (``.NAME.building-PID-XXXX``, held under ``flock`` while the
+build runs) and moved into place once the manifest, written last, is on disk: renamed in, or, over an
+existing datastore (``force``), swapped with it in one ``renameat2(RENAME_EXCHANGE)`` so that a reader
+finds the old datastore or the new one at the path, never neither. Work folders of builds that are gone
+(killed: their lock is free and their pid dead, or an hour old) are removed by the next build.
 """
 from __future__ import annotations
 
+import ctypes
+import errno
 import hashlib
 import itertools
 import json
@@ -27,7 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
-from freespec.safe_files import create_new, fsync_directory
+from freespec.safe_files import create_new, fsync_directory, process_alive
 from freespec.proposers.retrieval.datastore import FORMAT, MANIFEST, SEPARATOR, VERSION
 from freespec.proposers.retrieval.readers import (
     EXCLUDE_NGRAM,
@@ -195,6 +200,123 @@ def _check_out_dir(out: Path, force: bool) -> None:
         )
 
 
+# --------------------------------------------------------------------------- moving a build into place
+
+_WORK = ".building-"  # f".{NAME}.building-{pid}-{random}": a build's work folder, flock-ed while it runs
+_OLD = ".old-"  # side folders of freespec versions that replaced a datastore in two renames
+DEBRIS_AGE_S = 3600.0  # a work folder whose pid is alive (reused?) and whose lock is free: removed after this
+_RENAME_EXCHANGE = 2
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap the directories ``a`` and ``b`` in one step (Linux ``renameat2(RENAME_EXCHANGE)``).
+
+    False where the platform, C library or filesystem cannot; any other failure raises ``OSError``.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):  # a C library before glibc 2.28
+        return False
+    at_cwd = -100
+    if renameat2(at_cwd, os.fsencode(a), at_cwd, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EXDEV):
+        return False
+    raise OSError(code, f"cannot swap {a} with {b}: {os.strerror(code)}")
+
+
+def _lock_dir(path: Path) -> int:
+    """An open descriptor of directory ``path`` with an exclusive ``flock`` on it (held until it is closed)."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
+                 | getattr(os, "O_CLOEXEC", 0))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _work_dir(out: Path) -> tuple[Path, int]:
+    """A new work folder beside ``out``, locked: (its path, the descriptor holding the lock)."""
+    path = Path(tempfile.mkdtemp(prefix=f".{out.name}{_WORK}{os.getpid()}-", dir=out.parent))
+    return path, _lock_dir(path)
+
+
+def _writer_gone(path: Path, prefix: str) -> bool:
+    """Whether the build that made work folder ``path`` is gone: its pid dead, or the folder an hour old."""
+    pid = path.name[len(prefix):].split("-", 1)[0]
+    if pid.isdigit() and not process_alive(int(pid)):
+        return True
+    try:
+        return time.time() - path.lstat().st_mtime > DEBRIS_AGE_S
+    except OSError:
+        return False
+
+
+def clean_debris(out: Path, log: Callable[[str], None] = lambda message: None) -> list[Path]:
+    """Remove what killed builds of ``out`` left beside it; returns the folders removed.
+
+    Only freespec's own folders, known by name (``.NAME.building-*``, ``.NAME.old-*``), real directories
+    (never a link), whose lock is free (no build holds them) and whose writer is gone; a live build of the
+    same datastore in another process keeps its work folder.
+    """
+    removed = []
+    work_prefix, old_prefix = f".{out.name}{_WORK}", f".{out.name}{_OLD}"
+    try:
+        names = sorted(os.listdir(out.parent))
+    except OSError:
+        return removed
+    for name in names:
+        if not (name.startswith(work_prefix) or name.startswith(old_prefix)):
+            continue
+        path = out.parent / name
+        try:
+            fd = _lock_dir(path)  # a link or a file: ELOOP / ENOTDIR, left alone
+        except OSError:
+            continue
+        try:
+            if name.startswith(old_prefix) or _writer_gone(path, work_prefix):
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+                log(f"removed {path}, left by a build that did not finish")
+        finally:
+            os.close(fd)
+    return removed
+
+
+def _move_into_place(work: Path, out: Path) -> None:
+    """Put the finished datastore ``work`` at ``out``: renamed in, or swapped in one step with the old one."""
+    if not out.exists():
+        try:
+            work.rename(out)
+        except OSError as e:
+            if e.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                raise BuildError(f"{out} appeared while the datastore was built; build again (--force replaces it)") \
+                    from None
+            raise
+        return
+    if _exchange(work, out):
+        shutil.rmtree(work, ignore_errors=True)  # the old datastore, now at the work folder's name
+        return
+    # No atomic swap here (not Linux, or a filesystem without RENAME_EXCHANGE): two renames. A kill between
+    # them leaves the old datastore in a locked side folder that the next build removes.
+    aside, fd = _work_dir(out)
+    try:
+        out.rename(aside / "previous")
+        try:
+            work.rename(out)
+        except BaseException:
+            (aside / "previous").rename(out)  # a failed --force build leaves the old datastore in place
+            raise
+    finally:
+        shutil.rmtree(aside, ignore_errors=True)
+        os.close(fd)
 
 
 def _ids_array(ids_lists: Sequence[Sequence[int]], vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -259,7 +381,8 @@ def build_datastore(
     dropped = 0
 
     started = time.perf_counter()
-    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
+    clean_debris(out, log)
+    work, lock = _work_dir(out)
     try:
         writer = _ShardWriter(work, int(shard_tokens), log)
         documents = 0
@@ -327,23 +450,13 @@ def build_datastore(
         os.chmod(work, 0o777 & ~umask)  # mkdtemp makes it 0700; a datastore is shared by workers
 
         _check_out_dir(out, force)  # again: something may have appeared there meanwhile
-        if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            out.rename(old / "previous")
-            try:
-                work.rename(out)
-            except BaseException:
-                # The old datastore goes back where it was: a failed --force build leaves it in place.
-                (old / "previous").rename(out)
-                old.rmdir()
-                raise
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            work.rename(out)
+        _move_into_place(work, out)
         fsync_directory(out.parent)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
+    finally:
+        os.close(lock)
     seconds = time.perf_counter() - started
     if exclude:
         log(f"dropped {dropped:,} documents sharing a run of {EXCLUDE_NGRAM} words with {', '.join(map(str, exclude))}")

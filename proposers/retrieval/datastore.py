@@ -32,7 +32,7 @@ option ``in_memory_mb``, docs/reliability.md):
   narrows it: every step ``check_files`` compares each held file's size (``fstat`` of the
   descriptor kept open) with the manifest and drops a shard that changed before it is read. The
   remedy is the operator's: replace a served datastore only by rename (``freespec datastore
-  build --force`` builds a new directory and renames it in; a renamed-over file keeps its old
+  build --force`` builds a new directory and swaps it in; a renamed-over file keeps its old
   inode whole for the processes that map it).
 
 Opening checks the format version, the tokenizer fingerprint, every manifest field's type,
@@ -179,8 +179,25 @@ class Datastore:
 
         Shard files totalling at most ``in_memory_bytes`` are read into private memory (safe from files
         changed in place); larger datastores are memory-mapped (shared page cache; replace only by rename).
+        A datastore swapped for a rebuilt one while it was opened (``build --force``) is opened again, so the
+        manifest and the shards always come from one build.
         """
         directory = Path(directory)
+        for attempt in range(3):
+            before = _identity(directory)
+            try:
+                store = cls._open_once(directory, tokenizer_fingerprint, in_memory_bytes)
+            except DatastoreError:
+                if attempt < 2 and _identity(directory) != before:
+                    continue
+                raise
+            if attempt == 2 or _identity(directory) == before:
+                return store
+            store.close()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    @classmethod
+    def _open_once(cls, directory: Path, tokenizer_fingerprint: str | None, in_memory_bytes: int) -> "Datastore":
         manifest = read_manifest(directory)
         theirs = manifest["tokenizer"].get("fingerprint")
         if tokenizer_fingerprint is not None and theirs != tokenizer_fingerprint:
@@ -266,6 +283,15 @@ class Datastore:
                     problems.append(f"{path.name}: checksum mismatch (modified or corrupt)")
             problems += _check_sorted(shard, samples)
         return problems
+
+
+def _identity(directory: Path) -> tuple[int, int] | None:
+    """(device, inode) of the directory the path names now; a rebuild swapped in changes it."""
+    try:
+        st = os.stat(directory)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _open_shard(directory: Path, name: str, n: int, in_memory: bool) -> Shard:
