@@ -226,13 +226,24 @@ class Proposer(ABC):
     def candidates(self, rows: Sequence[Row], step: Optional[StepContext] = None) -> list[Optional["Candidates"]]:
         """Each row's candidate chains, for a plugin that fuses several sources (``hybrid``).
 
-        By default the draft ``draft`` returns, cut at the step's bar; a source that knows several
-        continuations (``retrieval``: every sampled occurrence) offers them all, so fusion weighs them.
+        By default the draft ``draft`` returns, whole, with its chances as per-token chances (each token's
+        given those before it): fusion weighs it with the other sources' and the policy cuts the fused draft,
+        once. A source that knows several continuations (``retrieval``: every sampled occurrence) offers them all.
         """
         from freespec.scorers.fusion import Candidates
 
-        return [Candidates(type(self).__name__, np.asarray([d], dtype=np.int64), np.ones(1)) if d else None
-                for d in self.propose(rows, step or StepContext())]
+        out: list[Optional[Candidates]] = []
+        for d in self.draft(rows, step or StepContext()):
+            if not d.tokens:
+                out.append(None)
+                continue
+            probs = None
+            if d.chances is not None and len(d.chances) >= len(d.tokens):
+                path = [float(c) for c in d.chances[: len(d.tokens)]]
+                probs = np.asarray([[p / prev if prev > 0 else 0.0 for p, prev in zip(path, [1.0] + path[:-1])]])
+            out.append(Candidates(type(self).__name__, np.asarray([d.tokens], dtype=np.int64), np.ones(1),
+                                  token_probs=probs))
+        return out
 
     def release(self, key: int) -> None:
         """The request ``key`` left the batch: drop what is kept for it."""

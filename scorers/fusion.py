@@ -26,7 +26,8 @@ from typing import NamedTuple, Optional
 import numpy as np
 from freespec.scorers.acceptance import AcceptanceEstimate
 from freespec.scorers.calibration import TokenCalibration
-from freespec.scorers.policy import paying_prefix
+from freespec.proposers.base import Draft
+from freespec.scorers.policy import cut
 
 
 @dataclass
@@ -180,8 +181,8 @@ class FusedDraft(NamedTuple):
 def fuse_sources(offered: dict[str, Optional[Candidates]], weights: SourceWeights, max_len: int,
                  min_support: float, token_cost: Optional[float]) -> FusedDraft:
     """One request's draft from its sources' candidates (None: the source has none): each named and
-    weighted by its learned acceptance, and fused. The draft is whole; with a bar (``token_cost``)
-    ``supported`` counts only the leading tokens the policy will keep (``scorers.policy.paying_prefix``),
+    weighted by its learned acceptance, and fused. The draft is whole (the policy cuts it); with a bar
+    (``token_cost``) ``supported`` counts only the leading tokens the policy will keep (``scorers.policy.cut``),
     which is what the sources are then judged on."""
     sources = []
     for name, found in offered.items():
@@ -192,7 +193,7 @@ def fuse_sources(offered: dict[str, Optional[Candidates]], weights: SourceWeight
     chances = prefix_chances(support)
     kept = len(draft)
     if token_cost is not None:
-        kept = paying_prefix(chances, token_cost)
+        kept = len(cut(Draft(draft, chances), token_cost).tokens)  # what the policy will keep of it
         supported = {name: min(n, kept) for name, n in supported.items()}
     return FusedDraft(draft, supported, sources, chances, kept)
 

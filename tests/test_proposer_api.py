@@ -195,3 +195,23 @@ def test_each_step_is_one_record_read_by_the_next(monkeypatch):
     monkeypatch.setattr(adapter.breaker, "allow", lambda: False)
     step_through(adapter, [9] * 50, steps=1)
     assert adapter.last.started is None and not adapter.last.measured and adapter.last.given() == {}
+
+
+def test_a_source_offers_its_whole_draft_with_its_chances_and_only_the_policy_cuts():
+    p = CopyProposer(CopyProposer.Options(), 4)
+    rows = [Row(0, np.asarray(REPEATS), 1)]
+    found = p.candidates(rows, StepContext(token_cost=0.99))[0]  # a bar no token of it clears
+    chances = CopyProposer(CopyProposer.Options(), 4).draft(rows, StepContext()).pop().chances
+    assert found.chains[0].tolist() == [8, 9, 10, 11]
+    assert np.allclose(np.cumprod(found.token_probs[0]), chances)  # each token's chance given those before it
+
+
+def test_the_goodput_cut_is_decided_in_one_place():
+    """Every caller asks ``scorers.policy.cut``; nothing else compares a draft's chances with the bar."""
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    callers = [str(f.relative_to(root)) for folder in ("proposers", "scorers", "vllm_plugins")
+               for f in (root / folder).rglob("*.py")
+               if "paying_prefix(" in f.read_text() and f.name != "policy.py"]
+    assert callers == []

@@ -287,7 +287,7 @@ class PearlProposer(Proposer):
     def draft(self, rows: Sequence[Row], step: StepContext) -> list[Draft]:
         """The draft model's chains. PEARL drafts on after the chain it proposes while the target verifies it,
         so the chain must be the one verified: the draft cuts it at the step's price itself (by its own
-        confidences, ``scorers.policy.paying_prefix``) and returns no chances for the policy to cut again."""
+        confidences, through the policy's ``scorers.policy.cut``) and returns no chances to be cut again."""
         if not self._bound:
             raise RuntimeError("pearl proposer used before bind()")
         chains = self.worker.step(rows, step.token_cost)

@@ -45,9 +45,9 @@ from typing import Callable, Optional, Protocol, Sequence
 
 import numpy as np
 
-from freespec.proposers.base import Row
+from freespec.proposers.base import Draft, Row
 from freespec.scorers.fusion import prefix_chances
-from freespec.scorers.policy import paying_prefix
+from freespec.scorers.policy import cut
 
 BUDGET_GROW = 2  # chain budget after a fully accepted chain: +2 ...
 BUDGET_SHRINK = 1  # ... and -1 after a rejection (as transformers' assisted generation)
@@ -377,7 +377,8 @@ class PearlDrafter:
             st = self.states.get(row.key) if row.num_new else None
             if st is not None and row.key in admitted and (chains[i] or st.preds):
                 if token_cost is not None and chains[i]:
-                    keep = paying_prefix(prefix_chances(st.confidences(len(st.context), len(chains[i]))), token_cost)
+                    keep = len(cut(Draft(chains[i], prefix_chances(st.confidences(len(st.context), len(chains[i])))),
+                                   token_cost).tokens)
                     s.policy_cut_tokens += len(chains[i]) - keep
                     chains[i] = chains[i][:keep]
                 st.last_chain = len(chains[i])

@@ -158,20 +158,17 @@ class RetrievalProposer(Proposer):
         if self.store is None:
             raise RuntimeError("retrieval proposer used before bind()")
         self.check_files()
-        copy_drafts = self.copy.propose(rows, step) if self.copy is not None else [[] for _ in rows]
+        from_copy = self.copy.candidates(rows, step) if self.copy is not None else [None] * len(rows)
         ask_store = self.weights.can_pay("retrieval", step.token_cost)
         drafts: list[Draft] = []
-        for row, copy_draft in zip(rows, copy_drafts):
+        for row, copy_found in zip(rows, from_copy):
             last = self._supported.pop(row.key, None)
             if last is not None and row.num_new > 0:
                 self._learn(row, *last)
             if row.num_new == 0 or len(row.tokens) < self.options.min_match:
                 drafts.append(Draft([]))
                 continue
-            from_copy = None
-            if copy_draft:
-                from_copy = Candidates("copy", np.asarray([copy_draft], dtype=np.int64), np.ones(1))
-            offered = {"retrieval": self._lookup_learning(row) if ask_store else None, "copy": from_copy}
+            offered = {"retrieval": self._lookup_learning(row) if ask_store else None, "copy": copy_found}
             fused = fuse_sources(offered, self.weights, self.k, self.options.min_support, step.token_cost)
             if fused.paying:
                 self._supported[row.key] = (len(row.tokens), fused.tokens[: fused.paying], fused.supported)
