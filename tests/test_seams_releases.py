@@ -42,7 +42,10 @@ def install_layout(monkeypatch, *, release: str, cpu: bool = True, has_triton: b
     if registry:
 
         def register_triton_kernel_overrides(cls):
+            from vllm.triton_utils.dispatcher import register_kernels
+
             calls.append("vllm")
+            register_kernels({"vllm.v1.sample.rejection_sampler.expand_kernel": None})
 
         CpuPlatform.register_triton_kernel_overrides = classmethod(register_triton_kernel_overrides)
     CpuPlatform.calls = calls
@@ -58,6 +61,7 @@ def install_layout(monkeypatch, *, release: str, cpu: bool = True, has_triton: b
     modules["vllm.triton_utils"].HAS_TRITON = has_triton
     if registry:
         modules["vllm.triton_utils.dispatcher"] = types.ModuleType("vllm.triton_utils.dispatcher")
+        modules["vllm.triton_utils.dispatcher"].register_kernels = lambda kernels: None
     else:
         monkeypatch.setitem(sys.modules, "vllm.triton_utils.dispatcher", None)  # import fails
     for name, module in modules.items():
@@ -210,9 +214,14 @@ def test_the_front_end_passes_a_stock_config_through_untouched_and_marks_a_frees
 
 
 def test_in_a_worker_of_a_freespec_engine_the_expand_kernel_is_fixed_unless_disabled(monkeypatch):
+    from vllm.triton_utils import dispatcher
+
     fixed = []
     monkeypatch.setattr(patches, "fix_cpu_expand_kernel", lambda: fixed.append(1))
     monkeypatch.delenv("FREESPEC_DISABLE_PATCHES", raising=False)
+    patches.install_in_worker()  # no CPU fallback registered in this process (not a vLLM CPU worker): nothing
+    assert fixed == []
+    monkeypatch.setattr(dispatcher, "_registry", {probes.EXPAND_KERNEL_NAME: (None, None)})  # as a CPU worker has it
     patches.install_in_worker()
     monkeypatch.setenv("FREESPEC_DISABLE_PATCHES", "cpu_expand_kernel")
     patches.install_in_worker()
@@ -314,10 +323,11 @@ def fake_spec_config(monkeypatch, methods, extra_fields=()):
     )
     for name in extra_fields:
         SpeculativeConfig.__dataclass_fields__[name] = None
-    module = types.ModuleType("vllm.config")
+    module = types.ModuleType("vllm.config.speculative")
     module.SpeculativeConfig = SpeculativeConfig
     monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
-    monkeypatch.setitem(sys.modules, "vllm.config", module)
+    monkeypatch.setitem(sys.modules, "vllm.config", types.ModuleType("vllm.config"))
+    monkeypatch.setitem(sys.modules, "vllm.config.speculative", module)
 
 
 def test_spec_config_probe_accepts_custom_class_and_names_unknown_pass_through_keys(monkeypatch):

@@ -329,3 +329,35 @@ def test_the_installed_vllm_source_passes_every_blocking_check():
     results = by_seam(run_checks(Source(Path(next(iter(spec.submodule_search_locations))).parent)))
     failed = {s: r.detail for s, r in results.items() if not r.ok and s in source_check.BLOCKING}
     assert not failed
+
+
+def test_every_seam_is_declared_once_and_both_readers_derive_from_it():
+    from freespec.vllm_plugins.seams import SEAMS
+
+    names = [s.name for s in SEAMS]
+    assert len(names) == len(set(names))
+    assert [source_check.seam_of(c) for c in source_check.CHECKS] == names
+    assert [probes.seam_name(p) for p in probes.PROBES] == [s.name for s in SEAMS if s.role != "loaded"]
+
+
+def test_the_installed_vllm_and_its_source_agree_on_every_declared_fact():
+    """The runtime reader (import, inspect) and the static one (ast) of one declaration say the same thing."""
+    from freespec.vllm_plugins.seams import SEAMS, Fact
+
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("no vLLM installed")
+    src = Source(Path(next(iter(spec.submodule_search_locations))).parent)
+    for seam in SEAMS:
+        for fact in seam.facts:
+            assert (probes.installed_problem(fact) is None) == (source_check.source_problem(src, fact) is None), fact
+    moved = (
+        Fact("engine/arg_utils.py", "EngineArgs.build_speculative_config"),
+        Fact("v1/spec_decode/metrics.py", holds=('"vllm:spec_decode_drafts"',), why="renamed"),
+        Fact("v1/core/kv_cache_manager.py", "KVCacheManager.cache_blocks", params=("self", "blocks"), exact=True),
+        Fact("v1/core/sched/scheduler.py", "Scheduler._free_request", holds=("no such line",)),
+        Fact("config/speculative.py", "SpeculativeConfig.draft_rank_table", field=True),
+    )
+    for fact in moved:
+        problem = probes.installed_problem(fact)
+        assert problem and problem == source_check.source_problem(src, fact), fact

@@ -171,11 +171,15 @@ def install_in_worker() -> None:
     """What a worker of a freespec engine needs, installed from the adapter's constructor (never raises).
 
     vLLM registers the CPU kernel overrides before it builds the worker, so the expand kernel is fixed
-    here directly (``fix_cpu_expand_kernel`` re-points a registered override)."""
+    here directly (``fix_cpu_expand_kernel`` re-points the registered override); where none is registered
+    (GPU, Triton-CPU, a process that is no vLLM worker) this process runs no fallback and nothing is done."""
     if disabled("cpu_expand_kernel"):
         return
     try:
-        fix_cpu_expand_kernel()
+        from vllm.triton_utils import dispatcher
+
+        if probes.EXPAND_KERNEL_NAME in getattr(dispatcher, "_registry", {}):
+            fix_cpu_expand_kernel()
     except Exception as e:
         logger.warning("freespec: could not install patch cpu_expand_kernel (%r); it is skipped", e)
 

