@@ -1,7 +1,7 @@
 """``freespec datastore``: build, inspect and verify the retrieval proposer's datastores.
 
     freespec datastore build --tokenizer MODEL --input PATH [PATH ...] --out DIR
-                             [--shard-tokens N] [--force]
+                             [--shard-tokens N] [--force] [--skip-bad-records]
     freespec datastore info DIR
     freespec datastore verify DIR
 
@@ -69,6 +69,10 @@ def add_parser(subparsers) -> None:
                        help=f"tokens per shard (default {DEFAULT_SHARD_TOKENS:,}; building needs about "
                             "20 bytes of memory per shard token)")
     build.add_argument("--force", action="store_true", help="replace an existing datastore in DIR")
+    build.add_argument("--skip-bad-records", action="store_true",
+                       help="skip a record that cannot be read or tokenized (invalid JSON, no text, a lone "
+                            "surrogate), naming it, and count them in the summary; without it the build stops "
+                            "at the first one, naming its file and line")
 
     info = sub.add_parser("info", help="summary of a datastore's manifest")
     info.add_argument("dir", metavar="DIR")
@@ -144,14 +148,16 @@ def _build(args: argparse.Namespace) -> int:
             force=args.force,
             roles=args.roles,
             exclude=args.exclude,
+            skip_bad_records=args.skip_bad_records,
         )
     except (BuildError, DatastoreError) as e:
         return _error(str(e))
     except OSError as e:  # disk full, permissions
         return _error(f"building {args.out} failed: {e}", 1)
     seconds = time.perf_counter() - start
+    skipped = f", {manifest['skipped_records']:,} bad record(s) skipped" if args.skip_bad_records else ""
     _log(f"{manifest['documents']:,} documents, {manifest['total_tokens']:,} tokens, "
-         f"{len(manifest['shards'])} shard(s) in {seconds:.1f}s "
+         f"{len(manifest['shards'])} shard(s){skipped} in {seconds:.1f}s "
          f"({manifest['total_tokens'] / max(seconds, 1e-9):,.0f} tokens/s)")
     print(Path(args.out).absolute())
     return 0

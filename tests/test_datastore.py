@@ -355,9 +355,12 @@ def test_failed_build_leaves_nothing(tmp_path):
     def broken(texts):
         raise RuntimeError("tokenizer crashed")
 
-    with pytest.raises(RuntimeError):
+    with pytest.raises(InputError, match=r"b\.txt: line 1: .*RuntimeError: tokenizer crashed"):
         build_datastore([write(tmp_path / "b.txt", "x")], tmp_path / "ds", broken, tokenizer_name="x",
                         fingerprint="f", vocab_size=10, progress=False)
+    with pytest.raises(RuntimeError, match="tokenizer crashed"):  # it refuses every text: not a record's fault
+        build_datastore([write(tmp_path / "b.txt", "x\n\ny")], tmp_path / "ds", broken, tokenizer_name="x",
+                        fingerprint="f", vocab_size=10, progress=False, skip_bad_records=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "b.txt"]
 
 

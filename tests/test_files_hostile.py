@@ -167,3 +167,87 @@ def test_create_new_and_lock_files_never_write_through_a_planted_link(tmp_path):
     os.mkfifo(tmp_path / "fifo")
     with pytest.raises(PlantedLinkError, match="FIFO"):
         open_lock_file(tmp_path / "fifo")
+
+
+# --------------------------------------------------------------------------- bad records
+
+
+def utf8_tokenize(texts):
+    """Like a Hugging Face tokenizer: the text goes to native code as UTF-8 (a lone surrogate cannot)."""
+    return [[b % 1000 for b in t.encode("utf-8")] for t in texts]
+
+
+def _records(path, lines):
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+LONE_SURROGATE = [json.dumps({"text": "first record"}), '{"text": "bad \\ud800 half of a pair"}',
+                  json.dumps({"text": "third record"})]
+
+
+def test_a_record_with_a_lone_surrogate_is_refused_naming_the_file_and_line(tmp_path):
+    from freespec.proposers.retrieval.build import build_datastore
+    from freespec.proposers.retrieval.readers import InputError
+
+    corpus = _records(tmp_path / "chats.jsonl", LONE_SURROGATE)
+    with pytest.raises(InputError, match=r"chats\.jsonl: line 2: .*lone surrogate U\+D800"):
+        build_datastore([str(corpus)], tmp_path / "ds", utf8_tokenize, tokenizer_name="bytes",
+                        fingerprint="f", vocab_size=1000, progress=False)
+    assert not (tmp_path / "ds").exists()
+
+
+def test_bad_records_are_skipped_and_counted_on_request_keeping_the_others(tmp_path):
+    from freespec.proposers.retrieval.build import build_datastore
+
+    corpus = _records(tmp_path / "chats.jsonl", LONE_SURROGATE + ["{not json", json.dumps({"x": 1}),
+                                                                   json.dumps({"text": "last record"})])
+    chat = tmp_path / "chat.json"
+    chat.write_text('[{"text": "a json record"}, {"text": "\\udfff"}, {"text": "another"}]')
+    manifest = build_datastore([str(corpus), str(chat)], tmp_path / "ds", utf8_tokenize, tokenizer_name="bytes",
+                               fingerprint="f", vocab_size=1000, progress=False, skip_bad_records=True)
+    assert manifest["skipped_records"] == 4 and manifest["documents"] == 5
+    texts = ["first record", "third record", "last record", "a json record", "another"]
+    assert manifest["total_tokens"] == sum(len(t) + 1 for t in texts)
+
+
+def test_a_text_the_tokenizer_refuses_is_named_or_skipped(tmp_path):
+    from freespec.proposers.retrieval.build import build_datastore
+    from freespec.proposers.retrieval.readers import InputError
+
+    def picky(texts):
+        if any("forbidden" in t for t in texts):
+            raise TypeError("TextEncodeInput must be Union[TextInputSequence, ...]")
+        return utf8_tokenize(texts)
+
+    corpus = _records(tmp_path / "a.jsonl", [json.dumps({"text": t}) for t in ("fine", "forbidden", "also fine")])
+    with pytest.raises(InputError, match=r"a\.jsonl: line 2: the tokenizer refused this text \(TypeError"):
+        build_datastore([str(corpus)], tmp_path / "ds", picky, tokenizer_name="b", fingerprint="f",
+                        vocab_size=1000, progress=False)
+    manifest = build_datastore([str(corpus)], tmp_path / "ds", picky, tokenizer_name="b", fingerprint="f",
+                               vocab_size=1000, progress=False, skip_bad_records=True)
+    assert manifest["documents"] == 2 and manifest["skipped_records"] == 1
+
+
+def _fixture_tokenizer():
+    from freespec import model_store
+
+    spec = model_store.MODELS[model_store.DEFAULT_MODEL]
+    path = model_store.model_dir(spec.name)
+    if not model_store.is_prepared(spec, path):
+        pytest.skip(f"{spec.name} is not prepared (freespec models prepare)")
+    return str(path)
+
+
+def test_the_cli_names_the_bad_record_or_skips_it_with_the_real_tokenizer(tmp_path, capsys):
+    from freespec.cli.main import main
+
+    model = _fixture_tokenizer()
+    corpus = _records(tmp_path / "chats.jsonl", LONE_SURROGATE)
+    args = ["datastore", "build", "--tokenizer", model, "--input", str(corpus), "--out", str(tmp_path / "ds")]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "chats.jsonl: line 2" in err and "surrogate" in err
+    assert main([*args, "--skip-bad-records"]) == 0
+    captured = capsys.readouterr()
+    assert "1 bad record(s) skipped" in captured.err and captured.out.strip().endswith("ds")

@@ -32,11 +32,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
-from freespec.safe_files import create_new, fsync_directory, process_alive
+from freespec.safe_files import clip, create_new, fsync_directory, printable, process_alive
 from freespec.proposers.retrieval.datastore import FORMAT, MANIFEST, SEPARATOR, VERSION
 from freespec.proposers.retrieval.readers import (
     EXCLUDE_NGRAM,
     BuildError,
+    InputError,
     canonical_roles,
     exclusion_filter,
     expand_inputs,
@@ -48,7 +49,8 @@ __all__ = ["build_datastore", "suffix_array"]
 _MAX_SHARD_TOKENS = int(SEPARATOR)  # positions in the .sa file are uint32
 _WRITE_CHUNK = 1 << 22  # elements per write / sha256 update
 _BATCH_DOCS = 1024
-_BATCH_CHARS = 1 << 21
+_BATCH_CHARS = 1 << 18  # characters handed to the tokenizer at once (with PIECE_CHARS, bounds its memory)
+_SHOWN_BAD_RECORDS = 20
 _ANNOUNCE_TOKENS = 1 << 24
 
 
@@ -123,28 +125,55 @@ class _ShardWriter:
         self.log = log
         self.buffer = np.empty(capacity, dtype="<u4")  # pages are touched only as tokens arrive
         self.used = 0
+        self.documents = 0  # documents ended (separators written)
+        self.open = False  # a document's first pieces are in, its last is to come
+        self.doc_start = 0  # where the current document starts in the buffer
         self.entries: list[dict] = []
         self.sort_seconds = 0.0
 
-    def add(self, ids: np.ndarray) -> None:
-        """Append one document (uint32 ids) and its separator."""
-        need = len(ids) + 1
-        if self.used and self.used + need > self.capacity:
-            self.flush()  # whole documents stay in one shard when they fit in one
+    def add(self, ids: np.ndarray, end: bool = True) -> None:
+        """Append one document's ids (uint32), or a piece of it (``end`` False: more follows), and after its
+        last piece the separator."""
+        if not self.open:
+            self.doc_start = self.used
+        if self.doc_start and self.used + len(ids) + end > self.capacity:
+            self._move_document()  # whole documents stay in one shard when they fit in one
         start = 0
-        while need - start > self.capacity - self.used:  # longer than a whole shard: cut it
+        while len(ids) - start > self.capacity - self.used:  # longer than a whole shard: cut it
             take = self.capacity - self.used
             self.buffer[self.used : self.capacity] = ids[start : start + take]
             self.used = self.capacity
             start += take
             self.flush()
+            self.doc_start = 0
         rest = ids[start:]
         self.buffer[self.used : self.used + len(rest)] = rest
         self.used += len(rest)
+        self.open = not end
+        if end:
+            self._separator()
+
+    def end_document(self) -> None:
+        """End a document whose last pieces will not come (dropped or bad): its separator now."""
+        if self.open:
+            self.open = False
+            self._separator()
+
+    def _separator(self) -> None:
+        self.documents += 1
+        if self.used == self.capacity:
+            self.flush()
         self.buffer[self.used] = SEPARATOR
         self.used += 1
         if self.used == self.capacity:
             self.flush()
+
+    def _move_document(self) -> None:
+        """Write the shard up to the open document's start; the document's pieces so far begin the next one."""
+        begun, self.used = self.used, self.doc_start
+        self.flush()
+        self.buffer[: begun - self.doc_start] = self.buffer[self.doc_start : begun]
+        self.used, self.doc_start = begun - self.doc_start, 0
 
     def flush(self) -> None:
         n = self.used
@@ -346,6 +375,7 @@ def build_datastore(
     force: bool = False,
     roles: Sequence[str] | None = None,
     exclude: Sequence[str | os.PathLike] = (),
+    skip_bad_records: bool = False,
 ) -> dict:
     """Tokenize ``inputs`` into a datastore at ``out_dir``; return its manifest.
 
@@ -354,7 +384,9 @@ def build_datastore(
     shard token for the buffer plus 16 for libdivsufsort's byte-level suffix array (32 above
     536,870,911 tokens per shard). A non-empty ``out_dir`` is refused unless ``force``, and even
     then only when it holds nothing but datastore files. ``roles`` and ``exclude``: see the
-    module docstring.
+    module docstring. A bad record (invalid JSON, no text, a lone surrogate, a text the tokenizer refuses)
+    stops the build with an ``InputError`` naming its file and line (or record), or, with
+    ``skip_bad_records``, is skipped and counted (``skipped_records`` in the manifest).
     """
     paths = expand_inputs(inputs)
     if not paths:
@@ -372,13 +404,24 @@ def build_datastore(
 
     def log(message: str) -> None:
         if progress:
-            tqdm.write(f"freespec: {message}", file=sys.stderr)
+            tqdm.write(f"freespec: {printable(message)}", file=sys.stderr)
 
     def warn(message: str) -> None:
-        tqdm.write(f"freespec: warning: {message}", file=sys.stderr)
+        tqdm.write(f"freespec: warning: {printable(message)}", file=sys.stderr)
 
     keep = exclusion_filter(exclude, warn=warn) if exclude else None
     dropped = 0
+    skipped: list[str] = []
+
+    def refuse(error: InputError) -> None:
+        """A bad record: the build stops naming it, or (``skip_bad_records``) it is skipped and counted."""
+        if not skip_bad_records:
+            raise error
+        skipped.append(str(error))
+        if len(skipped) <= _SHOWN_BAD_RECORDS:
+            warn(f"skipped a bad record: {error}")
+
+    bad = refuse if skip_bad_records else None
 
     started = time.perf_counter()
     clean_debris(out, log)
@@ -390,36 +433,66 @@ def build_datastore(
         with tqdm(total=total_bytes, desc="tokenizing", unit="B", unit_scale=True, unit_divisor=1024,
                   file=sys.stderr, disable=not progress, dynamic_ncols=True) as bar:
 
-            def run_batch(batch: list[str], nbytes: int) -> None:
-                nonlocal documents
-                if batch:
-                    ids_lists = tokenize(batch)
-                    if len(ids_lists) != len(batch):
-                        raise BuildError(f"tokenize returned {len(ids_lists)} results for {len(batch)} texts")
-                    flat, ends = _ids_array(ids_lists, int(vocab_size))
-                    start = 0
-                    for end in ends.tolist():
-                        writer.add(flat[start:end])
-                        start = end
-                    documents += len(batch)
+            def tokenized(batch: list[tuple[str | None, bool, str]]) -> list[np.ndarray | None]:
+                """Each text's ids (None for a text the tokenizer refused and ``bad`` skipped)."""
+                items = [(text, where) for text, _, where in batch if text is not None]
+                texts = [text for text, _ in items]
+                try:
+                    ids_lists = list(tokenize(texts)) if texts else []
+                except BuildError:
+                    raise
+                except Exception as batch_error:  # noqa: BLE001 - a tokenizer refusing one text: find it, name it
+                    ids_lists, refused = [], []
+                    for text, where in items:
+                        try:
+                            ids_lists.append(tokenize([text])[0])
+                        except BuildError:
+                            raise
+                        except Exception as e:  # noqa: BLE001
+                            refused.append((where, e))
+                            ids_lists.append(None)
+                    if len(items) > 1 and len(refused) == len(items):
+                        raise batch_error  # every text refused: the tokenizer, not a record, is at fault
+                    for where, e in refused:
+                        refuse(InputError(f"{where}: the tokenizer refused this text ({type(e).__name__}: "
+                                          f"{clip(str(e))})"))
+                if len(ids_lists) != len(texts):
+                    raise BuildError(f"tokenize returned {len(ids_lists)} results for {len(texts)} texts")
+                good = [ids for ids in ids_lists if ids is not None]
+                flat, ends = _ids_array(good, int(vocab_size))
+                arrays = iter(np.split(flat, ends[:-1]) if len(good) else [])
+                return [None if ids is None else next(arrays) for ids in ids_lists]
+
+            def run_batch(batch: list[tuple[str | None, bool, str]], nbytes: int) -> None:
+                arrays = iter(tokenized(batch))
+                for text, end, _ in batch:
+                    ids = None if text is None else next(arrays)
+                    if ids is None:  # a piece dropped or refused: its document ends before it
+                        writer.end_document()
+                    else:
+                        writer.add(ids, end)
                 bar.update(nbytes)
                 tokens = sum(e["tokens"] for e in writer.entries) + writer.used
-                bar.set_postfix_str(f"{documents:,} docs, {tokens:,} tokens", refresh=False)
+                bar.set_postfix_str(f"{writer.documents:,} docs, {tokens:,} tokens", refresh=False)
 
-            batch: list[str] = []
+            batch: list[tuple[str | None, bool, str]] = []
             chars = pending = 0
             for path in paths:
-                for text, nbytes in read_file(path, wanted, warn):
-                    pending += nbytes
-                    if text and keep is not None and not keep(text):
+                for piece in read_file(path, wanted, warn, bad):
+                    pending += piece.nbytes
+                    if piece.text and keep is not None and not keep(piece.text):
                         dropped += 1
-                    elif text:
-                        batch.append(text)
-                        chars += len(text)
+                        batch.append((None, True, piece.where))
+                    elif piece.text:
+                        batch.append((piece.text, piece.end, piece.where))
+                        chars += len(piece.text)
+                    elif piece.end and piece.text is None:
+                        batch.append((None, True, piece.where))  # a document cut short by a skipped record
                     if len(batch) >= _BATCH_DOCS or chars >= _BATCH_CHARS:
                         run_batch(batch, pending)
                         batch, chars, pending = [], 0, 0
             run_batch(batch, pending)
+        documents = writer.documents
         if documents == 0:
             raise BuildError(f"no documents in {', '.join(str(p) for p in paths)} (every text is empty)")
         writer.flush()
@@ -440,6 +513,8 @@ def build_datastore(
             "excluded": {"files": [str(Path(p).absolute()) for p in exclude], "ngram_words": EXCLUDE_NGRAM,
                          "documents_dropped": dropped} if exclude else None,
         }
+        if skip_bad_records:
+            manifest["skipped_records"] = len(skipped)
         with create_new(work / MANIFEST, "w") as f:  # last: a directory without it is not a datastore
             f.write(json.dumps(manifest, indent=2) + "\n")
             f.flush()
@@ -460,6 +535,9 @@ def build_datastore(
     seconds = time.perf_counter() - started
     if exclude:
         log(f"dropped {dropped:,} documents sharing a run of {EXCLUDE_NGRAM} words with {', '.join(map(str, exclude))}")
+    if skipped:
+        warn(f"skipped {len(skipped):,} bad record(s)" + (f"; the first {_SHOWN_BAD_RECORDS} are named above"
+                                                         if len(skipped) > _SHOWN_BAD_RECORDS else ""))
     log(
         f"built {out}: {documents:,} documents, {manifest['total_tokens']:,} tokens in {len(writer.entries)} "
         f"shard(s), {seconds:.1f}s ({manifest['total_tokens'] / max(seconds, 1e-9):,.0f} tokens/s; "

@@ -26,11 +26,13 @@ count as ``assistant`` and ``human`` as ``user``); records that are not chats ar
 dropped, and the build reports how many."""
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import re
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from freespec.safe_files import (
@@ -42,7 +44,9 @@ __all__ = [
     "INPUT_SUFFIXES",
     "BuildError",
     "InputError",
+    "Piece",
     "canonical_roles",
+    "check_text",
     "check_input",
     "exclusion_filter",
     "expand_inputs",
@@ -59,6 +63,12 @@ _SKIP_DIRS = ("__pycache__", "site-packages", "dist-packages", "node_modules")
 ROLE_ALIASES = {"assistant": "assistant", "gpt": "assistant", "bot": "assistant", "model": "assistant",
                 "chatgpt": "assistant", "user": "user", "human": "user", "system": "system", "tool": "tool"}
 EXCLUDE_NGRAM = 12
+# Bounds on a build's memory whatever the input's shape (docs/datastore.md, "Memory"): the tokenizer is
+# handed at most PIECE_CHARS characters of a document at once, a .txt line or a source file is read
+# READ_CHUNK bytes at a time, and a .jsonl record (one line) is read only up to MAX_RECORD_BYTES.
+PIECE_CHARS = 1 << 16
+READ_CHUNK = 1 << 20
+MAX_RECORD_BYTES = 16 << 20
 
 
 class BuildError(ValueError):
@@ -140,27 +150,224 @@ def _warn(message: str) -> None:
     print(f"freespec: warning: {message}", file=sys.stderr)
 
 
+@dataclass(frozen=True)
+class Piece:
+    """A document's text, or a piece of it, as the builder takes it from a reader.
+
+    ``text`` is None where bytes were read without a text (an empty record, a skipped bad record);
+    ``nbytes``: the file's bytes read since the previous piece (they sum to the file size, for progress);
+    ``where``: the file and line or record, for messages; ``end``: the document's last piece.
+    """
+
+    text: str | None
+    nbytes: int
+    where: str
+    end: bool = True
+
+
+class _Pieces:
+    """One document's text as it is read, handed out in pieces of at most ``PIECE_CHARS`` characters.
+
+    A cut falls after the last line break in the piece's second half, else after its last space, else at
+    ``PIECE_CHARS``: the tokenizer sees whole lines or words, and never more than ``PIECE_CHARS`` at once.
+    """
+
+    def __init__(self, where: str) -> None:
+        self.where, self.text, self.nbytes, self.any = where, "", 0, False
+
+    def add(self, text: str, nbytes: int = 0) -> Iterator[Piece]:
+        self.text += text
+        self.nbytes += nbytes
+        while len(self.text) > PIECE_CHARS:
+            head = self.text[:PIECE_CHARS]
+            cut = head.rfind("\n", PIECE_CHARS // 2) + 1 or head.rfind(" ", PIECE_CHARS // 2) + 1 or PIECE_CHARS
+            yield Piece(head[:cut], self.nbytes, self.where, end=False)
+            self.text, self.nbytes, self.any = self.text[cut:], 0, True
+        return
+
+    def finish(self, nbytes: int = 0) -> Iterator[Piece]:
+        self.nbytes += nbytes
+        yield Piece(self.text if self.text or self.any else None, self.nbytes, self.where)
+        self.text, self.nbytes, self.any = "", 0, False
+
+
+def _pieces(text: str, nbytes: int, where: str) -> Iterator[Piece]:
+    """A whole text (a record's) as pieces."""
+    doc = _Pieces(where)
+    yield from doc.add(text, nbytes)
+    yield from doc.finish()
+
+
 def iter_documents(path: str | os.PathLike, roles: Iterable[str] | None = None,
                    warn: Callable[[str], None] = _warn) -> Iterator[str]:
-    """The documents of one input file or directory, in order (empty ones skipped)."""
+    """The documents of one input file or directory, in order (empty ones skipped), each whole."""
     wanted = canonical_roles(roles)
     for file in expand_inputs([path]):
-        for text, _ in read_file(file, wanted, warn):
-            if text:
-                yield text
+        parts: list[str] = []
+        for piece in read_file(file, wanted, warn):
+            if piece.text:
+                parts.append(piece.text)
+            if piece.end and parts:
+                yield "".join(parts)
+                parts = []
 
 
-def read_file(path: Path, roles: frozenset[str] | None,
-          warn: Callable[[str], None]) -> Iterator[tuple[str | None, int]]:
-    """(document or None, bytes of the file read since the previous item); the bytes sum to the file size."""
+def read_file(path: Path, roles: frozenset[str] | None, warn: Callable[[str], None],
+              bad: Callable[[InputError], None] | None = None) -> Iterator[Piece]:
+    """The pieces of one input file's documents, in order (see ``Piece``); memory bounded by ``PIECE_CHARS``,
+    ``READ_CHUNK`` and, for a record, ``MAX_RECORD_BYTES`` (a ``.json`` file is parsed whole).
+
+    ``bad``: what to do with a bad record (``InputError`` naming the file and the line or record): None
+    raises it; a callable is told of it and the record is skipped (``--skip-bad-records``).
+    """
     suffix = path.suffix.lower()
     if suffix == ".txt":
-        return _read_txt(path)
+        return _read_txt(path, bad)
     if suffix == ".jsonl":
-        return _read_jsonl(path, roles)
+        return _read_jsonl(path, roles, bad)
     if suffix == ".json":
-        return _read_json(path, roles, warn)
+        return _read_json(path, roles, warn, bad)
     return _read_code(path, warn)
+
+
+def _refuse(error: InputError, bad: Callable[[InputError], None] | None) -> None:
+    """Raise a bad record's error, or report it to ``bad`` (the record is then skipped)."""
+    if bad is None:
+        raise error
+    bad(error)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def check_text(text: str) -> str:
+    """``text`` if it is valid Unicode; ValueError naming a lone surrogate (valid JSON, ``"\\ud800"``, that no
+    tokenizer takes and UTF-8 cannot write)."""
+    match = _SURROGATE.search(text)
+    if match:
+        raise ValueError(f"a lone surrogate U+{ord(match.group()):04X} at character {match.start():,}: "
+                         "not valid Unicode text")
+    return text
+
+
+def _decoder():
+    return codecs.getincrementaldecoder("utf-8")("strict")
+
+
+def _read_txt(path: Path, bad: Callable[[InputError], None] | None) -> Iterator[Piece]:
+    """Paragraphs (lines separated by blank lines), read ``READ_CHUNK`` bytes at a time: a paragraph of
+    any length, or one line of any length, is handed out in pieces."""
+    doc: _Pieces | None = None  # the paragraph being read
+    pending = 0
+    lineno, mid_line = 1, False  # mid_line: the current line's first chunk has been read
+    decoder = _decoder()
+    with _open(path) as f:
+        while raw := f.readline(READ_CHUNK):
+            pending += len(raw)
+            complete = raw.endswith(b"\n") or len(raw) < READ_CHUNK
+            try:
+                text = decoder.decode(raw, final=complete)
+            except UnicodeDecodeError as e:
+                decoder = _decoder()
+                _refuse(InputError(f"{path}: line {lineno}: not UTF-8 text ({e})"), bad)
+                if not complete:  # skip the rest of the line
+                    while (raw := f.readline(READ_CHUNK)) and not raw.endswith(b"\n"):
+                        pending += len(raw)
+                    pending += len(raw)
+                if doc is not None:  # the bad line ends the paragraph: nothing joins across it
+                    yield from doc.finish(pending)
+                    doc, pending = None, 0
+                lineno, mid_line = lineno + 1, False
+                continue
+            if lineno == 1 and not mid_line:
+                text = text.lstrip("\ufeff")
+            if not mid_line and complete and not text.strip():  # a blank line
+                if doc is not None:
+                    yield from doc.finish(pending)
+                    doc, pending = None, 0
+            else:
+                if doc is None:
+                    doc = _Pieces(f"{path}: line {lineno}")
+                elif not mid_line:
+                    yield from doc.add("\n")
+                yield from doc.add(text.rstrip("\r\n") if complete else text, pending)
+                pending = 0
+            mid_line = not complete
+            if complete:
+                lineno += 1
+    if doc is not None:
+        yield from doc.finish(pending)
+    else:
+        yield Piece(None, pending, str(path))
+
+
+def _read_code(path: Path, warn: Callable[[str], None]) -> Iterator[Piece]:
+    """A source file, one document: checked to be UTF-8 first (else skipped with a warning), then read
+    ``READ_CHUNK`` bytes at a time and handed out in pieces."""
+    decoder, size = _decoder(), 0
+    with _open(path) as f:
+        try:
+            while block := f.read(READ_CHUNK):
+                decoder.decode(block)
+                size += len(block)
+            decoder.decode(b"", final=True)
+        except UnicodeDecodeError:
+            warn(f"{path}: not UTF-8, skipped")
+            yield Piece(None, os.fstat(f.fileno()).st_size, str(path))
+            return
+        f.seek(0)
+        decoder, doc, first = _decoder(), _Pieces(str(path)), True
+        while block := f.read(READ_CHUNK):
+            text = decoder.decode(block)
+            if first:
+                text, first = text.lstrip("\ufeff"), False
+            yield from doc.add(text, len(block))
+        yield from doc.finish()
+
+
+def _read_jsonl(path: Path, roles: frozenset[str] | None,
+                bad: Callable[[InputError], None] | None) -> Iterator[Piece]:
+    with _open(path) as f:
+        lineno = 0
+        while raw := f.readline(MAX_RECORD_BYTES + 1):
+            lineno += 1
+            where = f"{path}: line {lineno}"
+            if len(raw) > MAX_RECORD_BYTES and not raw.endswith(b"\n"):
+                nbytes = len(raw)
+                while (raw := f.readline(READ_CHUNK)) and not raw.endswith(b"\n"):
+                    nbytes += len(raw)
+                _refuse(InputError(f"{where}: a record of more than {MAX_RECORD_BYTES >> 20} MiB, "
+                                   "not read (a bound on the build's memory)"), bad)
+                yield Piece(None, nbytes + len(raw), where)
+                continue
+            try:
+                texts = _record(raw, lineno, path, roles)
+            except InputError as e:
+                _refuse(e, bad)
+                texts = []
+            nbytes = len(raw)
+            for text in texts:
+                yield from _pieces(text, nbytes, where)
+                nbytes = 0
+            if nbytes:
+                yield Piece(None, nbytes, where)
+
+
+def _record(raw: bytes, lineno: int, path: Path, roles: frozenset[str] | None) -> list[str]:
+    """The texts of one ``.jsonl`` line; InputError naming the file and line."""
+    line = _decode(raw, path, lineno)
+    if not line.strip():
+        return []
+    try:
+        record = loads_json(line, what=f"{path}: line {lineno}")
+    except JSONBoundError as e:
+        raise InputError(str(e)) from None
+    except ValueError as e:
+        raise InputError(f"{path}: line {lineno}: invalid JSON ({e})") from None
+    try:
+        return [check_text(text) for text in record_texts(record, roles)]
+    except ValueError as e:
+        raise InputError(f"{path}: line {lineno}: {e}") from None
 
 
 def _decode(raw: bytes, path: Path, lineno: int) -> str:
@@ -169,57 +376,6 @@ def _decode(raw: bytes, path: Path, lineno: int) -> str:
     except UnicodeDecodeError as e:
         raise InputError(f"{path}: line {lineno}: not UTF-8 text ({e})") from None
     return line.lstrip("\ufeff") if lineno == 1 else line
-
-
-def _read_txt(path: Path) -> Iterator[tuple[str | None, int]]:
-    lines: list[str] = []
-    pending = 0
-    with _open(path) as f:
-        for lineno, raw in enumerate(f, 1):
-            pending += len(raw)
-            line = _decode(raw, path, lineno).rstrip("\r\n")
-            if line.strip():
-                lines.append(line)
-            elif lines:
-                yield "\n".join(lines), pending
-                lines, pending = [], 0
-    yield ("\n".join(lines) if lines else None), pending
-
-
-def _read_code(path: Path, warn: Callable[[str], None]) -> Iterator[tuple[str | None, int]]:
-    with _open(path) as f:
-        raw = f.read()
-    try:
-        text = raw.decode("utf-8").lstrip("\ufeff")
-    except UnicodeDecodeError:
-        warn(f"{path}: not UTF-8, skipped")
-        text = None
-    yield text, len(raw)
-
-
-def _read_jsonl(path: Path, roles: frozenset[str] | None) -> Iterator[tuple[str | None, int]]:
-    with _open(path) as f:
-        for lineno, raw in enumerate(f, 1):
-            line = _decode(raw, path, lineno)
-            if not line.strip():
-                yield None, len(raw)
-                continue
-            try:
-                record = loads_json(line, what=f"{path}: line {lineno}")
-            except JSONBoundError as e:
-                raise InputError(str(e)) from None
-            except ValueError as e:
-                raise InputError(f"{path}: line {lineno}: invalid JSON ({e})") from None
-            try:
-                texts = record_texts(record, roles)
-            except ValueError as e:
-                raise InputError(f"{path}: line {lineno}: {e}") from None
-            nbytes = len(raw)
-            for text in texts:
-                yield text, nbytes
-                nbytes = 0
-            if nbytes:
-                yield None, nbytes
 
 
 def _whole_records(text: str, path: Path, error: ValueError, warn: Callable[[str], None]) -> list:
@@ -256,8 +412,8 @@ def _whole_records(text: str, path: Path, error: ValueError, warn: Callable[[str
     return records
 
 
-def _read_json(path: Path, roles: frozenset[str] | None,
-               warn: Callable[[str], None]) -> Iterator[tuple[str | None, int]]:
+def _read_json(path: Path, roles: frozenset[str] | None, warn: Callable[[str], None],
+               bad: Callable[[InputError], None] | None = None) -> Iterator[Piece]:
     size = path.stat().st_size
     try:
         with _open(path, encoding="utf-8-sig") as f:
@@ -278,21 +434,24 @@ def _read_json(path: Path, roles: frozenset[str] | None,
     else:
         raise InputError(f"{path}: expected a JSON list of records, or an object with a list under \"data\"")
     if not records:
-        yield None, size
+        yield Piece(None, size, str(path))
         return
     done = 0
     for i, record in enumerate(records):
+        where = f"{path}: record {i}"
         try:
-            texts = record_texts(record, roles)
+            texts = [check_text(text) for text in record_texts(record, roles)]
         except ValueError as e:
-            raise InputError(f"{path}: record {i}: {e}") from None
+            _refuse(InputError(f"{where}: {e}"), bad)
+            texts = []
+        records[i] = None  # its texts are out: let it go
         upto = size * (i + 1) // len(records)  # the file's bytes spread over its records (progress bar)
         nbytes, done = upto - done, upto
         for text in texts:
-            yield text, nbytes
+            yield from _pieces(text, nbytes, where)
             nbytes = 0
         if nbytes:
-            yield None, nbytes
+            yield Piece(None, nbytes, where)
 
 
 def _content_text(value, where: str) -> str:
