@@ -112,6 +112,7 @@ def test_release_0_31_and_0_32_expand_fix_runs_before_the_overrides_once(monkeyp
     assert patches.install_cpu_expand_fix() is True  # idempotent: wrapped once
     platform.register_triton_kernel_overrides()
     assert platform.calls == ["freespec", "vllm"]
+    assert probes.probe_cpu_rejection_sampler().ok  # the seam's facts are read from vLLM's own function
 
 
 # ---------------------------------------------------------------- register(): what acts, and where

@@ -307,6 +307,7 @@ def install_cpu_expand_fix() -> bool:
         return True
     func = original.__func__
 
+    @functools.wraps(func)  # the probes read vLLM's own source through __wrapped__
     def register_triton_kernel_overrides(cls):
         fix_cpu_expand_kernel()
         return func(cls)
