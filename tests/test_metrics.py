@@ -229,6 +229,42 @@ def test_the_plugin_leaves_the_variable_alone_where_it_should(plain_vllm_serve, 
     assert next(p for p in patches.PATCHES if p.name == "prometheus_multiproc").install
 
 
+@pytest.mark.parametrize("spec, exported", [
+    (None, False),
+    ('{"method": "suffix", "num_speculative_tokens": 8}', False),
+    ('{"plugin": "copy", "num_speculative_tokens": 8}', True),
+])
+def test_the_general_plugin_sets_the_directory_only_for_a_freespec_plugin(plain_vllm_serve, monkeypatch, spec,
+                                                                          exported):
+    values = plain_vllm_serve
+    monkeypatch.setattr(metrics, "metrics_created", lambda: False)  # as when vLLM loads general plugins
+    monkeypatch.setattr(patches, "install_frontend", lambda: None)  # vLLM's EngineArgs stays as it ships here
+    monkeypatch.setattr(patches, "route_logs_to_vllm", lambda: None)
+    for name in ("FREESPEC_FIX_VLLM", "FREESPEC_PLUGIN_ENGINE", "FREESPEC_DISABLE_PATCHES"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(sys, "argv", ["vllm", "serve", "m"] + (["--speculative-config", spec] if spec else []))
+    patches.install_all()
+    assert ("PROMETHEUS_MULTIPROC_DIR" in os.environ) is exported
+    assert bool(values.ValueClass._multiprocess) is exported
+
+
+@pytest.mark.parametrize("args, made", [
+    (["serve", "m"], False),
+    (["serve", "m", "--speculative-config", '{"method": "ngram", "prompt_lookup_max": 4}'], False),
+    (["serve", "m", "--speculative-config", '{"plugin": "copy"}'], True),
+])
+def test_freespec_serve_makes_the_directory_only_for_a_freespec_plugin(monkeypatch, args, made):
+    from vllm.entrypoints.cli import main as cli_main
+
+    made_dirs = []
+    monkeypatch.setattr(vllm_cli, "multiproc_metrics_dir", lambda: made_dirs.append(1))
+    monkeypatch.setattr(vllm_cli, "apply_version_alias", lambda: False)
+    monkeypatch.setattr(cli_main, "main", lambda: 0)
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    vllm_cli.main(args)
+    assert bool(made_dirs) is made
+
+
 def test_doctor_says_whether_metrics_reach_metrics_and_the_fix(monkeypatch):
     from freespec.vllm_plugins import doctor
 
@@ -285,7 +321,8 @@ def test_freespec_logs_at_vllms_level_through_vllms_handlers(monkeypatch):
 def test_every_named_patch_is_listed_once_and_installable_by_name():
     names = patches.patch_names()
     assert len(set(names)) == len(names)
-    assert {"speculative_config_frontend", "cpu_expand_kernel", "vllm_cli_version", "prometheus_multiproc"} <= set(names)
+    assert {"speculative_config_frontend", "cpu_expand_kernel", "vllm_cli_version", "prometheus_multiproc",
+            "last_step_cache", "request_ids", "target_topk"} <= set(names)
     for p in patches.PATCHES:
         assert p.install is None or callable(getattr(patches, p.install))
     with pytest.raises(ValueError, match="no patch named"):
