@@ -251,3 +251,55 @@ def test_the_cli_names_the_bad_record_or_skips_it_with_the_real_tokenizer(tmp_pa
     assert main([*args, "--skip-bad-records"]) == 0
     captured = capsys.readouterr()
     assert "1 bad record(s) skipped" in captured.err and captured.out.strip().endswith("ds")
+
+
+# --------------------------------------------------------------------------- memory bounded by options
+
+MEMORY_CHILD = """
+import json, random, resource, sys
+from freespec.proposers.retrieval.build import build_datastore
+
+out, model, size = sys.argv[1], sys.argv[2], int(sys.argv[3])
+if model == "python":  # a pure-Python tokenizer: a list of Python ints per text, as tokenizers return
+    def tokenize(texts):
+        return [[ord(c) % 1000 for c in t] for t in texts]
+    vocab = 1000
+else:
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(model)
+    def tokenize(texts):
+        return tok(texts, add_special_tokens=False, return_attention_mask=False, verbose=False)["input_ids"]
+    vocab = len(tok)
+words = "the quick brown fox jumps over the lazy dog while 12345 and {}[] appear".split()
+random.seed(0)
+small, big = out + ".small.txt", out + ".big.txt"
+with open(small, "w") as f:
+    f.write(" ".join(random.choice(words) for _ in range(20000)) + "\\n")
+with open(big, "w") as f:  # one paragraph, one line
+    while f.tell() < size:
+        f.write(" ".join(random.choice(words) for _ in range(100000)) + " ")
+    f.write("\\n")
+options = dict(tokenizer_name="t", fingerprint="f", vocab_size=vocab, progress=False, shard_tokens=1 << 20)
+build_datastore([small], out + ".warm", tokenize, **options)  # everything loaded, warmed up
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+manifest = build_datastore([big], out, tokenize, **options)
+growth = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024
+print(json.dumps({"growth": growth, "tokens": manifest["total_tokens"], "documents": manifest["documents"]}))
+"""
+
+
+@pytest.mark.parametrize("tokenizer,size", [("python", 8 << 20), ("fixture", 3 << 20)])
+def test_one_huge_paragraph_stays_within_the_documented_memory_bound(tmp_path, tokenizer, size):
+    import subprocess
+    import sys
+
+    from freespec.proposers.retrieval.build import MEMORY_BOUND_BYTES, SHARD_BYTES_PER_TOKEN
+
+    model = "python" if tokenizer == "python" else _fixture_tokenizer()
+    done = subprocess.run([sys.executable, "-c", MEMORY_CHILD, str(tmp_path / "ds"), model, str(size)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["documents"] == 1 and result["tokens"] > size // 8
+    bound = SHARD_BYTES_PER_TOKEN * (1 << 20) + MEMORY_BOUND_BYTES  # docs/datastore.md, "Memory"
+    assert result["growth"] < bound, f"{result['growth'] / 2**20:.0f} MiB for a {size >> 20} MiB paragraph"

@@ -51,6 +51,10 @@ _WRITE_CHUNK = 1 << 22  # elements per write / sha256 update
 _BATCH_DOCS = 1024
 _BATCH_CHARS = 1 << 18  # characters handed to the tokenizer at once (with PIECE_CHARS, bounds its memory)
 _SHOWN_BAD_RECORDS = 20
+# docs/datastore.md, "Memory": a build's peak above the process at start is at most about
+# SHARD_BYTES_PER_TOKEN x shard_tokens + MEMORY_BOUND_BYTES, whatever the input's shape (tests check it).
+SHARD_BYTES_PER_TOKEN = 21  # 4 for the shard buffer, 16 for libdivsufsort's array, write buffers
+MEMORY_BOUND_BYTES = 96 << 20  # the tokenizer on _BATCH_CHARS + reading (1 MiB chunks, 64 Ki pieces, a record)
 _ANNOUNCE_TOKENS = 1 << 24
 
 
