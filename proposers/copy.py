@@ -35,7 +35,8 @@ from typing import Sequence
 
 from pydantic import Field, model_validator
 
-from freespec.proposers.base import Draft, Proposer, ProposerOptions, Row, StepContext
+from freespec.proposers.api import Draft, Row, StepContext
+from freespec.proposers.base import Proposer, ProposerOptions
 from freespec.scorers.acceptance import AcceptanceEstimate, matched_prefix
 
 OWN, POOL = 0, 1  # draft sources

@@ -37,11 +37,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
-from freespec.proposers.base import Draft, Drafts, EngineInfo, Proposer, Row, ScoredPositions, StepContext
+from freespec.proposers.api import Draft, Drafts, EngineInfo, Row, ScoredPositions, StepContext
+from freespec.proposers.base import Proposer
 from freespec.proposers.registry import CopySourceOptions, build_proposer, load_options
 from freespec.proposers.suffix_tree import available as suffix_available
 from freespec.scorers.acceptance import matched_prefix
-from freespec.scorers.fusion import PROBE_EVERY, Candidates, SourcePricing, SourceWeights, fuse_sources
+from freespec.proposers.api import Candidates
+from freespec.scorers.fusion import PROBE_EVERY, SourcePricing, SourceWeights, fuse_sources
 from pydantic import Field, ValidationInfo, create_model, field_validator, model_validator
 
 logger = logging.getLogger("freespec")

@@ -44,11 +44,12 @@ from importlib import metadata
 from typing import Optional, Sequence
 
 import numpy as np
-from freespec.proposers.base import Draft, EngineInfo, Proposer, ProposerOptions, Row, StepContext
+from freespec.proposers.api import Draft, EngineInfo, Row, StepContext
+from freespec.proposers.base import Proposer, ProposerOptions
 from freespec.option_checks import check_path_options
 from freespec.scorers.acceptance import matched_prefix
 from freespec.scorers.calibration import TokenCalibration
-from freespec.scorers.fusion import Candidates
+from freespec.proposers.api import Candidates
 from pydantic import Field, field_validator, model_validator
 
 logger = logging.getLogger("freespec")

@@ -20,40 +20,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import NamedTuple, Optional
 
 import numpy as np
 from freespec.scorers.acceptance import AcceptanceEstimate
-from freespec.scorers.calibration import TokenCalibration
-from freespec.proposers.base import Draft
+from freespec.proposers.api import Candidates, Draft
 from freespec.scorers.policy import cut
-
-
-@dataclass
-class Candidates:
-    """One source's chains: ``chains[i, :]`` (-1 padded) with ``weights[i]`` (normalised per source).
-
-    ``token_probs[i, d]``, when the source knows it, is the chance that chain i's token at depth d is
-    accepted given the tokens before it were (``suffix``: learned per tree probability and match
-    length); it then stands in for ``source_weight`` at that token. ``calibration``, when given instead,
-    turns a token's share of the chains on the draft's path, at its depth, with ``match_len`` (the
-    length of the context match that found the chains) into that chance.
-    """
-
-    name: str
-    chains: np.ndarray  # int64 [n, L]
-    weights: np.ndarray  # float64 [n]
-    source_weight: float = 1.0
-    token_probs: Optional[np.ndarray] = None  # float64 [n, L]
-    calibration: Optional[TokenCalibration] = None
-    match_len: int = 0
-
-    @cached_property
-    def descent(self) -> tuple[list[int], list[float]]:
-        """``descend`` through the whole chains, worked out once: the source (to learn) and ``hybrid`` (to
-        price it) both ask for it each step."""
-        return descend(self, self.chains.shape[1])
 
 
 def fuse(sources: list[Candidates], max_len: int, min_support: float) -> tuple[list[int], list[float], dict[str, int]]:
@@ -110,33 +82,6 @@ def _support(s: Candidates, mask: np.ndarray, w: np.ndarray, depth: int, scores:
     for token, x, p in zip(col, share, chance):
         if token >= 0:
             scores[token] = scores.get(token, 0.0) + x * p
-
-
-def descend(s: Candidates, max_len: int) -> tuple[list[int], list[float]]:
-    """What source ``s`` would draft alone, uncut: at each depth the token most of its chains on the path go on
-    with (the smallest on a tie), and that token's share of them."""
-    rows = [_unpadded(chain) for chain in s.chains[:, :max_len].tolist()]
-    weights = s.weights.tolist()
-    alive = [i for i, w in enumerate(weights) if w > 0]
-    chain: list[int] = []
-    shares: list[float] = []
-    for depth in range(max_len):
-        total = sum(weights[i] for i in alive)
-        by_token: dict[int, float] = {}
-        for i in alive:
-            if depth < len(rows[i]):
-                by_token[rows[i][depth]] = by_token.get(rows[i][depth], 0.0) + weights[i]
-        if not by_token or total <= 0:
-            break
-        token, best = max(by_token.items(), key=lambda kv: (kv[1], -kv[0]))
-        chain.append(token)
-        shares.append(best / total)
-        alive = [i for i in alive if depth < len(rows[i]) and rows[i][depth] == token]
-    return chain, shares
-
-
-def _unpadded(chain: list[int]) -> list[int]:
-    return chain[: chain.index(-1)] if -1 in chain else chain
 
 
 def _one_chain(s: Candidates, max_len: int, min_support: float,

@@ -28,7 +28,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from freespec.proposers.base import Draft
+from freespec.proposers.api import Draft
 from freespec.scorers.padding import context_padding
 
 HALFLIFE_STEPS = 256.0  # evidence half-life of the step-time fit

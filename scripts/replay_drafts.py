@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from freespec.proposers.base import EngineInfo, Row
+from freespec.proposers.api import EngineInfo, Row
 from freespec.proposers.registry import load_proposer_class
 from freespec.testing.replay import AtBar, replay  # noqa: F401 (the replay itself; tests and results use it here)
 from freespec.questions import BUILTIN, resolve_questions

@@ -7,7 +7,8 @@ from freespec.proposers import hybrid as hybrid_module
 from freespec.proposers.hybrid import DEFAULT_SOURCES, HybridOptions, HybridProposer, displaced
 from freespec.proposers.suffix_tree import available as suffix_available
 from freespec.scorers import fusion
-from freespec.scorers.fusion import Candidates, SourcePricing, fuse
+from freespec.proposers.api import Candidates
+from freespec.scorers.fusion import SourcePricing, fuse
 from pydantic import ValidationError
 
 

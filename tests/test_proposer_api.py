@@ -1,9 +1,8 @@
-"""The proposer API (freespec.proposers.base): the step contract, the policy's one cut, the API 0 shim, and
-which plugin names and classes are refused at the config stage."""
+"""The proposer API (freespec.proposers.base): the step contract, the policy's one cut, and which plugin names
+and classes are refused at the config stage."""
 from __future__ import annotations
 
 import dataclasses
-import logging
 from types import SimpleNamespace
 
 import numpy as np
@@ -14,7 +13,6 @@ from freespec.proposers.copy import CopyProposer
 from freespec.proposers.registry import UnknownPluginError, load_proposer_class
 from freespec.scorers.policy import cut, paying_prefix
 from freespec.vllm_plugins import metrics
-from prometheus_client import REGISTRY
 from freespec.vllm_plugins.frontend import FreespecConfigError, check_additional_config, translate
 
 from tests.adapter_helpers import adapter_for, fake_vllm_config
@@ -35,34 +33,15 @@ class Fixed(Proposer):
                       {"fixed-source": 0.001})
 
 
-class OldStyle(Proposer):
-    """A plugin written against API 0: propose(rows), self.token_cost and the per-call getters."""
-
-    seen_costs: list = []
-
-    def propose(self, rows):
-        type(self).seen_costs.append(self.token_cost)
-        return [[1, 2, 3] for _ in rows]
-
-    def draft_sources(self):
-        return ["old-source"]
-
-    def source_seconds(self):
-        return {"old-source": 0.002}
-
-
-class OldCopy(CopyProposer):
-    """An API 0 plugin built on one of freespec's proposers: it overrides propose and calls the parent's."""
-
-    calls = 0
-
-    def propose(self, rows):
-        type(self).calls += 1
-        return super().propose(rows)
-
-
 class Abstract(Proposer):
     pass
+
+
+class OnlyPropose(Proposer):
+    """Written against API 0, which went before any release: ``propose(rows)`` without ``draft``."""
+
+    def propose(self, rows, step=None):
+        return [[1] for _ in rows]
 
 
 def step_through(adapter, tokens, steps=3):
@@ -109,30 +88,6 @@ def test_the_goodput_price_cuts_what_the_proposer_returns(monkeypatch):
     assert adapter.proposer.steps[-1].token_cost == 0.2
 
 
-def test_a_plugin_written_against_api_0_runs_through_the_shim_and_warns_once(caplog):
-    plugin = "tests.test_proposer_api:OldStyle"
-    adapter = adapter_for({"plugin": plugin, "num_speculative_tokens": 4, "policy": "fixed"})
-    adapter.metrics = metrics.PluginMetrics(plugin)
-    with caplog.at_level(logging.WARNING, logger="freespec"):
-        out = step_through(adapter, [9] * 50)
-        step_through(adapter, [8] * 50)
-    assert out[-1] == [[1, 2, 3]] and type(adapter.proposer).seen_costs[-6:] == [None] * 6
-    assert sum("API 0" in r.message for r in caplog.records) == 1
-    counted = REGISTRY.get_sample_value(
-        "freespec:draft_tokens_total", {"plugin": plugin, "source": "old-source"})
-    assert counted == 18
-    assert REGISTRY.get_sample_value(
-        "freespec:source_seconds_total", {"plugin": plugin, "source": "old-source"}) == pytest.approx(0.012)
-
-
-def test_an_api_0_subclass_of_a_freespec_proposer_keeps_its_parents_drafting():
-    p = OldCopy(CopyProposer.Options(), 4)
-    rows = [Row(0, np.asarray(REPEATS), 1)]
-    drafts = p.draft(rows, StepContext(token_cost=0.0))
-    assert OldCopy.calls == 1 and drafts[0].tokens[:3] == [8, 9, 10]
-    assert p.token_cost == 0.0  # the shim hands API 0 code its bar as before
-
-
 def test_plugin_names_of_the_wrong_form_or_abstract_classes_are_refused_before_any_engine():
     for name in ("..x:y", ":", "a:b:c", "x y:Z"):
         with pytest.raises(UnknownPluginError, match="class path of the form"):
@@ -145,7 +100,9 @@ def test_plugin_names_of_the_wrong_form_or_abstract_classes_are_refused_before_a
         load_proposer_class("os:path")
     with pytest.raises(UnknownPluginError, match="cannot be loaded"):
         load_proposer_class("tests.no_such_module:X")
-    assert load_proposer_class("tests.test_proposer_api:OldStyle").is_concrete()
+    assert load_proposer_class("tests.test_proposer_api:Fixed").is_concrete()
+    with pytest.raises(UnknownPluginError, match="is abstract"):  # API 0's propose(rows) alone no longer drafts
+        load_proposer_class("tests.test_proposer_api:OnlyPropose")
 
 
 @pytest.mark.parametrize("extra, field", [

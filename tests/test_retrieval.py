@@ -10,7 +10,8 @@ from freespec.proposers.retrieval.datastore import FORMAT, SEPARATOR, VERSION, D
 from freespec.proposers.retrieval.proposer import RetrievalOptions, RetrievalProposer
 from freespec.proposers.retrieval.search import continuations, longest_match, sa_range
 from freespec.scorers.calibration import TokenCalibration
-from freespec.scorers.fusion import Candidates, SourceWeights, descend, fuse
+from freespec.proposers.api import Candidates, descend
+from freespec.scorers.fusion import SourceWeights, fuse
 
 FP = "sha256:test"
 

@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 
-from freespec.proposers.base import Draft, EngineInfo, Row, StepContext
+from freespec.proposers.api import Draft, EngineInfo, Row, StepContext
 from freespec.proposers.registry import load_proposer_class
 from freespec.scorers.policy import GoodputPolicy, shape_drafts
 from freespec.scorers.step_aside import StepAside

@@ -14,7 +14,7 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from freespec.proposers.base import EngineInfo, Row, StepContext
+from freespec.proposers.api import EngineInfo, Row, StepContext
 from freespec.testing.plugins import PluginRef, plugin_name
 from freespec.safe_files import loads_json, open_regular
 

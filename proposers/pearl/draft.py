@@ -37,7 +37,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from freespec.proposers.base import Row
+from freespec.proposers.api import Row
 from freespec.proposers.pearl.state import Feed, PearlDrafter
 
 logger = logging.getLogger("freespec")

@@ -36,7 +36,8 @@ from typing import Any, Literal, Optional, Sequence
 from pydantic import Field, field_validator, model_validator
 
 from freespec import settings
-from freespec.proposers.base import Draft, EngineInfo, Proposer, ProposerOptions, Row, StepContext
+from freespec.proposers.api import Draft, EngineInfo, Row, StepContext
+from freespec.proposers.base import Proposer, ProposerOptions
 
 logger = logging.getLogger("freespec")
 # sync_feed_tokens' default: a draft this far behind catches up inside the step in a few draft passes.

@@ -41,7 +41,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from freespec import settings
-from freespec.proposers.base import Row
+from freespec.proposers.api import Row
 
 logger = logging.getLogger("freespec")
 

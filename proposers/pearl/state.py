@@ -45,7 +45,7 @@ from typing import Callable, Optional, Protocol, Sequence
 
 import numpy as np
 
-from freespec.proposers.base import Draft, Row
+from freespec.proposers.api import Draft, Row
 from freespec.scorers.fusion import prefix_chances
 from freespec.scorers.policy import cut
 

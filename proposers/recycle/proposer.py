@@ -51,7 +51,8 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 from freespec.kernels.tree import expand_tree, tree_template
-from freespec.proposers.base import Draft, EngineInfo, Proposer, ProposerOptions, Row, ScoredPositions, StepContext
+from freespec.proposers.api import Draft, EngineInfo, Row, ScoredPositions, StepContext
+from freespec.proposers.base import Proposer, ProposerOptions
 from freespec.proposers.exit_save import save_at_exit
 from freespec.proposers.file_worker import FileWorker, error_kind
 from freespec.option_checks import check_path_options

@@ -23,13 +23,15 @@ import os
 from typing import Optional, Sequence
 
 import numpy as np
-from freespec.proposers.base import Draft, EngineInfo, Proposer, Row, StepContext
+from freespec.proposers.api import Draft, EngineInfo, Row, StepContext
+from freespec.proposers.base import Proposer
 from freespec.proposers.registry import CopySourceOptions, build_proposer
 from freespec.proposers.retrieval.datastore import SEPARATOR, Datastore, read_manifest
 from freespec.proposers.retrieval.search import continuations, longest_match
 from freespec.scorers.acceptance import matched_prefix
 from freespec.scorers.calibration import TokenCalibration
-from freespec.scorers.fusion import Candidates, SourceWeights, fuse_sources
+from freespec.proposers.api import Candidates
+from freespec.scorers.fusion import SourceWeights, fuse_sources
 from pydantic import Field, field_validator, model_validator
 
 logger = logging.getLogger("freespec")
