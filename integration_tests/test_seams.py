@@ -68,6 +68,16 @@ def test_cpu_expand_kernel_patch_makes_per_token_temperatures_right():
 
 
 @needs_override_hook
+def test_a_freespec_worker_fixes_the_expand_kernel_after_vllm_registered_its_overrides():
+    """vLLM registers the CPU overrides before it builds the worker; the adapter's constructor fixes it then."""
+    code = EXPAND_CHECK.format(install="").replace(
+        "from vllm.v1.sample.rejection_sampler import expand_batch_to_tokens",
+        "patches.install_in_worker()\nfrom vllm.v1.sample.rejection_sampler import expand_batch_to_tokens")
+    line = next(x for x in run_python(code).splitlines() if x.startswith("RESULT"))
+    assert json.loads(line.removeprefix("RESULT")) == pytest.approx([0.8, 0.8, 0.5, 0.5, 0.5, 1.0])
+
+
+@needs_override_hook
 def test_cpu_expand_kernel_defect_is_still_there_upstream():
     """Fails when vLLM fixes its CPU fallback: then the patch (and this test) can go."""
     assert expanded("") != pytest.approx([0.8, 0.8, 0.5, 0.5, 0.5, 1.0])
