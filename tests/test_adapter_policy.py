@@ -96,8 +96,8 @@ def test_goodput_is_the_default_also_for_the_stock_vllm_spelling():
         speculative_config=SimpleNamespace(num_speculative_tokens=4),
         model_config=SimpleNamespace(get_vocab_size=lambda: 1000, max_model_len=4096, model="m", tokenizer=None),
     )
-    assert FreespecProposer(cfg).policy is not None
-    assert make_adapter("fixed").policy is None
+    assert FreespecProposer(cfg).control.policy is not None
+    assert make_adapter("fixed").control.policy is None
 
 
 def test_the_adapter_pauses_topk_capture_while_the_proposer_will_not_use_it(monkeypatch):
@@ -151,7 +151,7 @@ def test_drafts_are_padded_to_the_fastest_measured_step_size(monkeypatch):
     assert len(drafts[0]) == 4  # 1 + 4 scored tokens: the fastest size
     assert adapter.stats.padded_tokens > 200 and adapter.stats.padding_accepted >= 0
     off = make_adapter("goodput")
-    off.pad = False
+    off.control.pad = False
     drafts, _ = drive_shaped(off, monkeypatch)
     assert off.stats.padded_tokens == 0 and len(drafts[0]) < 4
 
@@ -162,8 +162,8 @@ def test_a_draft_s_unlikely_last_tokens_are_dropped_where_a_smaller_step_pays_be
     shape = {1: 0.051, 2: 0.055, 3: 0.047, 4: 0.046, 5: 0.060}
     for pad, length in (("auto", 3), ("longer", 4)):
         adapter = make_adapter("goodput")
-        adapter.trim = pad == "auto"
-        monkeypatch.setattr(adapter.policy, "token_cost", lambda rows=None: 0.0)  # no goodput cut: sizing alone
+        adapter.control.trim = pad == "auto"
+        monkeypatch.setattr(adapter.control.policy, "token_cost", lambda rows=None: 0.0)  # no goodput cut: sizing alone
         monkeypatch.setattr(adapter.proposer, "draft",
                             lambda rows, step: [Draft([7, 7, 7, 7], [0.5, 0.25, 0.125, 0.0625]) for _ in rows])
         drafts, _ = drive_shaped(adapter, monkeypatch, steps=800, shape=shape)
@@ -176,7 +176,7 @@ def test_a_draft_s_unlikely_last_tokens_are_dropped_where_a_smaller_step_pays_be
 def test_drafts_are_never_cut_without_the_plugin_s_chances(monkeypatch):
     shape = {1: 0.051, 2: 0.055, 3: 0.047, 4: 0.046, 5: 0.060}
     adapter = make_adapter("goodput")
-    monkeypatch.setattr(adapter.policy, "token_cost", lambda rows=None: 0.0)  # no goodput cut: sizing alone
+    monkeypatch.setattr(adapter.control.policy, "token_cost", lambda rows=None: 0.0)  # no goodput cut: sizing alone
     for chances in (None, [0.5, 0.25]):  # none, too few
         monkeypatch.setattr(adapter.proposer, "draft", lambda rows, step: [Draft([7, 7, 7, 7], chances) for _ in rows])
         drafts, _ = drive_shaped(adapter, monkeypatch, steps=600, shape=shape)
@@ -190,7 +190,7 @@ def test_pad_is_an_adapter_key_checked_at_start():
         translate({"plugin": "copy", "num_speculative_tokens": 4, "pad": "yes"}, None)
     _, extra = translate({"plugin": "copy", "num_speculative_tokens": 4, "pad": "longer"}, None)
     assert next(iter(v for v in extra.values()))["pad"] == "longer"
-    assert not make_adapter("fixed").pad  # padding needs the goodput policy's step times
+    assert not make_adapter("fixed").control.pad  # padding needs the goodput policy's step times
 
 
 def test_padding_copies_what_followed_the_last_token_and_repeats_it_where_that_runs_out():

@@ -347,7 +347,7 @@ def test_the_adapter_exports_the_policys_step_time_fit(monkeypatch):
     plugin = "test_metrics:Fit"
     adapter = adapter_for({"plugin": "copy", "num_speculative_tokens": 4})  # the goodput policy, the default
     adapter.metrics = metrics.PluginMetrics(plugin)
-    monkeypatch.setattr(adapter.policy.model, "fit", lambda at=None: (0.02, 0.003))
+    monkeypatch.setattr(adapter.control.policy.model, "fit", lambda at=None, rows=None: (0.02, 0.003))
     accepting_stepper(adapter)()
     assert sample("freespec:step_time_fit_seconds", plugin=plugin, term="base") == 0.02
     assert sample("freespec:step_time_fit_seconds", plugin=plugin, term="per_token") == 0.003

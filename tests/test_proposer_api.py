@@ -82,7 +82,7 @@ def test_the_adapter_passes_the_step_in_the_call_and_sets_nothing_on_the_propose
 
 def test_the_goodput_price_cuts_what_the_proposer_returns(monkeypatch):
     adapter = adapter_for({"plugin": "tests.test_proposer_api:Fixed", "num_speculative_tokens": 4, "pad": "off"})
-    monkeypatch.setattr(adapter.policy, "token_cost", lambda rows=None: 0.2)
+    monkeypatch.setattr(adapter.control.policy, "token_cost", lambda rows=None: 0.2)
     out = step_through(adapter, [9] * 50)
     assert out[-1] == [[1, 2]]  # 0.125 < 0.2
     assert adapter.proposer.steps[-1].token_cost == 0.2

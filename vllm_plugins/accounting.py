@@ -87,7 +87,7 @@ class StepAccounting:
                     draft_by[PADDING] = draft_by.get(PADDING, 0) + pad
         self.metrics.step(tokens, accepted, drafted > 0, step.plugin_s, draft_by, accepted_by, step.source_seconds)
 
-    def periodic(self, breaker, policy, proposer, extra: str) -> None:
+    def periodic(self, breaker, control, proposer, extra: str) -> None:
         """Export the breaker's state when it changed, the policy's fit and the plugin's file events every
         ``FIT_EVERY_S``, and log the counters every stats interval (``extra``: the adapter's own words)."""
         enabled = breaker.state != "open"
@@ -97,8 +97,7 @@ class StepAccounting:
         now = time.monotonic()
         if now - self._last_fit >= FIT_EVERY_S:
             self._last_fit = now
-            if policy is not None:
-                self.metrics.step_fit(policy.model.fit())
+            self.metrics.step_fit(control.fit())
             try:
                 self.metrics.file_events(proposer.file_events())
             except Exception:

@@ -4,15 +4,16 @@ vLLM builds ``FreespecProposer(vllm_config)`` in each worker and calls
 ``propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, ...)`` once per step. The adapter keys
 requests by vLLM's request ids (``request_ids``; else by their tokens, ``RequestTracker``), calls the
 proposer's ``draft(rows, step)`` with one ``Row`` per batch row and the step's context (the policy's price
-of a draft token), has the policy cut and size what comes back (``scorers.policy.shape_drafts``) and makes it
-safe for vLLM: at most k in-vocabulary token ids per row, none past the model's length limit.
+of a draft token), has the controller cut and size what comes back (``scorers.controller``) and makes it
+safe for vLLM: at most k in-vocabulary token ids per row, none past the model's length limit. Each step is
+one frozen record (``step_record.StepRecord``), read by the next step's measures and by accounting.
 
 A proposer that raises drafts nothing for that step: the text is unchanged (vLLM decodes one token as
 without speculation), the first error is logged with its traceback, later ones are counted. A circuit
 breaker (``breaker.CircuitBreaker``) switches a plugin off for a back-off period when its steps keep
 failing or overrun the step budget, and tries it again. A plugin whose own time does not pay for itself
-(a draft model that does not keep up with the target) steps aside: ``scorers.step_aside.StepAside`` measures
-decoding with and without it and keeps the faster. Counters and metrics: ``accounting``.
+(a draft model that does not keep up with the target) steps aside: the controller measures decoding with and
+without it and keeps the faster (``scorers.step_aside``). Counters and metrics: ``accounting``.
 
 Under tensor parallelism every rank builds this adapter, but vLLM takes drafts from one rank only
 (``ranks.draft_rank``). On the others no proposer is built, so no datastore is mapped, no draft model
@@ -28,12 +29,11 @@ import numpy as np
 
 from freespec.proposers.api import Draft, EngineInfo, Row, StepContext
 from freespec.proposers.registry import load_proposer_class
-from freespec.scorers.policy import GoodputPolicy, shape_drafts
-from freespec.scorers.step_aside import StepAside
+from freespec.scorers.controller import DraftController
 from freespec.vllm_plugins.accounting import (
     PADDING, StepAccounting, accepted_by_source, accepted_tokens, step_tokens,
 )
-from freespec.vllm_plugins.breaker import CircuitBreaker
+from freespec.vllm_plugins.breaker import CircuitBreaker, step_budget_s
 from freespec.vllm_plugins.frontend import ADDITIONAL_CONFIG_KEY, check_additional_config
 from freespec.vllm_plugins.patches import install_in_worker
 from freespec.vllm_plugins.ranks import draft_rank
@@ -68,11 +68,8 @@ class FreespecProposer:
             )
             return
         logger.info("freespec: %s: plugin %r runs here (%s)", where.rank, self.plugin, where.why)
-        # Load-aware draft length (scorers/policy.py): "policy": "goodput", the default; "fixed" turns it off.
-        self.policy = GoodputPolicy() if adapter.policy == "goodput" else None
-        pad = adapter.pad if self.policy is not None else "off"
-        self.pad, self.trim = pad != "off", pad == "auto"
-        self.step_aside = StepAside() if adapter.step_aside else None
+        # Whether drafting pays and how much is drafted: the goodput policy, its padding, step-aside.
+        self.control = DraftController(adapter.policy, adapter.pad, adapter.step_aside)
         self.k = int(spec.num_speculative_tokens)
         self.vocab_size = int(vllm_config.model_config.get_vocab_size())
         self.max_model_len = int(vllm_config.model_config.max_model_len)
@@ -92,29 +89,9 @@ class FreespecProposer:
         self.request_ids = BatchRequestIds()
         self.accounting = StepAccounting(self.plugin)
         self.stats = self.accounting.stats
-        self.breaker = CircuitBreaker(self._step_budget_s(adapter.budget_s, adapter.step_budget_ms is not None),
-                                      self.plugin)
+        self.breaker = CircuitBreaker(
+            step_budget_s(self.proposer, self.plugin, adapter.budget_s, adapter.step_budget_ms is not None), self.plugin)
         logger.info("freespec: plugin %r with k=%d and options %s", self.plugin, self.k, options.model_dump())
-
-    def _step_budget_s(self, budget_s: float, given: bool) -> float:
-        """The breaker's step budget: ``step_budget_ms``, raised to what the plugin's own options make a step
-        take (``Proposer.step_time_needed``) unless the operator set it, who is then warned once."""
-        try:
-            needed = self.proposer.step_time_needed()
-        except Exception:
-            needed = None
-        if not needed or needed[0] <= budget_s:
-            return budget_s
-        seconds, why = needed
-        if given:
-            logger.warning(
-                "freespec: plugin %r: speculative_config 'step_budget_ms' %g is below the %g ms its options "
-                "need (%s): the circuit breaker will switch it off on those steps; raise step_budget_ms or "
-                "leave it unset", self.plugin, budget_s * 1000, seconds * 1000, why)
-            return budget_s
-        logger.info("freespec: plugin %r: step budget %g ms (not 'step_budget_ms' %g): %s",
-                    self.plugin, seconds * 1000, budget_s * 1000, why)
-        return float(seconds)
 
     def load_model(self, target_model) -> None:
         """vLLM hands over the target model; only the ``target_topk`` adapter needs it."""
@@ -146,16 +123,19 @@ class FreespecProposer:
             record = StepRecord(None, keys, nothing, measured=False, token_cost=last.token_cost)
             return self._draft_nothing(record, departed, accepted, accepted_by)
         start = time.perf_counter()
-        if self._steps_aside(n_rows, counted, start):  # no drafts; the policy still learns the plain step
+        own_s = (last.plugin_s or 0.0) if self.proposer.prices_own_time else 0.0
+        drafts_now, cost = self.control.step(n_rows, counted, start, last.started, len(last.keys), last.drafted,
+                                             last.plugin_s or 0.0, own_s, last.token_cost)
+        for change in self.control.changes():
+            logger.info("freespec: plugin %r at %s", self.plugin, change)
+        if self.control.policy is not None:
+            self.metrics.token_cost(cost)
+        if not drafts_now:  # step_aside: no drafts; the policy has learned the plain step all the same
             self.stats.aside_steps += 1
-            cost = self._observe_step(n_rows, counted, start, 0.0) if self.policy is not None else last.token_cost
-            record = StepRecord(start, keys, nothing, prefilling, token_cost=cost)
-            return self._draft_nothing(record, departed, accepted, accepted_by)
-        failure, drafts, cost = None, None, last.token_cost
+            return self._draft_nothing(StepRecord(start, keys, nothing, prefilling, token_cost=cost), departed,
+                                       accepted, accepted_by)
+        failure, drafts = None, None
         try:
-            if self.policy is not None:
-                plugin_s = last.plugin_s or 0.0 if self.proposer.prices_own_time else 0.0
-                cost = self._observe_step(n_rows, counted, start, plugin_s)
             for key in departed:
                 self.proposer.release(key)
             capture = 0.0
@@ -172,9 +152,8 @@ class FreespecProposer:
             rooms = [0 if views[i][1] == 0 else max(0, min(self.k, self.max_model_len - 1 - int(lengths[i])))
                      for i in range(n_rows)]
             checked = [self._checked(d, room) for d, room in zip(drafts, rooms)]
-            shaped = shape_drafts(checked, step.bar(self.proposer.fixed_bar()), self.policy, [v[0] for v in views],
-                                  rooms, self.pad, self.trim)
-            tokens, padding = shaped.tokens, shaped.padding if self.pad else None
+            shaped = self.control.shape(checked, step.bar(self.proposer.fixed_bar()), [v[0] for v in views], rooms)
+            tokens, padding = shaped.tokens, shaped.padding if self.control.pad else None
             self.stats.trimmed_tokens += shaped.trimmed
             self.stats.expected_accepted += shaped.expected
             self.stats.padded_tokens += sum(shaped.padding)
@@ -254,20 +233,6 @@ class FreespecProposer:
         self._periodic()
         return list(record.tokens)
 
-    def _steps_aside(self, rows: int, counted: tuple[int, int] | None, now: float) -> bool:
-        """Feed ``step_aside`` the step that just ran; whether the plugin sits this one out."""
-        if self.step_aside is None:
-            return False
-        last = self.last
-        if last.started is not None and counted is not None:
-            self.step_aside.observe(len(last.keys), last.drafted, now - last.started, counted[1],
-                                    last.plugin_s or 0.0)
-        drafts = self.step_aside.drafts(rows)
-        for change in self.step_aside.changes:
-            logger.info("freespec: plugin %r at %s", self.plugin, change)
-        self.step_aside.changes.clear()
-        return not drafts
-
     def _release(self, keys: list[int]) -> None:
         """Tell the plugin these requests are gone; a plugin that raises is counted, never propagated."""
         for key in keys:
@@ -276,17 +241,6 @@ class FreespecProposer:
             except Exception:
                 self.accounting.error()
 
-    def _observe_step(self, rows: int, counted: tuple[int, int] | None, now: float, plugin_s: float) -> float | None:
-        """Feed the policy the step that just ran (time since the last call less ``plugin_s``, tokens it scored
-        and produced: ``counted``, None for a step that prefilled); the price of a draft token for the step
-        about to be drafted. A plugin that prices its own time (hybrid's sources) leaves it out (``plugin_s``):
-        the fit is the target's step, what verifying one more token costs."""
-        if self.last.started is not None and counted is not None:
-            self.policy.observe_step(counted[0], counted[1], now - self.last.started - plugin_s, rows=rows)
-        cost = self.policy.token_cost(rows=rows)
-        self.metrics.token_cost(cost)
-        return cost
-
     def _wants_target_topk(self) -> bool:
         try:
             return bool(self.proposer.wants_target_topk())
@@ -294,11 +248,11 @@ class FreespecProposer:
             return True  # capture as before; the failing proposer is already counted by propose()
 
     def _periodic(self) -> None:
-        extra = f" token_cost={self.last.token_cost}" if self.policy is not None else ""
+        extra = f" token_cost={self.last.token_cost}" if self.control.policy is not None else ""
         if self.target_topk is not None:
             t = self.target_topk
             extra += f" target_topk steps={t.steps} mismatched={t.mismatched_steps} seconds={t.topk_seconds:.3f}"
-        self.accounting.periodic(self.breaker, self.policy, self.proposer, extra)
+        self.accounting.periodic(self.breaker, self.control, self.proposer, extra)
 
 
 def tokenizer_fingerprint(tokenizer_path: str) -> str:

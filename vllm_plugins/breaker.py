@@ -111,3 +111,24 @@ class CircuitBreaker:
             "next_backoff_s": self.backoff_s,
             "last_reason": self.last_reason,
         }
+
+
+def step_budget_s(proposer, plugin: str, budget_s: float, given: bool) -> float:
+    """The breaker's step budget: ``step_budget_ms`` (``budget_s``), raised to what the plugin's own options make
+    a step take (``Proposer.step_time_needed``) unless the operator set it (``given``), who is then warned once."""
+    try:
+        needed = proposer.step_time_needed()
+    except Exception:
+        needed = None
+    if not needed or needed[0] <= budget_s:
+        return budget_s
+    seconds, why = needed
+    if given:
+        logger.warning(
+            "freespec: plugin %r: speculative_config 'step_budget_ms' %g is below the %g ms its options "
+            "need (%s): the circuit breaker will switch it off on those steps; raise step_budget_ms or "
+            "leave it unset", plugin, budget_s * 1000, seconds * 1000, why)
+        return budget_s
+    logger.info("freespec: plugin %r: step budget %g ms (not 'step_budget_ms' %g): %s",
+                plugin, seconds * 1000, budget_s * 1000, why)
+    return float(seconds)
