@@ -26,6 +26,10 @@ import numpy as np
 from freespec.scorers.acceptance import AcceptanceEstimate
 from freespec.proposers.api import Candidates, Draft
 from freespec.scorers.policy import cut
+from freespec.scorers.tuning import (
+    CHEAP_SHARE, EVIDENCE_STEPS, FEW_EVIDENCE, MIN_EVIDENCE, PRICE_GAP_FACTOR, PRICE_KEEP, PROBE_EVERY, PROBE_SHARE,
+    RESUME_MARGIN, WEIGHT_WINDOW,
+)
 
 
 def fuse(sources: list[Candidates], max_len: int, min_support: float) -> tuple[list[int], list[float], dict[str, int]]:
@@ -165,30 +169,13 @@ class SourceWeights:
             if n > 0:
                 est = self.estimates.setdefault(name, AcceptanceEstimate())
                 est.observe(n, min(accepted, n))
-                if est.successes + est.failures > 4000:
+                if est.successes + est.failures > WEIGHT_WINDOW:
                     est.decay(0.5)
 
     def observe_outcome(self, name: str, matched: int, compared: int) -> None:
         """``name``'s chain was right for ``matched`` tokens of the ``compared`` the target has produced."""
         if compared > 0:
             self.observe({name: compared}, matched)
-
-
-PROBE_EVERY = 32  # a source that does not pay still runs one step in this many, to notice when it would
-MIN_EVIDENCE = 64  # steps a source runs before it can be judged
-# A source slow next to the engine's step (a draft model's chain on a CPU can take longer than the target's
-# step) is judged once its evidence has cost EVIDENCE_STEPS engine steps of time (but after at least
-# FEW_EVIDENCE steps), and probed while paused at most PROBE_SHARE of the time: with MIN_EVIDENCE steps and a
-# probe every PROBE_EVERY such a source would spend a large share of the wall time proving it does not pay.
-EVIDENCE_STEPS = 8.0
-FEW_EVIDENCE = 16
-PROBE_SHARE = 0.02
-RESUME_MARGIN = 1.25  # a paused source resumes only when clearly paying, so one at the margin does not flap
-# A source whose own time is below this share of an engine step is never paused (and resumes at its next
-# probe): it can cost at most 1% of the throughput, while pausing it loses every token only it knows until
-# its next probe (a cheap source such as `suffix` must not be paused for the noise in its tiny cost).
-CHEAP_SHARE = 0.01
-PRICE_KEEP = 1.0 - 1.0 / 64  # exponential weighting of the per-step averages (half-life about 44 steps)
 
 
 @dataclass
@@ -256,7 +243,7 @@ class SourcePricing:
 
     def observe_step(self, seconds: float) -> None:
         """Time since the last step (gaps far longer than usual, such as idle time between requests, are skipped)."""
-        if seconds <= 0 or (self.step_seconds > 0 and seconds > 4 * self.step_seconds):
+        if seconds <= 0 or (self.step_seconds > 0 and seconds > PRICE_GAP_FACTOR * self.step_seconds):
             return
         keep = PRICE_KEEP if self.step_seconds > 0 else 0.0
         self.step_seconds = keep * self.step_seconds + (1 - keep) * seconds

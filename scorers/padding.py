@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-SEARCH_TOKENS = 1024
+from freespec.scorers.tuning import SEARCH_TOKENS
 
 
 def context_padding(tokens: np.ndarray, draft: Sequence[int], n: int) -> list[int]:

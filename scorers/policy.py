@@ -31,35 +31,20 @@ import numpy as np
 from freespec.proposers.api import Draft
 from freespec.scorers.padding import context_padding
 
-HALFLIFE_STEPS = 256.0  # evidence half-life of the step-time fit
-MIN_STEPS = 16  # observations before the fit is trusted
-MIN_SPREAD = 0.5  # tokens: below this standard deviation of T the slope is not identified
-EXPLORE_EVERY = 8  # while it is not, every 8th step drafts as deep as the proposer can, to vary T
-# The fit at a load looks at steps of similar size: an observation one octave of T away counts
-# exp(-1/2) as much, two octaves away exp(-2). Why: step time is not one line. A CPU or GPU is
-# memory-bound at a few tokens a step and compute-bound at many, so the cost of one more token
-# grows with T (docs/policy.md gives the step times measured on the CPU). One line
-# through both regimes under-prices draft tokens in a full batch, which is exactly where a wrong
-# price costs throughput.
-BANDWIDTH_OCTAVES = 1.0
-MIN_LOCAL_WEIGHT = 8.0  # step-equivalents near the load asked about before its fit is trusted
-EXACT_SIZES = 32  # step sizes up to this have a bucket each; above it, eight buckets per octave
-# The fit at a load also looks at steps of about as many requests: at the same number of scored tokens a step
-# of more requests costs more (each request has its own attention, sampling and bookkeeping), so steps of one
-# request beside steps of four at the same sizes would read as a steep per-token slope that is really the cost
-# of the requests. An observation one octave of requests away counts exp(-2) as much; beyond REACH octaves it
-# is left out of that fit (docs/policy.md).
-EXACT_ROWS = 8  # request counts up to this have a group each; above it, four groups per octave
-ROWS_BANDWIDTH_OCTAVES = 0.5
-ROWS_REACH_OCTAVES = 1.5
-# Step size (``GoodputPolicy.step_size``). Step time is not even monotonic in the tokens scored: on some CPUs a
-# step that scores 1 token (no draft) takes longer than one that scores 3 to 6 (docs/policy.md gives measured
-# shapes). A step is padded up to a faster size, or its draft cut down to one, when the expected output per
-# second of that size's measured steps is at least PAD_MARGIN higher.
-PAD_MIN_STEPS = 8  # steps of a size observed before its mean time is trusted
-PAD_MARGIN = 0.03
-PAD_EXPLORE_EVERY = 16  # one call in this many pads to a size observed fewer times, to measure it
-PAD_REFRESH_EVERY = 64  # one call in this many is not padded, so the unpadded size's time stays current
+from freespec.scorers.tuning import (
+    BANDWIDTH_OCTAVES, EXACT_ROWS, EXACT_SIZES, EXPLORE_EVERY, GOODPUT_HALFLIFE_STEPS, HALFLIFE_STEPS, MIN_LOCAL_WEIGHT,
+    MIN_SPREAD, MIN_STEPS, PAD_EXPLORE_EVERY, PAD_MARGIN, PAD_MIN_STEPS, PAD_REFRESH_EVERY, ROWS_BANDWIDTH_OCTAVES,
+    ROWS_GROUPS_PER_OCTAVE, ROWS_REACH_OCTAVES, SIZE_BUCKETS_PER_OCTAVE,
+)
+
+# Why the fit is local. Step time is not one line: a CPU or GPU is memory-bound at a few tokens a step and
+# compute-bound at many, so the cost of one more token grows with T, and one line through both regimes
+# under-prices draft tokens in a full batch, exactly where a wrong price costs throughput; so the fit at a load
+# weighs steps of similar size (BANDWIDTH_OCTAVES). At the same T a step of more requests costs more (each has its
+# own attention, sampling and bookkeeping): steps of one request beside steps of four would read as a steep
+# per-token slope that is the cost of the requests, so it also weighs steps of about as many requests
+# (ROWS_BANDWIDTH_OCTAVES, ROWS_REACH_OCTAVES). Step time is not even monotonic in T: on some CPUs a step scoring
+# 1 token takes longer than one scoring 3 to 6, hence the step size (``GoodputPolicy.step_size``; docs/policy.md).
 
 
 def _log_bucket(value: float, exact: int, per_octave: int) -> int:
@@ -69,12 +54,12 @@ def _log_bucket(value: float, exact: int, per_octave: int) -> int:
 
 def rows_group(rows: int) -> int:
     """Batch sizes grouped: 1 to 8 requests each their own group, then four groups per octave."""
-    return _log_bucket(rows, EXACT_ROWS, 4)
+    return _log_bucket(rows, EXACT_ROWS, ROWS_GROUPS_PER_OCTAVE)
 
 
 def _group_rows(group: int) -> float:
     """The number of requests a group stands for (its centre, above ``EXACT_ROWS``)."""
-    return float(group) if group <= EXACT_ROWS else EXACT_ROWS * 2.0 ** ((group - EXACT_ROWS) / 4)
+    return float(group) if group <= EXACT_ROWS else EXACT_ROWS * 2.0 ** ((group - EXACT_ROWS) / ROWS_GROUPS_PER_OCTAVE)
 
 
 def _decay(steps_since: int) -> float:
@@ -84,7 +69,7 @@ def _decay(steps_since: int) -> float:
 
 def _bucket(tokens: float) -> int:
     """Steps are summarised per size: each T up to ``EXACT_SIZES``, then eight buckets per octave."""
-    return _log_bucket(tokens, EXACT_SIZES, 8)
+    return _log_bucket(tokens, EXACT_SIZES, SIZE_BUCKETS_PER_OCTAVE)
 
 
 @dataclass
@@ -193,7 +178,7 @@ class GoodputPolicy:
             return
         rows = max(1, rows)
         self.model.observe(scored_tokens, seconds, rows)
-        keep = 0.0 if self.rows_per_step == 0.0 else 0.5 ** (1.0 / 32)
+        keep = 0.0 if self.rows_per_step == 0.0 else 0.5 ** (1.0 / GOODPUT_HALFLIFE_STEPS)
         self.output_per_row = keep * self.output_per_row + (1 - keep) * output_tokens / rows
         self.scored_per_row = keep * self.scored_per_row + (1 - keep) * scored_tokens / rows
         self.rows_per_step = keep * self.rows_per_step + (1 - keep) * rows

@@ -45,18 +45,10 @@ from typing import Optional
 
 from freespec.scorers.policy import rows_group
 
-COSTLY_SHARE = 0.05
-PHASE_STEPS = 16
-RECHECK_STEPS = 8
-RECHECK_SHARE = 0.01
-EARLY_STEPS = 4
-WIDE_LOSS = 0.25
-SETTLE_STEPS = 2
-FIRST_RECHECK = 128
-LAST_RECHECK = 2048
-MARGIN = 0.02
-GAP_FACTOR = 4.0  # a step longer than this many times its mode's average is a gap, not a step
-KEEP = 1.0 - 1.0 / PHASE_STEPS  # exponential weighting of a mode's seconds and tokens per step
+from freespec.scorers.tuning import (
+    COSTLY_SHARE, EARLY_STEPS, FIRST_RECHECK, GAP_FACTOR, KEEP, LAST_RECHECK, MARGIN, PHASE_STEPS, RECHECK_SHARE,
+    RECHECK_STEPS, SETTLE_STEPS, WIDE_LOSS,
+)
 
 
 @dataclass
