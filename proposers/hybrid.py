@@ -22,7 +22,7 @@ each prefix is accepted, which the policy cuts where it stops paying for its ver
 Learning is counterfactual: a step's new tokens are the target's own continuation, so every source's
 chain is scored against them (``acceptance.matched_prefix``), whichever chain was verified.
 
-Pricing (``scorers.fusion.SourcePricing``): each source's own seconds per step are weighed against the
+Pricing (``scorers.controller.SourcePricing``): each source's own seconds per step are weighed against the
 tokens only it got right (beyond the best other source), less the right tokens the fused draft lost by
 following it where another source's chain was right (``displaced``), valued at the measured seconds per
 output token. A source that cannot pay stops being run and is probed every ``PROBE_EVERY`` steps; when a
@@ -43,7 +43,9 @@ from freespec.proposers.registry import CopySourceOptions, build_proposer, load_
 from freespec.proposers.suffix_tree import available as suffix_available
 from freespec.scorers.acceptance import matched_prefix
 from freespec.proposers.api import Candidates
-from freespec.scorers.fusion import PROBE_EVERY, SourcePricing, SourceWeights, fuse_sources
+from freespec.scorers.controller import SourcePricing
+from freespec.scorers.fusion import SourceWeights, fuse_sources
+from freespec.scorers.tuning import PROBE_EVERY
 from pydantic import Field, ValidationInfo, create_model, field_validator, model_validator
 
 logger = logging.getLogger("freespec")

@@ -18,7 +18,6 @@ accepted, so a source that is often wrong for this workload counts for less).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import NamedTuple, Optional
 
@@ -26,10 +25,7 @@ import numpy as np
 from freespec.scorers.acceptance import AcceptanceEstimate
 from freespec.proposers.api import Candidates, Draft
 from freespec.scorers.policy import cut
-from freespec.scorers.tuning import (
-    CHEAP_SHARE, EVIDENCE_STEPS, FEW_EVIDENCE, MIN_EVIDENCE, PRICE_GAP_FACTOR, PRICE_KEEP, PROBE_EVERY, PROBE_SHARE,
-    RESUME_MARGIN, WEIGHT_WINDOW,
-)
+from freespec.scorers.tuning import WEIGHT_WINDOW
 
 
 def fuse(sources: list[Candidates], max_len: int, min_support: float) -> tuple[list[int], list[float], dict[str, int]]:
@@ -176,116 +172,3 @@ class SourceWeights:
         """``name``'s chain was right for ``matched`` tokens of the ``compared`` the target has produced."""
         if compared > 0:
             self.observe({name: compared}, matched)
-
-
-@dataclass
-class _Price:
-    seconds: float = 0.0  # this source's own time per step it runs
-    right: float = 0.0  # tokens per step only it got right (beyond the best other source)
-    steps: int = 0  # steps run
-    paused_at: Optional[int] = None
-    cost_at: int = 0  # the step of the last cost observation, and of the last tokens observation
-    right_at: int = 0
-
-
-class SourcePricing:
-    """Which sources pay for themselves: own seconds per step against what only they add.
-
-    The caller reports, per step, the time between engine steps (``observe_step``), each source's
-    own time (``observe_cost``), which sources ran (``step_done``) and, for the rows learned at the
-    start of the next step, the tokens each source alone got right and the tokens produced
-    (``observe_tokens``). A source's value is its unique tokens per step times the seconds one output
-    token takes (step seconds / tokens produced per step). A source whose value stays below its cost
-    after ``MIN_EVIDENCE`` steps (fewer for a source slow next to the step: ``_evidence``) is paused, except
-    the last one running and one cheaper than ``CHEAP_SHARE`` of a step; a paused source runs one step in
-    ``PROBE_EVERY`` (more for a slow one: ``_probe_every``), and is resumed once its value is back above
-    ``RESUME_MARGIN`` times its cost (or its cost below ``CHEAP_SHARE`` of a step).
-    """
-
-    def __init__(self, names: tuple[str, ...]) -> None:
-        self.prices = {name: _Price() for name in names}
-        self.step = 0
-        self.step_seconds = 0.0
-        self.produced = 0.0  # tokens produced per step
-        self._last_run: tuple[str, ...] = ()
-
-    def value(self, name: str) -> float:
-        """Seconds per step the tokens only ``name`` got right are worth."""
-        if self.produced <= 0:
-            return 0.0
-        return self.prices[name].right * self.step_seconds / self.produced
-
-    def runs(self, name: str) -> bool:
-        p = self.prices[name]
-        return p.paused_at is None or (self.step - p.paused_at) % self._probe_every(p) == 0
-
-    def _probe_every(self, p: _Price) -> int:
-        """A paused source's probe interval: ``PROBE_EVERY`` steps, longer for a source whose one step costs
-        more than ``PROBE_SHARE`` of ``PROBE_EVERY`` engine steps."""
-        if self.step_seconds <= 0:
-            return PROBE_EVERY
-        return max(PROBE_EVERY, math.ceil(p.seconds / (PROBE_SHARE * self.step_seconds)))
-
-    def _evidence(self, p: _Price) -> int:
-        """Steps a source runs before it is judged: ``MIN_EVIDENCE``, fewer (not below ``FEW_EVIDENCE``) for a
-        source whose evidence would otherwise cost more than ``EVIDENCE_STEPS`` engine steps of time."""
-        if p.seconds <= 0 or self.step_seconds <= 0:
-            return MIN_EVIDENCE
-        return min(MIN_EVIDENCE, max(FEW_EVIDENCE, math.ceil(EVIDENCE_STEPS * self.step_seconds / p.seconds)))
-
-    def paused(self) -> list[str]:
-        return [name for name, p in self.prices.items() if p.paused_at is not None]
-
-    def describe(self) -> str:
-        """Each source's own ms per step against the ms per step its unique tokens are worth."""
-        return ", ".join(f"{name}: {p.seconds * 1e3:.2f} ms for {self.value(name) * 1e3:.2f} ms"
-                         for name, p in self.prices.items())
-
-    def observe_step(self, seconds: float) -> None:
-        """Time since the last step (gaps far longer than usual, such as idle time between requests, are skipped)."""
-        if seconds <= 0 or (self.step_seconds > 0 and seconds > PRICE_GAP_FACTOR * self.step_seconds):
-            return
-        keep = PRICE_KEEP if self.step_seconds > 0 else 0.0
-        self.step_seconds = keep * self.step_seconds + (1 - keep) * seconds
-
-    def _keep(self, since: int, observed: bool) -> float:
-        """What an average last updated at step ``since`` keeps at this step: it ages by engine steps, not by
-        the steps its source ran, so a paused source's estimates (a start-up spike in its cost, say) give way
-        to its next probes instead of lasting for thousands of steps."""
-        return PRICE_KEEP ** max(1, self.step - since) if observed else 0.0
-
-    def observe_cost(self, name: str, seconds: float) -> None:
-        p = self.prices[name]
-        keep = self._keep(p.cost_at, p.steps > 0)
-        p.seconds = keep * p.seconds + (1 - keep) * seconds
-        p.cost_at = self.step
-
-    def observe_tokens(self, right: dict[str, int], produced: int) -> None:
-        """Unique right tokens of the last step's sources; each one that ran counts, contributing or not."""
-        if not self._last_run or produced <= 0:
-            return
-        keep = PRICE_KEEP if self.produced > 0 else 0.0
-        self.produced = keep * self.produced + (1 - keep) * produced
-        for name in self._last_run:
-            p = self.prices[name]
-            k = self._keep(p.right_at, p.steps > 0)
-            p.right = k * p.right + (1 - k) * right.get(name, 0)
-            p.right_at = self.step
-            p.steps += 1
-        self._judge()
-
-    def step_done(self, ran: tuple[str, ...]) -> None:
-        self._last_run = ran
-        self.step += 1
-
-    def _judge(self) -> None:
-        for name in self._last_run:
-            p = self.prices[name]
-            value = self.value(name)
-            cheap = p.seconds < CHEAP_SHARE * self.step_seconds
-            pays = cheap or value >= p.seconds
-            if p.paused_at is not None and (cheap or value >= RESUME_MARGIN * p.seconds):
-                p.paused_at = None
-            elif (p.paused_at is None and not pays and p.steps >= self._evidence(p)
-                  and any(q.paused_at is None for other, q in self.prices.items() if other != name)):
-                p.paused_at = self.step

@@ -2,7 +2,7 @@
 
 Three measures share them: the goodput policy (``policy``: step-time fit, price of a draft token, step size
 and padding), step-aside (``step_aside``: plain decoding against drafting, per batch size) and source pricing
-(``fusion.SourcePricing``: which of hybrid's sources pay for their time). Their modules import these names and
+(``controller.SourcePricing``: which of hybrid's sources pay for their time). Their modules import these names and
 define none of their own (a test holds them to it). Why each value is what it is: docs/policy.md and the
 docstrings of the class that reads it.
 """
@@ -44,7 +44,7 @@ MARGIN = 0.02  # drafting is kept on a tie within this share of plain decoding's
 GAP_FACTOR = 4.0  # a step longer than this many times its mode's average is a gap, not a step
 KEEP = 1.0 - 1.0 / PHASE_STEPS  # exponential weighting of a mode's seconds and tokens per step
 
-# -- Source pricing (fusion.SourcePricing, fusion.SourceWeights) -----------------------------------------------------
+# -- Source pricing (controller.SourcePricing, fusion.SourceWeights) --------------------------------------------------
 PROBE_EVERY = 32  # a source that does not pay still runs one step in this many, to notice when it would
 MIN_EVIDENCE = 64  # steps a source runs before it can be judged
 # A source slow next to the engine's step (a draft model's chain on a CPU) would spend a large share of the wall

@@ -6,9 +6,10 @@ from freespec.scorers.policy import cut
 from freespec.proposers import hybrid as hybrid_module
 from freespec.proposers.hybrid import DEFAULT_SOURCES, HybridOptions, HybridProposer, displaced
 from freespec.proposers.suffix_tree import available as suffix_available
-from freespec.scorers import fusion
+from freespec.scorers import fusion, tuning
 from freespec.proposers.api import Candidates
-from freespec.scorers.fusion import SourcePricing, fuse
+from freespec.scorers.controller import SourcePricing
+from freespec.scorers.fusion import fuse
 from pydantic import ValidationError
 
 
@@ -219,7 +220,7 @@ def test_one_chain_fuses_as_the_general_descent_does():
 
 def test_pricing_pauses_a_source_that_adds_nothing_and_resumes_it_when_it_does():
     pricing = SourcePricing(("a", "b"))
-    for _ in range(fusion.MIN_EVIDENCE + 1):
+    for _ in range(tuning.MIN_EVIDENCE + 1):
         pricing.observe_step(0.05)
         pricing.observe_tokens({"a": 1, "b": 0}, 2)  # only a is ever right on its own
         for name in ("a", "b"):
@@ -228,15 +229,15 @@ def test_pricing_pauses_a_source_that_adds_nothing_and_resumes_it_when_it_does()
         pricing.step_done(tuple(n for n in ("a", "b") if pricing.runs(n)))
     assert pricing.paused() == ["b"]
     ran = []
-    for _ in range(4 * fusion.PROBE_EVERY):
+    for _ in range(4 * tuning.PROBE_EVERY):
         pricing.observe_step(0.05)
         pricing.observe_tokens({"a": 0, "b": 1} if "b" in pricing._last_run else {"a": 0}, 2)
         run = tuple(n for n in ("a", "b") if pricing.runs(n))
         ran.append("b" in run)
         pricing.step_done(run)
-    assert sum(ran[: fusion.PROBE_EVERY]) == 1  # paused: one probe
+    assert sum(ran[: tuning.PROBE_EVERY]) == 1  # paused: one probe
     assert pricing.paused() == ["a"] or pricing.paused() == []  # b pays again and runs
-    assert all(ran[-fusion.PROBE_EVERY:])
+    assert all(ran[-tuning.PROBE_EVERY:])
 
 
 def test_a_source_slow_next_to_the_step_is_judged_sooner_and_probed_less_often():
@@ -252,8 +253,8 @@ def test_a_source_slow_next_to_the_step_is_judged_sooner_and_probed_less_often()
                 pricing.observe_cost(name, 0.2 if name == "draft" else 0.001)
         pricing.step_done(tuple(n for n in ("a", "draft") if pricing.runs(n)))
         steps += 1
-        assert steps < fusion.MIN_EVIDENCE
-    assert steps == fusion.FEW_EVIDENCE + 1  # judged on the step after its 16th
+        assert steps < tuning.MIN_EVIDENCE
+    assert steps == tuning.FEW_EVIDENCE + 1  # judged on the step after its 16th
     probes = 0
     for _ in range(590):
         pricing.observe_step(0.17)
@@ -266,7 +267,7 @@ def test_a_source_slow_next_to_the_step_is_judged_sooner_and_probed_less_often()
 
 def test_pricing_never_pauses_the_last_source():
     pricing = SourcePricing(("a",))
-    for _ in range(2 * fusion.MIN_EVIDENCE):
+    for _ in range(2 * tuning.MIN_EVIDENCE):
         pricing.observe_step(0.05)
         pricing.observe_tokens({}, 1)
         pricing.observe_cost("a", 0.01)
@@ -291,13 +292,13 @@ def test_hybrid_stops_running_a_source_that_never_contributes_and_resumes_it(mon
 
     monkeypatch.setattr(p.sources["recycle"], "candidates", timed)
     tokens = [1, 2, 3]
-    for i in range(fusion.MIN_EVIDENCE + 8):  # fresh tokens: copy finds nothing, recycle has learned nothing
+    for i in range(tuning.MIN_EVIDENCE + 8):  # fresh tokens: copy finds nothing, recycle has learned nothing
         tokens.append(100 + i)
         clock[0] += 0.05
         p.propose([row(0, tokens)])
     assert p.pricing.paused() == ["recycle"]
     calls.clear()
-    for i in range(fusion.PROBE_EVERY):
+    for i in range(tuning.PROBE_EVERY):
         tokens.append(200 + i)
         clock[0] += 0.05
         p.propose([row(0, tokens)])
@@ -307,7 +308,7 @@ def test_hybrid_stops_running_a_source_that_never_contributes_and_resumes_it(mon
     top = np.stack([(vocab + 1) % 1000] + [vocab] * 7, axis=1).astype(np.int32)
     p.observe(ScoredPositions(vocab, top, np.tile(np.array([0.99] + [0.0] * 7, np.float32), (1000, 1))))
     tokens, new, resumed = [400], 1, False
-    for _ in range(3 * fusion.PROBE_EVERY):
+    for _ in range(3 * tuning.PROBE_EVERY):
         clock[0] += 0.05
         draft = p.propose([row(1, tokens, num_new=new)])[0]
         new = len(draft) + 1  # the target agrees with recycle: every draft token is accepted
@@ -322,7 +323,7 @@ def test_pricing_does_not_flap_for_a_source_at_the_margin():
     pricing._last_run = ("a", "b")
     for name in ("a", "b"):
         price = pricing.prices[name]
-        price.steps, price.seconds, price.right = fusion.MIN_EVIDENCE, 0.001, 0.022  # worth 1.1 ms for 1 ms
+        price.steps, price.seconds, price.right = tuning.MIN_EVIDENCE, 0.001, 0.022  # worth 1.1 ms for 1 ms
     pricing.prices["b"].paused_at = 0
     pricing._judge()
     assert pricing.paused() == ["b"]  # paying, but not clearly: a paused source stays paused ...
@@ -387,10 +388,10 @@ def run_rival(monkeypatch, steps: int):
 
 
 def test_hybrid_pauses_a_source_whose_wrong_chains_displace_more_than_its_own_tokens_add(monkeypatch):
-    assert run_rival(monkeypatch, 4 * fusion.MIN_EVIDENCE).pricing.paused() == ["copy"]
+    assert run_rival(monkeypatch, 4 * tuning.MIN_EVIDENCE).pricing.paused() == ["copy"]
     # Without charging what it displaces, the same rival pays for itself and keeps running.
     monkeypatch.setattr(hybrid_module, "displaced", lambda *args: {})
-    assert run_rival(monkeypatch, 4 * fusion.MIN_EVIDENCE).pricing.paused() == []
+    assert run_rival(monkeypatch, 4 * tuning.MIN_EVIDENCE).pricing.paused() == []
 
 
 def test_recycle_is_charged_the_top_k_captured_for_it():
@@ -431,7 +432,7 @@ def test_pricing_never_pauses_a_source_cheaper_than_one_percent_of_a_step():
     """A source at 0.1 ms a step (vLLM-suffix-like, against a 40 ms step) whose worth is below zero (its wrong
     chains displace another source's right ones) keeps running; the same source at 1 ms a step is paused.
     A cheap source paused before its cost fell resumes at its next probe."""
-    def run(cost_b, steps=fusion.MIN_EVIDENCE + 1, pricing=None):
+    def run(cost_b, steps=tuning.MIN_EVIDENCE + 1, pricing=None):
         pricing = pricing or SourcePricing(("a", "b"))
         for _ in range(steps):
             pricing.observe_step(0.04)
@@ -445,4 +446,4 @@ def test_pricing_never_pauses_a_source_cheaper_than_one_percent_of_a_step():
     assert run(0.0001).paused() == []
     dear = run(0.001)
     assert dear.paused() == ["b"]
-    assert run(0.0001, 4 * fusion.PROBE_EVERY, dear).paused() == []
+    assert run(0.0001, 4 * tuning.PROBE_EVERY, dear).paused() == []
