@@ -29,6 +29,7 @@ import numpy as np
 
 from freespec.proposers.api import Draft, EngineInfo, Row, StepContext
 from freespec.proposers.registry import load_proposer_class
+from freespec.proposers.vocab import vocab_fingerprint
 from freespec.scorers.controller import DraftController
 from freespec.vllm_plugins.accounting import (
     PADDING, StepAccounting, accepted_by_source, accepted_tokens, step_tokens,
@@ -257,8 +258,6 @@ class FreespecProposer:
 
 def tokenizer_fingerprint(tokenizer_path: str) -> str:
     """Identity of a tokenizer's vocabulary, for files learned with one model and loaded with another."""
-    from transformers import AutoTokenizer
-
-    from freespec.proposers.vocab import vocab_fingerprint
+    from transformers import AutoTokenizer  # heavy: only proposers with files learned per tokenizer ask
 
     return vocab_fingerprint(AutoTokenizer.from_pretrained(tokenizer_path).get_vocab())

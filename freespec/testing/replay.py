@@ -15,6 +15,7 @@ from typing import Any, Optional, Union
 import numpy as np
 
 from freespec.proposers.api import EngineInfo, Row, StepContext
+from freespec.proposers.registry import load_proposer_class
 from freespec.testing.plugins import PluginRef, plugin_name
 from freespec.safe_files import loads_json, open_regular
 
@@ -98,8 +99,6 @@ def replay_tokens_per_forward(plugin: PluginRef, options: Optional[Mapping[str, 
     fixed bar). ``vocab_size`` (default: one past the largest id recorded) and ``model`` are what ``bind`` gets.
     ``memory``: one proposer for all outputs, in order, as one server (False: a fresh one for each).
     """
-    from freespec.proposers.registry import load_proposer_class
-
     pairs = _pairs(recorded)
     assert pairs, "no recorded outputs to replay"
     cls = load_proposer_class(plugin_name(plugin))
