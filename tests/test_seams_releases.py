@@ -370,6 +370,7 @@ def test_spec_metrics_probe_names_a_renamed_metric(monkeypatch, tmp_path):
     for name in ("vllm", "vllm.v1"):
         monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
     monkeypatch.setitem(sys.modules, "vllm.v1.spec_decode", pkg)
+    monkeypatch.setitem(sys.modules, "vllm.v1.spec_decode.metrics", metrics)
     result = probes.probe_spec_metrics()
     assert not result.ok and "vllm:spec_decode_num_drafts" in result.detail
 
