@@ -118,10 +118,9 @@ class FreespecProposer:
                                              last.by_key(last.padding, keys, 0))
             self.stats.padding_accepted += accepted_by.get(PADDING, 0)
         prefilling = frozenset(key for key, (_, num_new) in zip(keys, views) if num_new == 0)
-        nothing = [[] for _ in range(n_rows)]
         if not self.breaker.allow():  # no drafts, nothing asked of the plugin but freeing departed requests
             self.stats.skipped_steps += 1
-            record = StepRecord(None, keys, nothing, measured=False, token_cost=last.token_cost)
+            record = StepRecord(None, keys, [[] for _ in keys], measured=False, token_cost=last.token_cost)
             return self._draft_nothing(record, departed, accepted, accepted_by)
         start = time.perf_counter()
         own_s = (last.plugin_s or 0.0) if self.proposer.prices_own_time else 0.0
@@ -133,8 +132,8 @@ class FreespecProposer:
             self.metrics.token_cost(cost)
         if not drafts_now:  # step_aside: no drafts; the policy has learned the plain step all the same
             self.stats.aside_steps += 1
-            return self._draft_nothing(StepRecord(start, keys, nothing, prefilling, token_cost=cost), departed,
-                                       accepted, accepted_by)
+            return self._draft_nothing(StepRecord(start, keys, [[] for _ in keys], prefilling, token_cost=cost),
+                                       departed, accepted, accepted_by)
         failure, drafts = None, None
         try:
             for key in departed:
@@ -167,7 +166,7 @@ class FreespecProposer:
             self.accounting.error()
             if self.stats.errors == 1:
                 logger.exception("freespec: plugin %r failed; this step drafts nothing (logged once)", self.plugin)
-            tokens, padding, sources, seconds_by = nothing, None, None, None
+            tokens, padding, sources, seconds_by = [[] for _ in keys], None, None, None
         if self.target_topk is not None:
             self.target_topk.active = self._wants_target_topk()
         seconds = time.perf_counter() - start
@@ -223,7 +222,7 @@ class FreespecProposer:
         return self.breaker.state_dict()
 
     def _draft_nothing(self, record: StepRecord, departed: list[int], accepted: int,
-                       accepted_by: dict[str, int] | None) -> list[list[int]]:
+                       accepted_by: dict[str, int] | None):
         """The end of a step the plugin was not asked to draft for (breaker open, or stepped aside): departed
         requests freed, nothing else asked of it."""
         self._release(departed)
@@ -232,7 +231,7 @@ class FreespecProposer:
         self.last = record
         self.accounting.count(record, accepted, accepted_by)
         self._periodic()
-        return list(record.tokens)
+        return record.tokens
 
     def _release(self, keys: list[int]) -> None:
         """Tell the plugin these requests are gone; a plugin that raises is counted, never propagated."""
