@@ -1,4 +1,5 @@
-"""``freespec doctor``: vLLM version, seam probe report, usable plugins, plugins other packages install."""
+"""``freespec doctor``: vLLM version, seam probe report, each patch's state, usable plugins, plugins other packages
+install."""
 from __future__ import annotations
 
 import argparse
