@@ -14,12 +14,13 @@
 """
 from __future__ import annotations
 
+import json
 import os
 import types
 import typing
 from typing import Annotated, Any
 
-from freespec.safe_files import short
+from freespec.safe_files import clip, short
 
 
 def check_path_option(path: str, field: str = "path") -> str:
@@ -109,8 +110,8 @@ def refuse_string_numbers(model_cls, data: Any) -> Any:
         for name, value in data.items():
             field = model_cls.model_fields.get(name) if isinstance(name, str) else None
             if field is not None and _boolean_as_number(field.annotation, value):
-                raise ValueError(f"option {name!r} takes a JSON number, got {short(value)}: a boolean is never "
-                                 "taken as a number")
+                raise ValueError(f"option {name!r} takes a JSON number, got {clip(json.dumps(value, default=str))}: "
+                                 "a boolean is never taken as a number")
             if (field is not None and isinstance(value, str) and _takes_only_numbers(field.annotation)
                     and _would_convert(value)):  # other strings: pydantic refuses them, naming the field
                 raise ValueError(f"option {name!r} takes a JSON number or boolean, got the string {short(value)} "

@@ -344,6 +344,9 @@ CASES: list[Case] = [
     Case("plain spelling: an unknown key `\"polcy\"`", "polcy",
          lambda d: {"plugin": "copy", "options": {}, "polcy": "fixed"}, plain=True),
     Case("`step_aside: \"yes\"` (a string)", "'step_aside'", lambda d: spec("copy", step_aside="yes")),
+    # issue 67: a boolean is not a number, for every plugin's options
+    Case("copy: `min_match: true` (a boolean)", "'min_match'", lambda d: spec("copy", min_match=True)),
+    Case("recycle: `tree_widths: [4, true]`", "'tree_widths'", lambda d: spec("recycle", tree_widths=[4, True])),
 ]
 
 
