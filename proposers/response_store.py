@@ -53,7 +53,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from freespec.proposers.file_worker import FileWorker, error_kind
-from freespec.safe_files import clip, fsync_directory, open_regular, process_alive, short
+from freespec.safe_files import clip, create_new, fsync_directory, open_regular, process_alive, short
 
 logger = logging.getLogger("freespec")
 
@@ -143,9 +143,9 @@ def write_store(path: str, stored: Stored, *, fingerprint: str, vocab_size: int)
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     # 0666 and not mkstemp's 0600: the umask applies as to any new file (0644 under 022), so a replica
     # running as another user can read it.
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+    handle = create_new(tmp, "wb", perms=0o666)  # O_EXCL | O_NOFOLLOW: never through a planted link
     try:
-        with os.fdopen(fd, "wb") as f:
+        with handle as f:
             h = hashlib.sha256()
 
             def put(data) -> None:
