@@ -360,3 +360,41 @@ def test_bounded_reading_gives_the_documents_whole_reading(tmp_path, monkeypatch
     pieces = list(readers.read_file(tmp_path / "a.txt", None, print))
     assert all(p.text is None or len(p.text) <= piece for p in pieces)
     assert sum(p.nbytes for p in pieces) == len(text.encode("utf-8"))
+
+
+@pytest.mark.parametrize("shard_tokens", [37, 1000, 1 << 20])
+def test_documents_in_pieces_build_the_same_datastore_as_whole_ones(tmp_path, monkeypatch, shard_tokens):
+    import random
+
+    from freespec.proposers.retrieval import readers
+    from freespec.proposers.retrieval.build import build_datastore
+
+    rng = random.Random(shard_tokens)
+    texts = ["".join(rng.choice("ab c\n") for _ in range(rng.choice([1, 5, 30, 36, 90]))).strip() or "z"
+             for _ in range(60)]
+    corpus = _records(tmp_path / "c.jsonl", [json.dumps({"text": t}) for t in texts])
+    (tmp_path / "p.txt").write_text("one paragraph " * 40 + "\n\n" + "x" * 75 + "\n")
+    options = dict(tokenizer_name="c", fingerprint="f", vocab_size=1000, progress=False, shard_tokens=shard_tokens)
+    whole = build_datastore([str(corpus), str(tmp_path / "p.txt")], tmp_path / "whole", char_tokenize, **options)
+    monkeypatch.setattr(readers, "PIECE_CHARS", 7)
+    pieces = build_datastore([str(corpus), str(tmp_path / "p.txt")], tmp_path / "pieces", char_tokenize, **options)
+    assert pieces["shards"] == whole["shards"] and pieces["documents"] == whole["documents"] == 62
+
+
+def test_links_planted_beside_a_datastore_are_neither_followed_nor_removed(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious").write_text("keep me")
+    (tmp_path / ".ds.building-1-planted").symlink_to(outside)
+    (tmp_path / ".ds.old-planted").symlink_to(outside)
+    (tmp_path / ".ds.building-2-file").write_text("not a folder")
+    small_datastore(tmp_path)
+    assert (outside / "precious").read_text() == "keep me"
+    assert (tmp_path / ".ds.building-1-planted").is_symlink() and (tmp_path / ".ds.old-planted").is_symlink()
+    assert (tmp_path / ".ds.building-2-file").read_text() == "not a folder"
+    (tmp_path / "ds2").symlink_to(outside)
+    from freespec.proposers.retrieval.readers import BuildError
+
+    with pytest.raises(BuildError, match="ds2 exists and is not a directory"):
+        small_datastore(tmp_path, "ds2")
+    assert sorted(p.name for p in outside.iterdir()) == ["precious"]
