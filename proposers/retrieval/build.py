@@ -386,7 +386,8 @@ def build_datastore(
     ``tokenize`` maps a batch of texts to their token ids (no special tokens). ``shard_tokens``
     bounds a shard (documents plus separators); memory while building is about 4 bytes per
     shard token for the buffer plus 16 for libdivsufsort's byte-level suffix array (32 above
-    536,870,911 tokens per shard). A non-empty ``out_dir`` is refused unless ``force``, and even
+    536,870,911 tokens per shard), and at most ``MEMORY_BOUND_BYTES`` more whatever the input's shape
+    (documents are tokenized in bounded pieces, ``readers``). A non-empty ``out_dir`` is refused unless ``force``, and even
     then only when it holds nothing but datastore files. ``roles`` and ``exclude``: see the
     module docstring. A bad record (invalid JSON, no text, a lone surrogate, a text the tokenizer refuses)
     stops the build with an ``InputError`` naming its file and line (or record), or, with
