@@ -6,10 +6,11 @@ import json
 import sys
 from pathlib import Path
 
-from freespec.bench.prometheus import parse_prometheus_text, sum_metric
+from freespec.bench.prometheus import Samples, parse_prometheus_text, sum_metric
 from freespec.bench.server import Server, free_port
+from freespec.testing.engines import COPY_HEAVY
 
-__all__ = ["free_port", "metric", "serve_args", "serve_command", "start_server"]
+__all__ = ["chat", "free_port", "metric", "scrape", "serve_args", "serve_command", "start_server", "value"]
 
 
 def serve_command() -> list[str]:
@@ -44,3 +45,22 @@ def start_server(model: str, spec: dict | None, log_path: Path, memory: float = 
         server.stop()
         raise
     return server
+
+
+def scrape(server) -> Samples:
+    return parse_prometheus_text(server.metrics_text())
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    """Sum of ``name`` over the label sets that hold ``labels`` (0 when absent)."""
+    return sum(v for got, v in samples.get(name, []) if all(got.get(k) == want for k, want in labels.items()))
+
+
+def chat(server, model: str, max_tokens: int) -> str:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{server.base_url}/v1", api_key="none")
+    reply = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": COPY_HEAVY}], max_tokens=max_tokens, temperature=0
+    )
+    return reply.choices[0].message.content
