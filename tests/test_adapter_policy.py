@@ -225,3 +225,17 @@ def test_padding_is_its_own_source_in_the_metrics(monkeypatch):
     accepted = sum(a[5].get(PADDING_NAME, 0) for a in counted if a[5])
     assert drafted == adapter.stats.padded_tokens > 0 and accepted == adapter.stats.padding_accepted
     assert all(a[4].get("copy", 0) + a[4].get(PADDING_NAME, 0) == a[0] for a in counted if a[4])
+
+
+def test_a_failing_controller_drafts_nothing_for_that_step_and_never_stops_the_engine(monkeypatch):
+    adapter = make_adapter("goodput")
+
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("controller bug")
+
+    monkeypatch.setattr(adapter.control, "step", broken)
+    tokens = np.tile(np.arange(20, dtype=np.int32), 10)[None, :]
+    for n in (100, 101, 102):
+        drafts = adapter.propose([[int(tokens[0, n - 1])]], np.array([n], dtype=np.int32), tokens)
+        assert drafts == [[]]
+    assert adapter.stats.errors == 3

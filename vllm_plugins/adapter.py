@@ -124,8 +124,15 @@ class FreespecProposer:
             return self._draft_nothing(record, departed, accepted, accepted_by)
         start = time.perf_counter()
         own_s = (last.plugin_s or 0.0) if self.proposer.prices_own_time else 0.0
-        drafts_now, cost = self.control.step(n_rows, counted, start, last.started, len(last.keys), last.drafted,
-                                             last.plugin_s or 0.0, own_s, last.token_cost)
+        try:  # the controller is freespec's code, not the plugin's, but it may not stop the engine either
+            drafts_now, cost = self.control.step(n_rows, counted, start, last.started, len(last.keys),
+                                                 last.drafted, last.plugin_s or 0.0, own_s, last.token_cost)
+        except Exception:
+            self.accounting.error()
+            if self.stats.errors == 1:
+                logger.exception("freespec: the draft controller failed; this step drafts nothing (logged once)")
+            return self._draft_nothing(StepRecord(None, keys, [[] for _ in keys], measured=False,
+                                                  token_cost=last.token_cost), departed, accepted, accepted_by)
         for change in self.control.changes():
             logger.info("freespec: plugin %r at %s", self.plugin, change)
         if self.control.policy is not None:
