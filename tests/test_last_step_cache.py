@@ -201,6 +201,7 @@ def test_the_general_plugin_wraps_the_scheduler_only_for_a_freespec_engine_or_th
     monkeypatch.setattr(patches, "install_frontend", lambda: None)
     monkeypatch.setattr(patches, "install_cpu_expand_fix", lambda: None)
     monkeypatch.setattr(patches, "install_prometheus_multiproc", lambda: None)  # this process's environment stays
+    monkeypatch.setattr(patches, "install_cache_salt_scope", lambda: None)  # tests/test_cache_salt_scope.py
     monkeypatch.setattr("sys.argv", ["vllm", "serve", "m"])
     patches.install_all()
     assert getattr(Scheduler._free_request, "_freespec", False) is installed

@@ -126,6 +126,7 @@ def recorded(monkeypatch):
         monkeypatch.setattr(patches, f"install_{name}", lambda name=name: installed.append(name))
     # A stand-in, so vLLM's real Scheduler in this test process stays as vLLM ships it.
     monkeypatch.setattr(patches, "install_last_step_cache", lambda: installed.append("last_step_cache"))
+    monkeypatch.setattr(patches, "install_cache_salt_scope", lambda: installed.append("cache_salt_scope"))
     for name in ("FREESPEC_DISABLE_PATCHES", "FREESPEC_FIX_VLLM", "FREESPEC_PLUGIN_ENGINE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(sys, "argv", ["vllm", "serve", "model"])
@@ -159,7 +160,7 @@ def test_a_freespec_plugin_on_the_command_line_turns_on_the_metrics_directory(re
 def test_the_engine_of_a_freespec_plugin_gets_its_patches(recorded, monkeypatch):
     monkeypatch.setenv("FREESPEC_PLUGIN_ENGINE", "copy")  # set by the front-end, inherited by the engine
     patches.install_all()
-    assert recorded == ["frontend", "prometheus_multiproc", "last_step_cache"]
+    assert recorded == ["frontend", "prometheus_multiproc", "last_step_cache", "cache_salt_scope"]
 
 
 @pytest.mark.parametrize("opt_in, expected", [

@@ -96,6 +96,11 @@ FILES = {
                 return np.repeat(num_sampled_tokens, 2)
     """,
     "v1/worker/gpu_input_batch.py": """
+        @dataclass
+        class CachedRequestState:
+            req_id: str
+            sampling_params: SamplingParams | None
+
         class InputBatch:
             @property
             def req_ids(self):
@@ -127,8 +132,28 @@ FILES = {
     """,
     "v1/core/sched/scheduler.py": """
         class Scheduler:
+            def add_request(self, request):
+                self.waiting.add_request(request)
+
             def _free_request(self, request, delay_free_blocks=False):
                 return None, None
+    """,
+    "v1/request.py": """
+        class Request:
+            def __init__(self, request_id, sampling_params, cache_salt=None):
+                self.sampling_params = sampling_params
+                self.cache_salt: str | None = cache_salt
+    """,
+    "sampling_params.py": """
+        class SamplingParams:
+            max_tokens: int | None = 16
+            extra_args: dict[str, Any] | None = None
+    """,
+    "v1/core/sched/output.py": """
+        @dataclass
+        class NewRequestData:
+            req_id: str
+            sampling_params: SamplingParams | None
     """,
     "v1/core/kv_cache_manager.py": """
         class KVCacheManager:
@@ -204,6 +229,7 @@ MOVES = {
     "vllm_cli": ("entrypoints/cli/main.py", "def main():", "def main(argv):"),
     "draft_rank": ("v1/executor/multiproc_executor.py", "unique_reply_rank=self.output_rank", "timeout=5"),
     "request_ids": ("v1/worker/gpu_input_batch.py", "def req_ids", "def request_ids"),
+    "cache_salt": ("v1/request.py", "self.cache_salt: str | None = cache_salt", "self.salt = cache_salt"),
     "last_step_cache": ("v1/core/kv_cache_manager.py", "def cache_blocks(self, request, num_computed_tokens)",
                         "def cache_blocks(self, request, num_tokens)"),
 }

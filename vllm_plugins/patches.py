@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from freespec.vllm_plugins import metrics, probes
+from freespec.vllm_plugins.request_ids import SCOPE_ARG, scope_of
 
 from freespec import settings
 
@@ -89,6 +90,17 @@ PATCHES = (
         "the fix); only when the speculative config asks for a freespec plugin",
         "freespec serve and the general plugin, for a freespec plugin only", "metrics_registry",
         install="install_prometheus_multiproc",
+    ),
+    Patch(
+        "cache_salt_scope",
+        "vLLM 0.32 keeps a request's cache_salt in the engine core, where the worker that drafts never sees it; "
+        "Scheduler.add_request is wrapped to write each request's scope (a hash of its cache_salt; the shared scope "
+        "without one) into its sampling params' extra_args, overwriting any the client sent, which reach the "
+        "worker (see request_ids.request_scopes); disabled or moved: with \"scope\": \"salt\" nothing is learned "
+        "across requests",
+        "the engine core of a freespec engine", "cache_salt",
+        upstream="none: the drafter seam passes no request identity (docs/security.md)",
+        install="install_cache_salt_scope",
     ),
     Patch(
         "last_step_cache",
@@ -163,7 +175,7 @@ def plugin_engine_started(plugin: str) -> None:
     (``settings.PLUGIN_ENGINE_ENV``), and install here what a freespec engine gets (an in-process engine core
     runs its scheduler here; a forked one inherits it)."""
     os.environ[settings.PLUGIN_ENGINE_ENV] = str(plugin)
-    for name in ("prometheus_multiproc", "last_step_cache"):
+    for name in ("prometheus_multiproc", "last_step_cache", "cache_salt_scope"):
         _install(name)
 
 
@@ -406,6 +418,56 @@ def install_last_step_cache() -> bool:
     return True
 
 
+# ---------------------------------------------------------------- patch: each request's scope reaches the worker
+def stamp_scope(scheduler, request) -> bool:
+    """Named patch ``cache_salt_scope``: write the request's scope (``request_ids.scope_of`` its ``cache_salt``)
+    into a fresh copy of its sampling params' ``extra_args``, which vLLM sends to the worker with the request.
+    Any value a client put under that key is overwritten, so a request cannot name another tenant's scope.
+    Acts only in a freespec engine (``uses_freespec``, decided once per scheduler). Returns whether it wrote."""
+    acts = getattr(scheduler, "_freespec_scope", None)
+    if acts is None:
+        acts = uses_freespec(scheduler.vllm_config)
+        try:
+            scheduler._freespec_scope = acts
+        except AttributeError:
+            pass
+    params = getattr(request, "sampling_params", None)
+    if not acts or params is None:
+        return False
+    extra = dict(params.extra_args or {})  # a copy: the dict may be shared with the caller's params
+    extra[SCOPE_ARG] = scope_of(getattr(request, "cache_salt", None))
+    params.extra_args = extra
+    return True
+
+
+def install_cache_salt_scope() -> bool:
+    """Wrap ``Scheduler.add_request`` where the probe finds the seams (idempotent). A failure inside the wrapper
+    is logged once; the request is added as vLLM adds it, and its rows learn nothing across requests."""
+    if not probes.probe_cache_salt().ok:
+        return False
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    original = Scheduler.add_request
+    if getattr(original, "_freespec", False):
+        return True
+    failed = []
+
+    @functools.wraps(original)
+    def add_request(self, request, *args, **kwargs):
+        try:
+            stamp_scope(self, request)
+        except Exception as e:
+            if not failed:
+                failed.append(e)
+                logger.warning("freespec: patch cache_salt_scope failed (%r); such requests learn nothing across "
+                               "requests", e)
+        return original(self, request, *args, **kwargs)
+
+    add_request._freespec = True  # type: ignore[attr-defined]
+    Scheduler.add_request = add_request
+    return True
+
+
 def route_logs_to_vllm() -> None:
     """Send freespec's log records through vLLM's handlers at vLLM's level (``VLLM_LOGGING_LEVEL``).
 
@@ -448,6 +510,8 @@ def install_all() -> None:
         _install("prometheus_multiproc")
     if freespec_engine or "last_step_cache" in fixes:
         _install("last_step_cache")
+    if freespec_engine:
+        _install("cache_salt_scope")
     if "cpu_expand_kernel" in fixes:
         _install("cpu_expand_kernel")
 

@@ -7,7 +7,7 @@ output, the worker a rank rule picks, the backend in use). Each probe says what 
 freespec's tests and ``freespec bench`` read), ``metrics_registry`` (where freespec's
 worker metrics reach ``/metrics``, see ``metrics``), ``vllm_cli``, ``draft_rank``
 (which worker's drafts vLLM takes, see ``ranks``), ``request_ids`` (the adapter keys
-requests by vLLM's ids, else by a fingerprint), ``last_step_cache`` (a vLLM defect ``patches``
+requests by vLLM's ids, else by a fingerprint), ``cache_salt`` (each request's scope, ``patches``), ``last_step_cache`` (a vLLM defect ``patches``
 fixes in the engine's scheduler). Every other failed probe drops
 speculation with one warning (``blocking_probes``). The releases differ here
 (docs/compatibility.md has the matrix):
@@ -371,6 +371,15 @@ def probe_vllm_cli() -> ProbeResult:
     return ProbeResult("vllm_cli", True, f"vLLM's own `vllm` command starts (distribution {dist}); "
                        "`freespec serve ARGS` is `vllm serve ARGS`")
 
+
+
+def probe_cache_salt() -> ProbeResult:
+    """A request's ``cache_salt`` can reach the worker: the scheduler takes each new request through
+    ``Scheduler.add_request`` with its salt and sampling params, and those sampling params (``extra_args``) reach
+    the worker's per-request state. Reports only: where it fails, patch ``cache_salt_scope`` is not applied and
+    with ``"scope": "salt"`` nothing is learned across requests (docs/security.md)."""
+    failed = _facts("cache_salt")
+    return failed or ProbeResult("cache_salt", True, BY_NAME["cache_salt"].ok)
 
 
 def probe_last_step_cache() -> ProbeResult:

@@ -151,6 +151,18 @@ SEAMS = (
     Seam("request_ids", "reports", (
         Fact("v1/worker/gpu_input_batch.py", "InputBatch.req_ids", why="requests are told apart by a fingerprint"),
     ), "each row's request id is read from the runner's input_batch.req_ids"),
+    Seam("cache_salt", "reports", (
+        Fact("v1/core/sched/scheduler.py", "Scheduler.add_request", params=("self", "request")),
+        Fact("v1/request.py", "Request.__init__", holds=("self.cache_salt", "self.sampling_params=sampling_params"),
+             why="the request's cache_salt cannot be carried to the worker"),
+        Fact("sampling_params.py", holds=("extra_args:dict[str,Any]|None",),
+             why="SamplingParams carries no extra_args to the worker"),
+        Fact("v1/core/sched/output.py", "NewRequestData.sampling_params", field=True,
+             why="the sampling params no longer reach the worker"),
+        Fact("v1/worker/gpu_input_batch.py", "CachedRequestState.sampling_params", field=True,
+             why="the worker keeps no sampling params per request"),
+    ), "Scheduler.add_request(request): request.cache_salt, hashed, rides in sampling_params.extra_args to the "
+       "worker's CachedRequestState"),
     Seam("last_step_cache", "reports", (
         Fact("v1/core/sched/scheduler.py", "Scheduler._free_request", params=("self", "request")),
         Fact("v1/core/kv_cache_manager.py", "KVCacheManager.cache_blocks",

@@ -367,6 +367,13 @@ def check_draft_rank(src: Source) -> str:
     return BY_NAME["draft_rank"].ok
 
 
+def check_cache_salt(src: Source) -> str:
+    """The seams patch ``cache_salt_scope`` relies on: the scheduler's ``add_request`` sees the salt and the
+    sampling params, whose ``extra_args`` reach the worker's per-request state."""
+    facts(src, "cache_salt")
+    return BY_NAME["cache_salt"].ok
+
+
 def check_last_step_cache(src: Source) -> str:
     """The seams patch ``last_step_cache`` wraps; says whether the defect is there."""
     facts(src, "last_step_cache")
