@@ -26,6 +26,10 @@ if TYPE_CHECKING:
 API_VERSION = "1.0"
 
 
+# The scope of every request without a ``cache_salt`` (and of all requests with ``"scope": "global"``).
+SHARED_SCOPE = ""
+
+
 @dataclass
 class Row:
     """One request in this step's batch.
@@ -34,11 +38,15 @@ class Row:
     ``request_tracker``); ``tokens`` is its whole sequence so far (prompt and
     output, read-only); ``num_new`` is how many tokens the last step appended
     (accepted drafts plus the bonus token; 0 during a partial prefill).
+    ``scope`` (docs/security.md): a source that learns across requests drafts for this row only from requests
+    of the same scope, and what it learns from this row serves only them; ``SHARED_SCOPE`` for requests without
+    a ``cache_salt``; None: the row neither teaches nor is taught across requests. Stable for a request's life.
     """
 
     key: int
     tokens: np.ndarray
     num_new: int
+    scope: Optional[str] = SHARED_SCOPE
 
 
 @dataclass
@@ -65,6 +73,8 @@ class ScoredPositions:
     tokens: np.ndarray  # int32 [n]
     topk_ids: np.ndarray  # int32 [n, c]
     topk_probs: np.ndarray  # float32 [n, c]
+    # the scope of the row each position belongs to (``Row.scope``); None: every position is SHARED_SCOPE's
+    scopes: Optional[Sequence[Optional[str]]] = None
 
 
 @dataclass(frozen=True)

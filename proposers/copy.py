@@ -7,7 +7,9 @@ followed them then are a good guess for what follows now. Two sources are search
 - the request's own sequence (prompt and output so far), and
 - a pool of recent outputs of requests that have left the batch, so a request
   that rewrites or re-sends an earlier answer (multi-turn chat, edits) can copy
-  from it even when that answer is not in its own prompt.
+  from it even when that answer is not in its own prompt. One pool per scope
+  (``Row.scope``, docs/security.md): a request copies only from outputs of its own
+  scope; a row without one (None) adds nothing and copies only from itself.
 
 Each source keeps an index from every ``min_match``-gram to its most recent end
 positions, updated incrementally, so a step costs the same at 2k and 32k tokens
@@ -23,14 +25,15 @@ each holding at most ``candidates_per_key`` positions); the indexes of all live
 requests together cover at most ``max_live_indexed_tokens`` tokens (at most about
 150 B each by ``state_bytes``, measured on 20,000 random tokens of a 49k-token
 vocabulary: about 160 MB at the default); the pool holds at most ``pool_tokens`` tokens
-plus their index. ``state_bytes()`` reports the current total; docs/copy.md
+plus their index, all scopes together (the least recently used scope's oldest
+output goes first; an empty scope's pool is dropped). ``state_bytes()`` reports the current total; docs/copy.md
 gives measured figures.
 """
 from __future__ import annotations
 
 import sys
 from array import array
-from collections import deque
+from collections import OrderedDict, deque
 from typing import Sequence
 
 from pydantic import Field, model_validator
@@ -106,9 +109,10 @@ class _GramIndex:
 class _Sequence:
     """What the proposer keeps for one live request."""
 
-    __slots__ = ("seq", "indexed", "output_start", "index", "last_chain", "last_class")
+    __slots__ = ("seq", "indexed", "output_start", "index", "last_chain", "last_class", "scope")
 
-    def __init__(self, g: int, per_key: int, output_start: int) -> None:
+    def __init__(self, g: int, per_key: int, output_start: int, scope: str | None) -> None:
+        self.scope = scope  # whose pool it copies from and adds its output to (None: none)
         self.seq = array("i")
         self.indexed = 0  # grams ending before this position are in the index
         self.output_start = output_start
@@ -143,11 +147,16 @@ class _OutputPool:
         # Grams ending at the last position have no continuation: skip them.
         self.index.add(tokens, 0, len(tokens) - 1, tag=seg_id)
         while self.tokens > self.capacity:
-            old = self.segments.pop(self.order.popleft())
-            self.tokens -= len(old)
-            self.evicted_since_rebuild += len(old)
+            self.evict_oldest()
+
+    def evict_oldest(self) -> int:
+        """Drop the oldest output; the tokens it held."""
+        old = self.segments.pop(self.order.popleft())
+        self.tokens -= len(old)
+        self.evicted_since_rebuild += len(old)
         if self.evicted_since_rebuild > self.capacity:
             self._rebuild()
+        return len(old)
 
     def _rebuild(self) -> None:
         """Drop index entries of evicted segments (amortised: after ``capacity`` evicted tokens)."""
@@ -184,7 +193,8 @@ class CopyProposer(Proposer):
         self.g = options.min_match
         self._seqs: dict[int, _Sequence] = {}
         self._live_indexed = 0  # tokens indexed in live requests' own indexes, all together
-        self._pool = _OutputPool(self.g, options.candidates_per_key, options.pool_tokens)
+        # scope -> its pool of departed outputs, least recently used first; all together hold at most pool_tokens
+        self._pools: OrderedDict[str, _OutputPool] = OrderedDict()
         self._estimates = [[AcceptanceEstimate() for _ in range(MATCH_BUCKETS)] for _ in (OWN, POOL)]
 
     # -- lifecycle -------------------------------------------------------
@@ -192,11 +202,31 @@ class CopyProposer(Proposer):
         st = self._seqs.pop(key, None)
         if st is not None:
             self._live_indexed -= st.indexed
-            self._pool.add(st.seq[st.output_start :])
+            if st.scope is not None and self.options.pool_tokens > 0:
+                pool = self._pools.get(st.scope)
+                if pool is None:
+                    pool = self._pools[st.scope] = _OutputPool(self.g, self.options.candidates_per_key,
+                                                               self.options.pool_tokens)
+                self._pools.move_to_end(st.scope)
+                pool.add(st.seq[st.output_start :])
+                self._bound_pools()
+
+    def _bound_pools(self) -> None:
+        """At most ``pool_tokens`` in all scopes' pools together: the least recently used scope's oldest
+        outputs go first; a pool left empty is dropped."""
+        total = sum(p.tokens for p in self._pools.values())
+        for scope in list(self._pools):
+            pool = self._pools[scope]
+            while total > self.options.pool_tokens and pool.order:
+                total -= pool.evict_oldest()
+            if not pool.order:
+                del self._pools[scope]
+            if total <= self.options.pool_tokens:
+                break
 
     def state_bytes(self) -> int:
         live = sum(len(st.seq) * 4 + st.index.nbytes() for st in self._seqs.values())
-        return live + self._pool.nbytes()
+        return live + sum(p.nbytes() for p in self._pools.values())
 
     # -- drafting --------------------------------------------------------
     def draft(self, rows: Sequence[Row], step: StepContext) -> list[Draft]:
@@ -206,7 +236,7 @@ class CopyProposer(Proposer):
         n = len(row.tokens)
         st = self._seqs.get(row.key)
         if st is None:
-            st = self._seqs[row.key] = _Sequence(self.g, self.options.candidates_per_key, n - row.num_new)
+            st = self._seqs[row.key] = _Sequence(self.g, self.options.candidates_per_key, n - row.num_new, row.scope)
         elif st.last_chain and row.num_new > 0:
             # Learn counterfactually: the step's new tokens are the target's own continuation, so the whole
             # chain is scored against them, however much of it the policy let through.
@@ -248,7 +278,10 @@ class CopyProposer(Proposer):
             m = _match_length(seq, end, seq, n - 1, limit)
             if m > best_len:
                 best_len, best_seq, best_end = m, seq, end
-        for seg, end in self._pool.candidates(key):
+        pool = self._pools.get(st.scope) if st.scope is not None else None
+        if pool is not None:
+            self._pools.move_to_end(st.scope)
+        for seg, end in (pool.candidates(key) if pool is not None else ()):
             m = _match_length(seg, end, seq, n - 1, limit)
             if m > best_len:  # strictly longer: own sequence wins ties
                 best_len, best_src, best_seq, best_end = m, POOL, seg, end

@@ -2,7 +2,9 @@
 
 Drafting is arctic-inference's ``SuffixDecodingCache`` (the library behind vLLM's ``suffix`` method,
 Oliaro et al., 2024): one suffix tree per live request over its prompt and output, and one global tree
-over the outputs of recent requests (``max_cached_requests``, evicted oldest first). Each step the
+over the outputs of recent requests (``max_cached_requests``, evicted oldest first). One cache per scope
+(``Row.scope``, docs/security.md): a request's output, live or departed, enters only its scope's global
+tree, and it drafts only from that one; a row without a scope (None) drafts from its own tree alone. Each step the
 last ``max_tree_depth`` tokens are matched in both trees and the more frequent continuation is
 drafted, each token with the tree's estimate of its probability (how often that continuation followed
 the match).
@@ -18,15 +20,16 @@ fused draft that was verified was another source's.
 arctic-inference is optional (``bench``/``cpu``/``cuda`` extras); ``available()`` says whether a
 supported version (``SUPPORTED``) is importable.
 
-Learning across restarts and replicas (``responses_path``, ``merge_from``): every finished response is
-also kept in a bounded ``ResponseStore`` (``proposers/response_store.py``), saved atomically in a
+Learning across restarts and replicas (``responses_path``, ``merge_from``): every finished response of the
+shared scope (requests without a ``cache_salt``; every request with ``"scope": "global"``) is also kept in a bounded ``ResponseStore`` (``proposers/response_store.py``), saved atomically in a
 background thread every ``save_every_s`` and at exit or SIGTERM, and loaded into the global tree at the
 next start, as if those requests had just run; replicas merge each other's files. A bad file is refused
 at start, naming it.
 
 Memory: per live request a tree over its sequence (O(tokens), path-compressed, depth at most
 ``max_tree_depth``); the global tree holds at most ``max_cached_requests`` outputs and at most
-``max_cached_tokens`` of their tokens (arctic bounds only the count; a response's length is bounded by the
+``max_cached_tokens`` of their tokens, all scopes together (the least recently used scope's oldest output is
+evicted first; a scope with no live request and no output held is dropped; arctic bounds only the count; a response's length is bounded by the
 model's context, so the count alone allows 10,000 x max_model_len tokens); docs/hybrid.md gives the bytes a
 held token takes. ``state_bytes`` asks the trees (arctic's own estimate). With ``responses_path``: each live
 request's output once more
@@ -44,7 +47,7 @@ from importlib import metadata
 from typing import Optional, Sequence
 
 import numpy as np
-from freespec.proposers.api import Draft, EngineInfo, Row, StepContext
+from freespec.proposers.api import SHARED_SCOPE, Draft, EngineInfo, Row, StepContext
 from freespec.proposers.base import Proposer, ProposerOptions
 from freespec.option_checks import check_path_options
 from freespec.scorers.acceptance import matched_prefix
@@ -58,6 +61,7 @@ SUPPORTED = ((0, 1, 1), (0, 4, 0))  # arctic-inference >=0.1.1,<0.4: the same su
 ONE_CHAIN = np.ones(1)  # the weight of the one chain offered (shared, read-only)
 ONE_CHAIN.flags.writeable = False
 SEED_PER_STEP = 32  # responses merged from replicas put into the global tree per engine step
+NO_SCOPE = ("freespec-no-scope",)  # the cache of rows without a scope: it keeps no outputs
 
 
 def _version_tuple(text: str) -> tuple[int, ...]:
@@ -144,9 +148,10 @@ class SuffixOptions(ProposerOptions):
 
 
 class _Live:
-    __slots__ = ("cells", "chain", "fed", "output", "start")
+    __slots__ = ("cells", "chain", "fed", "output", "scope", "start")
 
-    def __init__(self, fed: int, keep_output: bool) -> None:
+    def __init__(self, fed: int, keep_output: bool, scope) -> None:
+        self.scope = scope  # the cache it lives in (NO_SCOPE: one that holds no outputs)
         self.start = fed  # prompt tokens (the rest goes to the global tree as the output)
         self.fed = fed  # tokens of the request given to the cache so far
         self.chain: Optional[list[int]] = None  # last offered chain, scored against what the target produced
@@ -167,9 +172,11 @@ class SuffixTreeProposer(Proposer):
             raise RuntimeError(f"the suffix source needs arctic-inference: {why}")
         from arctic_inference.suffix_decoding import SuffixDecodingCache
 
-        self.cache = SuffixDecodingCache(
-            max_tree_depth=options.max_tree_depth, max_cached_requests=options.max_cached_requests
-        )
+        self._new_cache = lambda held: SuffixDecodingCache(
+            max_tree_depth=options.max_tree_depth, max_cached_requests=options.max_cached_requests if held else 0)
+        # scope -> its cache (live requests' trees, and its global tree), least recently used first;
+        # NO_SCOPE: the rows of no scope, whose cache keeps no outputs
+        self._caches: OrderedDict = OrderedDict()
         self.calibration = TokenCalibration()
         self._live: dict[int, _Live] = {}
         self.store = None  # ResponseStore, when responses are persisted (bind)
@@ -177,8 +184,9 @@ class SuffixTreeProposer(Proposer):
         self._last_save = 0.0
         self._seeded = 0
         self._merges = 0
-        self._cached: OrderedDict = OrderedDict()  # departed requests' keys in the global tree -> output tokens
+        self._cached: dict = {}  # scope -> {departed request's key in its global tree: output tokens}, oldest first
         self._cached_tokens = 0
+        self._cached_count = 0
 
     # -- lifecycle -------------------------------------------------------
     def bind(self, info: EngineInfo) -> None:
@@ -207,32 +215,66 @@ class SuffixTreeProposer(Proposer):
         self._last_save = time.monotonic()
         save_at_exit(self.close, "suffix responses")
 
+    @property
+    def cache(self):
+        """The shared scope's cache (requests without a cache_salt), made when first asked for."""
+        return self._cache_of(SHARED_SCOPE)
+
+    def _cache_of(self, scope):
+        cache = self._caches.get(scope)
+        if cache is None:
+            cache = self._caches[scope] = self._new_cache(scope is not NO_SCOPE)
+        self._caches.move_to_end(scope)
+        return cache
+
     def _seed(self, responses: Sequence[np.ndarray]) -> None:
-        """Put responses into the global tree as if requests had just produced them (oldest first)."""
+        """Put responses into the shared scope's global tree as if requests had just produced them (oldest
+        first)."""
         for tokens in responses:
             self._seeded += 1
             key = ("freespec-seed", self._seeded)
-            self.cache.start_request(key, np.zeros(0, dtype=np.int32))
-            self.cache.add_active_response(key, np.array(tokens, dtype=np.int32))  # a writable copy
-            self.cache.stop_request(key)
-            self._account(key, len(tokens))
+            cache = self._cache_of(SHARED_SCOPE)
+            cache.start_request(key, np.zeros(0, dtype=np.int32))
+            cache.add_active_response(key, np.array(tokens, dtype=np.int32))  # a writable copy
+            cache.stop_request(key)
+            self._account(SHARED_SCOPE, key, len(tokens))
 
-    def _account(self, key, tokens: int) -> None:
-        """A departed request's ``tokens`` output tokens stay in the global tree: evict the oldest departed
-        outputs while more than ``max_cached_tokens`` are held (never the newest)."""
-        if self.options.max_cached_requests == 0:
+    def _account(self, scope, key, tokens: int) -> None:
+        """A departed request's ``tokens`` output tokens stay in its scope's global tree: while more than
+        ``max_cached_requests`` outputs or ``max_cached_tokens`` tokens are held in all scopes together, evict
+        the least recently used scope's oldest (never the one just added); drop scopes left empty."""
+        if self.options.max_cached_requests == 0 or scope is NO_SCOPE:
+            self._drop_if_empty(scope)
             return
-        cached, active = self.cache.cached_requests, self.cache.active_requests
-        self._cached_tokens += tokens - self._cached.pop(key, 0)
-        self._cached[key] = tokens
-        while len(self._cached) > 1:
-            oldest = next(iter(self._cached))
-            gone = oldest not in cached or oldest in active  # evicted by count, or its key serves a new request
-            if not gone and self._cached_tokens <= self.options.max_cached_tokens:
+        held = self._cached.setdefault(scope, {})
+        self._cached_tokens += tokens - held.pop(key, 0)
+        self._cached_count += 0 if key in held else 1
+        held[key] = tokens
+        o = self.options
+        if self._cached_tokens <= o.max_cached_tokens and self._cached_count <= o.max_cached_requests:
+            return
+        for victim in list(self._caches):
+            entries = self._cached.get(victim, {})
+            cache = self._caches[victim]
+            while entries and (self._cached_tokens > o.max_cached_tokens or self._cached_count > o.max_cached_requests):
+                oldest = next(iter(entries))
+                if victim == scope and oldest == key:
+                    break  # never the newest
+                self._cached_tokens -= entries.pop(oldest)
+                self._cached_count -= 1
+                # arctic evicted it itself (its own count bound), or its key serves a new request
+                if oldest in cache.cached_requests and oldest not in cache.active_requests:
+                    cache.evict_cached_response(oldest)
+            self._drop_if_empty(victim)
+            if self._cached_tokens <= o.max_cached_tokens and self._cached_count <= o.max_cached_requests:
                 break
-            self._cached_tokens -= self._cached.pop(oldest)
-            if not gone:
-                self.cache.evict_cached_response(oldest)
+
+    def _drop_if_empty(self, scope) -> None:
+        """Forget a scope whose cache holds no live request and no output."""
+        cache = self._caches.get(scope)
+        if cache is not None and not cache.active_requests and not self._cached.get(scope):
+            del self._caches[scope]
+            self._cached.pop(scope, None)
 
     def _files_tick(self) -> None:
         """Every ``save_every_s``: merge what the background thread read from the replicas, ask for a save
@@ -264,7 +306,7 @@ class SuffixTreeProposer(Proposer):
         self.store.close()
 
     def _keep(self, st: _Live) -> None:
-        if st.output:
+        if st.output and st.scope == SHARED_SCOPE:  # only the shared scope's responses are written to the file
             try:
                 self.store.add(np.concatenate(st.output))
             except ValueError as e:  # ids outside the vocabulary: not kept
@@ -276,13 +318,14 @@ class SuffixTreeProposer(Proposer):
         the persisted store when there is one."""
         st = self._live.pop(key, None)
         if st is not None:
-            self.cache.stop_request(key)
-            self._account(key, st.fed - st.start)
+            self._caches[st.scope].stop_request(key)
+            self._account(st.scope, key, st.fed - st.start)
             if self.store is not None:
                 self._keep(st)
 
     def state_bytes(self) -> int:
-        trees = [getattr(self.cache, "_global_tree", None), *getattr(self.cache, "_local_trees", {}).values()]
+        trees = [t for cache in self._caches.values()
+                 for t in (getattr(cache, "_global_tree", None), *getattr(cache, "_local_trees", {}).values())]
         return sum(int(t.estimate_memory()) for t in trees if t is not None and hasattr(t, "estimate_memory"))
 
     # -- drafting --------------------------------------------------------
@@ -295,15 +338,16 @@ class SuffixTreeProposer(Proposer):
         tokens = np.ascontiguousarray(row.tokens, dtype=np.int32)
         if st is None:
             start = max(0, n - row.num_new)
-            self.cache.start_request(row.key, tokens[:start])
-            st = self._live[row.key] = _Live(start, self.store is not None)
+            scope = NO_SCOPE if row.scope is None else row.scope
+            self._cache_of(scope).start_request(row.key, tokens[:start])
+            st = self._live[row.key] = _Live(start, self.store is not None, scope)
         if st.chain is not None:
             produced = tokens[st.fed : min(n, st.fed + len(st.chain))].tolist()
             matched, compared = matched_prefix(st.chain, produced)
             self.calibration.observe(st.cells, matched, compared)
             st.chain = st.cells = None
         if n > st.fed:
-            self.cache.add_active_response(row.key, tokens[st.fed : n])
+            self._caches[st.scope].add_active_response(row.key, tokens[st.fed : n])
             if st.output is not None:
                 st.output.append(tokens[st.fed : n].copy())
             st.fed = n
@@ -316,7 +360,7 @@ class SuffixTreeProposer(Proposer):
             return [], []
         o = self.options
         context = np.ascontiguousarray(row.tokens[-o.max_tree_depth :], dtype=np.int32)
-        draft = self.cache.speculate(
+        draft = self._cache_of(st.scope).speculate(
             row.key,
             context,
             max_spec_tokens=self.k,

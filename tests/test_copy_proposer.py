@@ -90,7 +90,15 @@ def test_pool_stays_within_its_token_budget():
     for key in range(50):
         p.propose([Row(key, np.arange(key, key + 40, dtype=np.int32), 39)])
         p.release(key)
-    assert p._pool.tokens <= 100
+    assert sum(pool.tokens for pool in p._pools.values()) <= 100
+
+
+def test_pools_of_many_scopes_stay_within_one_token_budget():
+    p = fixed(pool_tokens=100)
+    for key in range(50):
+        p.propose([Row(key, np.arange(key, key + 40, dtype=np.int32), 39, scope=f"{key % 7:032x}")])
+        p.release(key)
+    assert sum(pool.tokens for pool in p._pools.values()) <= 100 and len(p._pools) <= 3
 
 
 def test_released_requests_free_their_state():

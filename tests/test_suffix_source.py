@@ -150,7 +150,7 @@ def test_the_token_count_forgets_responses_evicted_by_count():
         p.propose([row(key, [key, 50 + key, 60 + key, 70 + key])])
         p.release(key)
     assert len(p.cache.cached_requests) == 2
-    assert dict(p._cached) == {3: 2, 4: 2} and p._cached_tokens == 4  # 2 output tokens each (the first row's last token, then one)
+    assert p._cached == {"": {3: 2, 4: 2}} and p._cached_tokens == 4  # 2 output tokens each (the first row's last token, then one)
 
 
 def test_calibration_cells_are_the_probability_match_and_depth_buckets():

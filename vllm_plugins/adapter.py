@@ -3,7 +3,7 @@
 vLLM builds ``FreespecProposer(vllm_config)`` in each worker and calls
 ``propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, ...)`` once per step. The adapter keys
 requests by vLLM's request ids (``request_ids``; else by their tokens, ``RequestTracker``), calls the
-proposer's ``draft(rows, step)`` with one ``Row`` per batch row and the step's context (the policy's price
+proposer's ``draft(rows, step)`` with one ``Row`` per batch row (its scope by the ``scope`` option) and the step's context (the policy's price
 of a draft token), has the controller cut and size what comes back (``scorers.controller``) and makes it
 safe for vLLM: at most k in-vocabulary token ids per row, none past the model's length limit. Each step is
 one frozen record (``step_record.StepRecord``), read by the next step's measures and by accounting.
@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from freespec.proposers.api import Draft, EngineInfo, Row, StepContext
+from freespec.proposers.api import SHARED_SCOPE, Draft, EngineInfo, Row, StepContext
 from freespec.proposers.registry import load_proposer_class
 from freespec.proposers.vocab import vocab_fingerprint
 from freespec.scorers.controller import DraftController
@@ -88,6 +88,7 @@ class FreespecProposer:
         self.last = START  # the last step, as the next one measures it
         self.tracker = RequestTracker()
         self.request_ids = BatchRequestIds()
+        self.scope = adapter.scope
         self.accounting = StepAccounting(self.plugin)
         self.stats = self.accounting.stats
         self.breaker = CircuitBreaker(
@@ -108,6 +109,7 @@ class FreespecProposer:
         ids = self.request_ids.read(sys._getframe(1), token_ids_cpu, n_rows)
         self.stats.steps_without_ids += ids is None
         keys, departed = self.tracker.update(views, ids)
+        scopes = self._scopes(ids, n_rows)
         last, given = self.last, self.last.given()
         prev = [None if key in last.prefilling else given.get(key) for key in keys]
         counted = step_tokens(views, prev)  # what the last step scored and produced (None: it prefilled)
@@ -147,13 +149,13 @@ class FreespecProposer:
                 self.proposer.release(key)
             capture = 0.0
             if self.target_topk is not None:
-                scored = self.target_topk.scored(views, [given.get(key, []) for key in keys])
+                scored = self.target_topk.scored(views, [given.get(key, []) for key in keys], scopes)
                 if scored is not None:
                     self.proposer.observe(scored)
                 capture = self.target_topk.take_seconds()
             step = StepContext(token_cost=cost, budget_s=self.breaker.budget_s, capture_seconds=capture)
-            drafts = self.proposer.draft([Row(key, tokens, num_new) for key, (tokens, num_new) in zip(keys, views)],
-                                         step)
+            drafts = self.proposer.draft([Row(key, tokens, num_new, scope)
+                                          for key, (tokens, num_new), scope in zip(keys, views, scopes)], step)
             if not isinstance(drafts, list) or len(drafts) != n_rows:
                 raise ValueError(f"plugin returned {len(drafts)} drafts for {n_rows} rows")
             rooms = [0 if views[i][1] == 0 else max(0, min(self.k, self.max_model_len - 1 - int(lengths[i])))
@@ -191,6 +193,15 @@ class FreespecProposer:
         self.accounting.count(record, accepted, accepted_by)
         self._periodic()
         return tokens
+
+    def _scopes(self, ids: list[str] | None, n_rows: int) -> list[str | None]:
+        """Each row's scope by the ``scope`` option: its cache_salt's (``"salt"``, read through patch
+        ``cache_salt_scope``), the shared one (``"global"``), or none (``"none"``: nothing learned across requests)."""
+        if self.scope == "global":
+            return [SHARED_SCOPE] * n_rows
+        if self.scope == "none":
+            return [None] * n_rows
+        return self.request_ids.scopes(ids, n_rows)
 
     @property
     def token_cost(self) -> float | None:

@@ -9,6 +9,8 @@ their chances; "longer" only pads; "off" neither. It needs the goodput policy's 
 there are none, and it is off.
 ``step_aside``: true (default) keeps a plugin out of the steps where drafting with it is slower than plain
 decoding (``scorers.step_aside.StepAside``: a draft model that does not keep up with the target).
+``scope``: "salt" (default) keeps what sources learn across requests per ``cache_salt`` (docs/security.md);
+"global" shares it between all requests (no isolation); "none" learns nothing across requests.
 ``step_budget_ms``: a plugin step (everything the adapter calls on the plugin in one engine step) that takes
 longer counts as a bad step for the circuit breaker (``breaker.CircuitBreaker``). Not given, it is
 ``DEFAULT_STEP_BUDGET_MS``, far above what the context sources take per step, raised to what a plugin's own
@@ -46,6 +48,13 @@ class AdapterOptions(BaseModel):
         description="a plugin whose own time is more than 5% of a step is measured against plain decoding at the "
                     "same number of requests, and drafts only where it is faster (scorers/step_aside.py; "
                     "docs/policy.md); false: it always drafts",
+    )
+    scope: Literal["salt", "global", "none"] = Field(
+        "salt",
+        description='what a source that learns across requests (suffix\'s recent outputs and responses file, '
+                    'copy\'s recent outputs, recycle\'s matrix) may draft from: `"salt"`, only requests with the same '
+                    '`cache_salt` (requests without one share a scope); `"global"`: every request; `"none"`: no '
+                    'other request (docs/security.md)',
     )
     step_budget_ms: Optional[float] = Field(
         None, ge=1.0, le=60_000.0, strict=True,

@@ -20,11 +20,11 @@ import logging
 import re
 
 from freespec import settings
+from freespec.proposers.api import SHARED_SCOPE
 
 logger = logging.getLogger("freespec")
 
 SCOPE_ARG = "freespec_scope"  # the key of SamplingParams.extra_args the patch writes
-SHARED_SCOPE = ""  # the scope of every request without a cache_salt
 _SCOPE_FORM = re.compile(r"[0-9a-f]{32}")
 
 

@@ -110,11 +110,13 @@ class TargetTopK:
         spent, self._unclaimed_seconds = self._unclaimed_seconds, 0.0
         return spent
 
-    def scored(self, views: Sequence[tuple[np.ndarray, int]], prev_drafts: Sequence[Sequence[int]]):
+    def scored(self, views: Sequence[tuple[np.ndarray, int]], prev_drafts: Sequence[Sequence[int]],
+               scopes: Sequence[str | None] | None = None):
         """The scored positions of the step that just ran, or ``None`` when they cannot be mapped.
 
         ``views[i]`` is row i's ``(tokens, num_new)`` as the adapter sees it now;
-        ``prev_drafts[i]`` is what the adapter proposed for that request last step.
+        ``prev_drafts[i]`` is what the adapter proposed for that request last step; ``scopes[i]`` its scope,
+        given to each of its positions (``ScoredPositions.scopes``).
         """
         captures, self._captures = self._captures, []
         self.steps += 1
@@ -126,7 +128,12 @@ class TargetTopK:
             self.mismatched_steps += 1
             return None
         keep = tokens >= 0
-        return ScoredPositions(tokens[keep], match.ids[keep], match.probs[keep])
+        per_position = None
+        if scopes is not None:
+            counts = [1 if num_new == 0 else 1 + len(d) for (_, num_new), d in zip(views, prev_drafts)]
+            per_position = [s for s, c in zip(scopes, counts) for _ in range(c)]
+            per_position = [s for s, k in zip(per_position, keep.tolist()) if k]
+        return ScoredPositions(tokens[keep], match.ids[keep], match.probs[keep], per_position)
 
 
 def positions_of_step(views: Sequence[tuple[np.ndarray, int]], prev_drafts: Sequence[Sequence[int]]):

@@ -15,6 +15,12 @@ using online estimates of how often candidates of each rank and recorded
 probability are accepted. ``adaptive: false`` drafts the plain top-1 chain of
 length k instead (the baseline the scorer is measured against).
 
+Scopes (``Row.scope``, docs/security.md): the matrix can reveal one request's text to another (after a token,
+it holds what the target predicted there in the last request that had it), and one matrix per scope would
+cost its full size per tenant; so it learns from, and drafts for, the shared scope's requests only (those
+without a ``cache_salt``; every request with ``"scope": "global"``). A request with a salt neither teaches nor
+uses it.
+
 Memory (fixed, shared by all requests): ``vocab_size * candidates`` int32 ids
 plus float16 probabilities (6 bytes per entry) and a uint32 stamp per token:
 2.6 MB for SmolLM2's 49,152 tokens and 7.9 MB for Qwen2.5's 151,936 at the
@@ -51,7 +57,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 from freespec.kernels.tree import expand_tree, tree_template
-from freespec.proposers.api import Draft, EngineInfo, Row, ScoredPositions, StepContext
+from freespec.proposers.api import SHARED_SCOPE, Draft, EngineInfo, Row, ScoredPositions, StepContext
 from freespec.proposers.base import Proposer, ProposerOptions
 from freespec.proposers.exit_save import save_at_exit
 from freespec.proposers.file_worker import FileWorker, error_kind
@@ -336,6 +342,14 @@ class RecycleProposer(Proposer):
     def observe(self, scored: ScoredPositions) -> None:
         if self.ids is None or len(scored.tokens) == 0:
             return
+        if scored.scopes is not None and any(s != SHARED_SCOPE for s in scored.scopes):
+            # Only the shared scope's positions: the matrix is one for all, and a row of it is a request's text
+            # (the target's next tokens after a token, in that request's context), so learning from a request
+            # with a cache_salt would let others draft its text (module docstring).
+            keep = np.fromiter((s == SHARED_SCOPE for s in scored.scopes), dtype=bool, count=len(scored.scopes))
+            scored = ScoredPositions(scored.tokens[keep], scored.topk_ids[keep], scored.topk_probs[keep])
+            if len(scored.tokens) == 0:
+                return
         c = min(self.options.candidates, scored.topk_ids.shape[1])
         # Fancy assignment: when a token was scored twice in one step, the later row wins.
         self.ids[scored.tokens, :c] = scored.topk_ids[:, :c]
@@ -354,7 +368,7 @@ class RecycleProposer(Proposer):
         for row in rows:
             self._learn(row)
         drafts: list[list[int]] = [[] for _ in rows]
-        live = [i for i, row in enumerate(rows) if row.num_new > 0 and len(row.tokens)]
+        live = [i for i, row in enumerate(rows) if row.num_new > 0 and len(row.tokens) and row.scope == SHARED_SCOPE]
         if live and self.k > 0:
             roots = np.asarray([rows[i].tokens[-1] for i in live], dtype=np.int64)
             tokens, edge_probs = expand_tree(self.ids, self.probs, roots, self.parents, self.ranks)
