@@ -242,6 +242,19 @@ def inverse(scale: float, lo: float = 1.0, hi: float = 4.0):
     return lambda bar: max(lo, min(hi, scale / max(bar, 1e-9)))
 
 
+class LowerPrior(TokenCalibration):
+    """A cell's starting guess lowered to ``SCALE`` of the tree's probability (a cold server's first drafts)."""
+
+    SCALE = 0.8
+
+    def __init__(self) -> None:
+        super().__init__()
+        for c in range(len(self.successes)):
+            n = self.successes[c] + self.failures[c]
+            self.successes[c] *= self.SCALE
+            self.failures[c] = n - self.successes[c]
+
+
 class Plain:
     def __init__(self, inner, bar: PolicyBar) -> None:
         self.inner, self.bar, self.last_chances = inner, bar, []
@@ -354,6 +367,11 @@ def main() -> int:
                                               inverse(0.2)),
         "hybrid-inv0.15": lambda: price_capped(Freespec("hybrid", {"price_sources": False}, k, vocab, PolicyBar(c)),
                                                inverse(0.15)),
+        "hybrid-inv0.2-p0.1": lambda: price_capped(Freespec("hybrid", {"suffix": {"min_token_prob": 0.1},
+                                                                   "price_sources": False}, k, vocab, PolicyBar(c)),
+                                                   inverse(0.2)),
+        "hybrid-inv0.2-prior": lambda: price_capped(Freespec("hybrid", {"price_sources": False}, k, vocab,
+                                                             PolicyBar(c)), inverse(0.2)),
         "hybrid-bar0.20": lambda: Freespec("hybrid", {"price_sources": False}, k, vocab, PolicyBar(c, 0.20)),
         "hybrid-bar0.30": lambda: Freespec("hybrid", {"price_sources": False}, k, vocab, PolicyBar(c, 0.30)),
     }
@@ -363,7 +381,7 @@ def main() -> int:
     print("|---|---:|---:|---:|---:|")
     for name in chosen:
         suffix_tree.TokenCalibration = (PastBackoff if "backoff" in name else PastTheMatch if "past" in name
-                                        else TokenCalibration)
+                                        else LowerPrior if "prior" in name else TokenCalibration)
         tot, calib = run(data, rules[name], not args.fresh, c)
         print(row(name, tot), flush=True)
         if DISAGREE["steps"]:
