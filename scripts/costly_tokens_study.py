@@ -7,7 +7,7 @@ against how often it was accepted. ``policy`` bars are the goodput policy's conv
 (cost * max(1, output per step / step cost), from the replay's own running averages, as
 ``GoodputPolicy.token_cost`` computes it with an exact step-time fit).
 
-    python analyze.py GREEDY --cost 0.1 [--fresh] [--limit N]
+    python scripts/costly_tokens_study.py GREEDY --cost 0.1 [--fresh] [--limit N]
 """
 from __future__ import annotations
 
