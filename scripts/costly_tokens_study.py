@@ -23,7 +23,7 @@ from freespec.scorers.policy import cut
 from freespec.proposers import suffix_tree
 from freespec.scorers.calibration import DEPTH_EDGES, MATCH_EDGES, PROB_EDGES, TokenCalibration
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("replay_drafts", ROOT / "scripts" / "replay_drafts.py")
 rd = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(rd)
