@@ -57,6 +57,11 @@ class EngineInfo:
     model: str = ""
     # Lazy: computing it loads the tokenizer, so only proposers with on-disk state ask for it.
     tokenizer_fingerprint: Optional[Callable[[], str]] = None
+    # The operator's state directory (option ``state_dir``, ``proposers.state_dir``): where a source that learns
+    # across requests keeps its files; None: only its own per-source options, if any. Files older than
+    # ``state_max_age_s`` are neither merged nor kept.
+    state_dir: Optional[str] = None
+    state_max_age_s: float = 30 * 86_400.0
 
 
 @dataclass

@@ -133,7 +133,7 @@ def file_bytes(responses: int, tokens: int, fingerprint: str) -> int:
     return HEADER_BYTES + len(fingerprint.encode()) + 12 * responses + 4 * tokens + CHECKSUM_BYTES
 
 
-def write_store(path: str, stored: Stored, *, fingerprint: str, vocab_size: int) -> None:
+def write_store(path: str, stored: Stored, *, fingerprint: str, vocab_size: int, perms: int = 0o666) -> None:
     """Write ``stored`` to ``path`` atomically: temporary file, fsync, rename, fsync the folder.
 
     On any error the temporary file is removed and the old file (if any) is left as it was.
@@ -143,7 +143,7 @@ def write_store(path: str, stored: Stored, *, fingerprint: str, vocab_size: int)
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     # 0666 and not mkstemp's 0600: the umask applies as to any new file (0644 under 022), so a replica
     # running as another user can read it.
-    handle = create_new(tmp, "wb", perms=0o666)  # O_EXCL | O_NOFOLLOW: never through a planted link
+    handle = create_new(tmp, "wb", perms=perms)  # O_EXCL | O_NOFOLLOW: never through a planted link
     try:
         with handle as f:
             h = hashlib.sha256()
@@ -317,7 +317,7 @@ class ResponseStore:
 
     def __init__(
         self, path: str, *, fingerprint: str, vocab_size: int, max_responses: int = 10_000,
-        max_tokens: int = 2_000_000,
+        max_tokens: int = 2_000_000, perms: int = 0o666,
     ) -> None:
         if not 1 <= max_responses <= MAX_RESPONSES:
             raise ValueError(f"max_responses must be in [1, {MAX_RESPONSES}], got {max_responses}")
@@ -331,6 +331,7 @@ class ResponseStore:
         if not os.path.isdir(directory):  # the file may not exist yet (first start); its folder must
             raise ValueError(f"response store {path!r}: directory {directory!r} does not exist")
         self.path, self.fingerprint, self.vocab_size = path, fingerprint, vocab_size
+        self.perms = perms  # of the files it creates (a state directory's: 0600)
         self.max_responses, self.max_tokens = max_responses, max_tokens
         self._lock = threading.Lock()  # in-memory state only; never held during file I/O
         self._entries: OrderedDict[bytes, _Entry] = OrderedDict()  # digest -> entry, oldest first
@@ -533,7 +534,8 @@ class ResponseStore:
 
     def save(self) -> None:
         """Write the store now, in this thread (a tool's final write); unlike the server's saves, an error is raised."""
-        write_store(self.path, self._snapshot(), fingerprint=self.fingerprint, vocab_size=self.vocab_size)
+        write_store(self.path, self._snapshot(), fingerprint=self.fingerprint, vocab_size=self.vocab_size,
+                    perms=self.perms)
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop the background thread and save a last time, in this thread (at exit; idempotent; never raises)."""
@@ -542,7 +544,7 @@ class ResponseStore:
         self._closed = True
         if self._files is not None:
             self._files.stop(timeout)
-        self._save(self._snapshot(), timeout=timeout)
+        self._save(self._snapshot(), timeout=timeout, final=True)
 
     def _work(self) -> FileWorker:
         if self._files is None:
@@ -556,17 +558,21 @@ class ResponseStore:
             if merged is not None:
                 yield path, merged
 
-    def _save(self, stored: Stored, timeout: float = -1) -> None:
-        """Write ``stored``; a failure is logged once per distinct error, never raised."""
+    def _save(self, stored: Stored, timeout: float = -1, final: bool = False) -> None:
+        """Write ``stored``; a failure is logged once per distinct error (the final one always), never raised."""
         if not self._write_lock.acquire(timeout=timeout):
             logger.warning("freespec: response store %s: a save still running after %.0f s; this one skipped",
                            self.path, timeout)
             return
         try:
-            write_store(self.path, stored, fingerprint=self.fingerprint, vocab_size=self.vocab_size)
+            write_store(self.path, stored, fingerprint=self.fingerprint, vocab_size=self.vocab_size,
+                        perms=self.perms)
         except Exception as e:  # noqa: BLE001 - a save never raises into the server; logged below
             kind = error_kind(e)
-            if kind != self._save_error:
+            if final:
+                logger.error("freespec: the final save of the response store to %s failed (%s: %s); the responses "
+                             "since its last successful save are lost", self.path, type(e).__name__, e)
+            elif kind != self._save_error:
                 self._save_error = kind
                 logger.warning("freespec: could not save the response store to %s (%s: %s); the server goes on "
                                "and tries again at the next save (logged once per distinct error)",

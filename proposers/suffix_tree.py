@@ -41,6 +41,7 @@ import itertools
 import logging
 import math
 import operator
+import os
 import time
 from collections import OrderedDict, deque
 from importlib import metadata
@@ -187,12 +188,27 @@ class SuffixTreeProposer(Proposer):
         self._cached: dict = {}  # scope -> {departed request's key in its global tree: output tokens}, oldest first
         self._cached_tokens = 0
         self._cached_count = 0
+        self._peers = lambda: self.options.merge_from  # the files merged in (with a state directory: found anew)
 
     # -- lifecycle -------------------------------------------------------
     def bind(self, info: EngineInfo) -> None:
-        """Load the persisted responses (and the replicas') into the global tree; a bad file stops the start."""
+        """Load the persisted responses (and the replicas') into the global tree; a bad file stops the start.
+
+        With a state directory (``info.state_dir``, ``proposers.state_dir``) this process's file is
+        ``<state_dir>/suffix/<writer>.bin`` and its peers every other file there, read again every save."""
         o = self.options
-        if o.responses_path is None:
+        path, perms = o.responses_path, 0o666
+        if info.state_dir is not None:
+            from freespec.proposers import state_dir
+
+            path, perms = state_dir.own_file(info.state_dir, "suffix", "bin"), state_dir.FILE_MODE
+            state_dir.sweep_old(os.path.dirname(path), info.state_max_age_s)
+            self._peers = lambda: tuple(state_dir.peer_files(path, info.state_max_age_s))
+        elif path is not None:
+            from freespec.proposers.state_dir import legacy_warning
+
+            legacy_warning("suffix responses_path/merge_from")
+        if path is None:
             return
         if info.tokenizer_fingerprint is None:
             raise ValueError("suffix responses_path/merge_from need the tokenizer's identity, which this engine "
@@ -201,10 +217,11 @@ class SuffixTreeProposer(Proposer):
         from freespec.proposers.response_store import ResponseStore, ResponseStoreError
 
         try:
-            self.store = ResponseStore(o.responses_path, fingerprint=info.tokenizer_fingerprint(), vocab_size=info.vocab_size,
-                                       max_responses=o.max_saved_responses, max_tokens=o.max_saved_tokens)
+            self.store = ResponseStore(path, fingerprint=info.tokenizer_fingerprint(), vocab_size=info.vocab_size,
+                                       max_responses=o.max_saved_responses, max_tokens=o.max_saved_tokens,
+                                       perms=perms)
             loaded = self.store.load()
-            for peer in o.merge_from:
+            for peer in self._peers():
                 loaded += self.store.merge_from(peer)
                 self._merges += 1
         except ResponseStoreError as e:
@@ -289,8 +306,9 @@ class SuffixTreeProposer(Proposer):
         if o.save_every_s and time.monotonic() - self._last_save >= o.save_every_s:
             self._last_save = time.monotonic()
             self.store.save_async()
-            if o.merge_from:
-                self.store.merge_async(o.merge_from)
+            peers = self._peers()
+            if peers:
+                self.store.merge_async(peers)
 
     def file_events(self) -> dict[str, int]:
         return {} if self.store is None else {"save": self.store.saves, "merge": self._merges}

@@ -491,7 +491,7 @@ def attempt(case: Case, scratch: Path) -> Outcome:
     return Outcome("accepted", stage, "")
 
 
-TEMP_NAME = re.compile(r"(/\.[a-z]+-)(?:[0-9]+-)?[A-Za-z0-9_]{8}(\.[a-z]+\.tmp)")  # (the writer's pid)
+TEMP_NAME = re.compile(r"(/\.[a-z]+-)(?:[0-9]+-)?(?:[A-Za-z0-9_.]+-)?[A-Za-z0-9_]{8}(\.[a-z]+\.tmp)")  # (pid, target)
 
 
 def shown(message: str, scratch: Path) -> str:

@@ -326,12 +326,14 @@ def test_one_coercion_rule_strings_are_never_numbers():
 
 
 def test_a_killed_recycle_save_leaves_no_temporary_file_behind(tmp_path):
-    dead = tmp_path / ".recycle-999999999-abcdefgh.npz.tmp"  # a pid no process has
-    alive = tmp_path / f".recycle-{os.getppid()}-abcdefgh.npz.tmp"
-    dead.write_bytes(b"half")
-    alive.write_bytes(b"in progress")
+    dead = tmp_path / ".recycle-999999999-m.npz-abcdefgh.npz.tmp"  # a pid no process has
+    alive = tmp_path / f".recycle-{os.getppid()}-m.npz-abcdefgh.npz.tmp"
+    # another writer's (another target), whose pid may be another PID namespace's: never removed
+    other = tmp_path / ".recycle-999999999-peer.npz-abcdefgh.npz.tmp"
+    for f in (dead, alive, other):
+        f.write_bytes(b"half")
     matrix(tmp_path)
-    assert not dead.exists() and alive.exists()
+    assert not dead.exists() and alive.exists() and other.exists()
 
 
 @pytest.mark.parametrize("swap", ["fails", "unsupported"])

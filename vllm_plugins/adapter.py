@@ -81,6 +81,8 @@ class FreespecProposer:
                 vocab_size=self.vocab_size,
                 model=str(model_config.model),
                 tokenizer_fingerprint=lambda: tokenizer_fingerprint(model_config.tokenizer),
+                state_dir=adapter.state_dir,
+                state_max_age_s=adapter.state_max_age_s,
             )
         )
         # Proposers that learn from the target's own predictions get them through this adapter.

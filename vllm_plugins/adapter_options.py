@@ -18,9 +18,10 @@ options need (``Proposer.step_time_needed``: pearl with a large ``sync_feed_toke
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Literal, Optional, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from freespec.safe_files import short
 
@@ -56,6 +57,16 @@ class AdapterOptions(BaseModel):
                     '`cache_salt` (requests without one share a scope); `"global"`: every request; `"none"`: no '
                     'other request (docs/security.md)',
     )
+    state_dir: Optional[str] = Field(
+        None, strict=True,
+        description="a folder where every source that learns across requests (suffix's responses, recycle's "
+                    "matrix) of every replica and rank keeps its state, each process its own files (mode 0600), "
+                    "merging the others' (docs/security.md); replaces responses_path, merge_from and matrix_path",
+    )
+    state_max_age_days: float = Field(
+        30.0, gt=0.0, le=3650.0, strict=True,
+        description="files in state_dir older than this are neither merged nor kept (removed at start)",
+    )
     step_budget_ms: Optional[float] = Field(
         None, ge=1.0, le=60_000.0, strict=True,
         description=f"the circuit breaker's budget for one plugin step: 3 steps over it in a row, or one over 10x, "
@@ -63,6 +74,17 @@ class AdapterOptions(BaseModel):
                     f"{DEFAULT_STEP_BUDGET_MS:g}, raised to what the plugin's own options need (pearl with "
                     f"sync_feed_tokens above 16: its step_timeout_s)",
     )
+
+    @field_validator("state_dir")
+    @classmethod
+    def _existing_folder(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None and (not value or "\0" in value or not os.path.isdir(value)):
+            raise ValueError("not an existing folder")
+        return value
+
+    @property
+    def state_max_age_s(self) -> float:
+        return self.state_max_age_days * 86_400.0
 
     @property
     def budget_s(self) -> float:
@@ -87,8 +109,11 @@ def _allowed(key: str) -> str:
     choices = get_args(field.annotation)
     if key == "step_aside":
         return "must be true or false"
-    if key != "step_budget_ms" and choices:
+    if key == "state_dir":
+        return "must be a folder that exists (a string)"
+    if key not in ("step_budget_ms", "state_max_age_days") and choices:
         return f"must be one of {list(choices)}"
-    low = next(m.ge for m in field.metadata if getattr(m, "ge", None) is not None)
+    low = next(getattr(m, "ge", None) or getattr(m, "gt", None) for m in field.metadata
+               if getattr(m, "ge", None) is not None or getattr(m, "gt", None) is not None)
     high = next(m.le for m in field.metadata if getattr(m, "le", None) is not None)
     return f"must be a number in [{low:g}, {high:g}]"

@@ -39,8 +39,8 @@ waited on); each ``.npy`` header's length is bounded before it is read; ``meta``
 ``MAX_META_BYTES`` nested at most ``MAX_META_DEPTH``; ``probs`` must be finite, in [0, 1], and ``stamps`` at
 most ``MAX_CLOCK_AHEAD_S`` ahead of this clock (a row stamped later would win every merge).
 
-A save's temporary file carries the writer's pid; the next save in that folder removes those of a process
-that is gone (a killed save leaves nothing for good), and the folder is fsynced after the rename.
+A save's temporary file carries the writer's pid and the target's name; the next save of that target removes
+those of a process that is gone (never another target's, whose pid may be another PID namespace's) (a killed save leaves nothing for good), and the folder is fsynced after the rename.
 """
 from __future__ import annotations
 
@@ -131,6 +131,7 @@ def save_matrix(
     tokenizer: str,
     model: str = "",
     updates: int = 0,
+    perms: Optional[int] = None,
 ) -> None:
     ids = np.ascontiguousarray(ids, dtype=np.int32)
     probs = np.ascontiguousarray(probs, dtype=np.float16)
@@ -148,12 +149,14 @@ def save_matrix(
         "sha256": _digest(ids, probs, stamps),
     }
     directory = os.path.dirname(os.path.abspath(path))
-    remove_stale_temporaries(directory)
-    fd, tmp = tempfile.mkstemp(prefix=f".recycle-{os.getpid()}-", suffix=".npz.tmp", dir=directory)
+    base = os.path.basename(path)
+    remove_stale_temporaries(directory, base)
+    fd, tmp = tempfile.mkstemp(prefix=f".recycle-{os.getpid()}-{base}-", suffix=".npz.tmp", dir=directory)
     try:
         # mkstemp creates 0600; a matrix is shared with replicas (merge_from) that may run as another user, so
-        # it gets the mode any new file gets under this process's umask (0644 under the usual 022).
-        os.fchmod(fd, 0o666 & ~current_umask())
+        # it gets the mode any new file gets under this process's umask (0644 under the usual 022); a state
+        # directory's stays 0600 (``perms``).
+        os.fchmod(fd, (0o666 & ~current_umask()) if perms is None else perms)
         with os.fdopen(fd, "wb") as f:
             np.savez(
                 f, ids=ids, probs=probs, stamps=stamps,
@@ -169,14 +172,18 @@ def save_matrix(
     fsync_directory(directory)  # the rename itself durable, as the response store does
 
 
-def remove_stale_temporaries(directory: str) -> None:
-    """Remove matrix temporary files a killed save left in ``directory`` (of a process now gone)."""
+def remove_stale_temporaries(directory: str, base: str) -> None:
+    """Remove temporary files a killed save of ``base`` left in ``directory`` (of a process now gone). Only
+    ``base``'s: another writer's, maybe in another PID namespace where its pid means another process, is
+    never touched."""
     try:
         names = [n for n in os.listdir(directory) if n.startswith(".recycle-") and n.endswith(".npz.tmp")]
     except OSError:
         return
     for name in names:
-        pid = name[len(".recycle-"):].split("-", 1)[0]
+        pid, _, rest = name[len(".recycle-"):].partition("-")
+        if not rest.startswith(base + "-"):
+            continue
         if pid.isdigit() and int(pid) != os.getpid() and not process_alive(int(pid)):
             try:
                 os.unlink(os.path.join(directory, name))
@@ -199,8 +206,9 @@ def current_umask() -> int:
     return mask
 
 
-def write_matrix(path: str, m: Matrix) -> None:
-    save_matrix(path, m.ids, m.probs, m.stamps, tokenizer=m.tokenizer, model=m.model, updates=m.updates)
+def write_matrix(path: str, m: Matrix, perms: Optional[int] = None) -> None:
+    save_matrix(path, m.ids, m.probs, m.stamps, tokenizer=m.tokenizer, model=m.model, updates=m.updates,
+                perms=perms)
 
 
 def read_matrix(

@@ -186,6 +186,10 @@ class RecycleProposer(Proposer):
         self._last_save = time.monotonic()
         self._merged_stat: dict[str, tuple[int, int]] = {}  # merge_from path -> (mtime_ns, size) last read
         self._stat_errors: dict[str, str] = {}  # merge_from path -> the last error logged for it
+        # this server's file and its peers': matrix_path and merge_from, or the state directory's (bind)
+        self._path: str | None = options.matrix_path
+        self._peers = lambda: self.options.merge_from
+        self._perms: int | None = None
         self._files: FileWorker | None = None
         self._closed = False
 
@@ -202,8 +206,19 @@ class RecycleProposer(Proposer):
     def bind(self, info: EngineInfo) -> None:
         self._info = info
         self.matrix = Matrix.empty(info.vocab_size, self.options.candidates, "", info.model)
-        path = self.options.matrix_path
-        if path is None and not self.options.merge_from:
+        if info.state_dir is not None:
+            from freespec.proposers import state_dir
+
+            self._path = state_dir.own_file(info.state_dir, "recycle", "npz")
+            self._perms = state_dir.FILE_MODE
+            state_dir.sweep_old(os.path.dirname(self._path), info.state_max_age_s)
+            self._peers = lambda: tuple(state_dir.peer_files(self._path, info.state_max_age_s))
+        elif self.options.matrix_path is not None or self.options.merge_from:
+            from freespec.proposers.state_dir import legacy_warning
+
+            legacy_warning("recycle matrix_path/merge_from")
+        path = self._path
+        if path is None and not self._peers():
             return
         if info.tokenizer_fingerprint is None:
             raise ValueError("recycle matrix_path/merge_from need the tokenizer's identity, which this engine does not give")
@@ -240,8 +255,8 @@ class RecycleProposer(Proposer):
         (``os.stat`` failing: permissions, a network filesystem gone) is logged once per distinct error and
         tried again at the next check.
         """
-        own = os.path.abspath(self.options.matrix_path) if self.options.matrix_path else None
-        for path in self.options.merge_from:
+        own = os.path.abspath(self._path) if self._path else None
+        for path in self._peers():
             if os.path.abspath(path) == own:  # a peer list that names this server's own file: it is here already
                 continue
             try:
@@ -310,6 +325,7 @@ class RecycleProposer(Proposer):
         self._closed = True
         if self._files is not None:
             self._files.stop()
+        self._final = True
         self.save()
 
     def save(self) -> None:
@@ -317,24 +333,30 @@ class RecycleProposer(Proposer):
 
         For exit, SIGTERM and tests; while serving, ``propose`` hands copies to the background thread.
         """
-        if self.options.matrix_path is None or self.matrix is None:
+        if self._path is None or self.matrix is None:
             return
         self.matrix.updates = self.updates
         self._write(self.matrix)
 
     def _write(self, m: Matrix) -> None:
-        if self.options.matrix_path is None:
+        if self._path is None:
             return
         try:
-            write_matrix(self.options.matrix_path, m)
+            if self._perms is None:
+                write_matrix(self._path, m)
+            else:  # a state directory's file: readable by the serving user only
+                write_matrix(self._path, m, self._perms)
             self._events["save"] += 1
         except OSError as e:
             self._events["save_error"] += 1
             why, kind = f"{type(e).__name__}: {e}", error_kind(e)
-            if self._save_error != kind:  # once per distinct error, not every save_every_s
+            if getattr(self, "_final", False):
+                logger.error("freespec: the final save of the recycle matrix to %s failed (%s); what it learned "
+                             "since its last successful save is lost", self._path, why)
+            elif self._save_error != kind:  # once per distinct error, not every save_every_s
                 self._save_error = kind
                 logger.error("freespec: could not save the recycle matrix to %s (%s); trying again every "
-                             "save_every_s (logged once per distinct error)", self.options.matrix_path, why)
+                             "save_every_s (logged once per distinct error)", self._path, why)
             return
         self._save_error = None
 
@@ -396,7 +418,7 @@ class RecycleProposer(Proposer):
             self._apply_merges()
             if time.monotonic() - self._last_save >= self.options.save_every_s:
                 # A copy of the matrix (milliseconds); the write, its fsync and the peers' reads are the thread's.
-                self._files.request(self.snapshot() if self.options.matrix_path else None, self.options.merge_from)
+                self._files.request(self.snapshot() if self._path else None, self._peers())
                 self._last_save = time.monotonic()
         return [Draft(d) for d in drafts]
 

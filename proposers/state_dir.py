@@ -1,0 +1,104 @@
+"""One state directory (option ``state_dir``) for every learned source of every replica and rank.
+
+Layout: ``<state_dir>/<source>/<writer>.<ext>`` (``suffix/….bin``, ``recycle/….npz``). Each process writes its
+own file and merges every other file of its source's folder (its peers: other replicas and ranks, and its own
+earlier incarnations), at start and every ``save_every_s``; the merge rules are idempotent and commutative,
+so nothing is counted twice however the files overlap.
+
+The writer's name (``writer_id``) is the host name, the PID namespace (its inode, from ``/proc/self/ns/pid``) and
+the pid: two live processes never share it, on one host or many sharing a folder, in containers or not, and a
+container restarted with the same host name and pid takes its own file back. A temporary file carries the same
+name, so a sweep removes only its own writer's leftovers (``own_temporaries``) and never another namespace's
+whose pid merely looks dead here; other files go only by age (``sweep_old``). Files are created mode 0600: only
+the serving user reads what other users were answered. Retention: a peer's file older than ``max_age_s`` is
+neither merged nor kept (removed by the sweep); each file's size is bounded by its source's own options.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import socket
+import time
+
+logger = logging.getLogger("freespec")
+
+FILE_MODE = 0o600
+DEFAULT_MAX_AGE_S = 30 * 86_400.0
+_SAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+_warned: set = set()
+
+
+def legacy_warning(what: str) -> None:
+    """One warning per process and option: the per-source paths still work; ``state_dir`` replaces them."""
+    if what not in _warned:
+        _warned.add(what)
+        logger.warning("freespec: %s still work(s), but the option state_dir replaces them: one folder for every "
+                       "source, replica and rank, files readable only by the serving user (docs/security.md)", what)
+
+
+def writer_id() -> str:
+    """This process's writer name: host, PID namespace and pid (see the module docstring)."""
+    try:
+        ns = os.readlink("/proc/self/ns/pid").partition("[")[2].rstrip("]") or "0"
+    except OSError:
+        ns = "0"
+    host = _SAFE.sub("_", socket.gethostname())[:64] or "host"
+    return f"{host}.{ns}.{os.getpid()}"
+
+
+def source_dir(state_dir: str, source: str) -> str:
+    """The folder of one source's files (made if missing, mode 0700)."""
+    path = os.path.join(state_dir, source)
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return path
+
+
+def own_file(state_dir: str, source: str, ext: str) -> str:
+    return os.path.join(source_dir(state_dir, source), f"{writer_id()}.{ext}")
+
+
+def peer_files(own: str, max_age_s: float = DEFAULT_MAX_AGE_S, now: float | None = None) -> list[str]:
+    """The other writers' files beside ``own`` (same extension), newer than ``max_age_s``; oldest first."""
+    directory, name = os.path.split(own)
+    ext = name.rsplit(".", 1)[-1]
+    now = time.time() if now is None else now
+    found = []
+    try:
+        with os.scandir(directory) as entries:
+            for e in entries:
+                if e.name == name or e.name.startswith(".") or not e.name.endswith("." + ext):
+                    continue
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if e.is_file(follow_symlinks=False) and now - st.st_mtime <= max_age_s:
+                    found.append((st.st_mtime, e.path))
+    except OSError:
+        return []
+    return [p for _, p in sorted(found)]
+
+
+def sweep_old(directory: str, max_age_s: float = DEFAULT_MAX_AGE_S, now: float | None = None) -> int:
+    """Remove files of ``directory`` older than ``max_age_s`` (any writer's: by age only); links are removed, never
+    followed. Returns how many went."""
+    now = time.time() if now is None else now
+    gone = 0
+    try:
+        with os.scandir(directory) as entries:
+            for e in entries:
+                try:
+                    if now - e.stat(follow_symlinks=False).st_mtime > max_age_s:
+                        os.unlink(e.path)
+                        gone += 1
+                except OSError:
+                    continue
+    except OSError:
+        return gone
+    if gone:
+        logger.info("freespec: state directory %s: removed %d file(s) older than %.0f days", directory, gone,
+                    max_age_s / 86_400)
+    return gone

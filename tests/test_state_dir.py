@@ -1,0 +1,201 @@
+"""One state directory (option ``state_dir``): every writer its own files, named so that replicas in separate PID
+namespaces, ranks and restarts never collide; readers merge their peers'; files mode 0600; old files go by age
+only; a killed writer loses at most its last save interval; a failed final save says so plainly.
+
+Real processes where it matters: writers in separate PID namespaces (``unshare --pid --fork``, as root), a writer
+SIGKILLed at a random point, a read-only folder (a read-only bind mount in a private mount namespace).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from freespec.proposers import state_dir
+from freespec.proposers.api import EngineInfo, Row
+from freespec.proposers.response_store import ResponseStore
+from freespec.proposers.suffix_tree import SuffixOptions, SuffixTreeProposer, available
+
+REPO = Path(__file__).resolve().parents[1]
+INFO = EngineInfo(vocab_size=1000, model="m", tokenizer_fingerprint=lambda: "sha256:tok-a")
+ROOT = os.geteuid() == 0 and shutil.which("unshare") is not None
+needs_root = pytest.mark.skipif(not ROOT, reason="needs root and unshare (separate PID or mount namespaces)")
+
+# A writer process: its own file in <dir>/suffix, ROUNDS rounds of adding responses, saving and merging its peers.
+WRITER = """
+import sys, time
+import numpy as np
+from freespec.proposers import state_dir
+from freespec.proposers.response_store import ResponseStore
+
+folder, index, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+own = state_dir.own_file(folder, "suffix", "bin")
+store = ResponseStore(own, fingerprint="sha256:tok-a", vocab_size=1000, max_responses=100000, max_tokens=10**7,
+                      perms=state_dir.FILE_MODE)
+store.load()
+for r in range(rounds):
+    for i in range(20):
+        store.add(np.array([index, r, i, 7, 8, 9], dtype=np.int32))
+    store.save()
+    for peer in state_dir.peer_files(own):
+        try:
+            store.merge_from(peer)
+        except ValueError:
+            pass
+    print("saved", r, flush=True)
+store.close()
+print("writer", state_dir.writer_id(), flush=True)
+"""
+
+
+def run_writer(folder: Path, index: int, rounds: int, pid_namespace: bool) -> subprocess.Popen:
+    cmd = [sys.executable, "-c", WRITER, str(folder), str(index), str(rounds)]
+    if pid_namespace:
+        cmd = ["unshare", "--pid", "--fork", "--kill-child", *cmd]  # the writer dies with unshare
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def responses_in(folder: Path) -> set[tuple[int, ...]]:
+    """Every response of every file in the folder's suffix/ (a fresh reader merging all of them)."""
+    seen: set[tuple[int, ...]] = set()
+    for path in sorted((folder / "suffix").glob("*.bin")):
+        store = ResponseStore(str(path), fingerprint="sha256:tok-a", vocab_size=1000, max_responses=100000,
+                              max_tokens=10**7)
+        seen |= {tuple(int(t) for t in r) for r in store.load()}
+    return seen
+
+
+@needs_root
+def test_writers_in_separate_pid_namespaces_on_one_folder_lose_nothing(tmp_path):
+    procs = [run_writer(tmp_path, i, 4, pid_namespace=True) for i in range(3)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+    writers = [o[0].split("writer ")[-1].strip() for o in outs]
+    assert len(set(writers)) == 3 and all(w.endswith(".1") for w in writers)  # each is pid 1 in its namespace
+    files = sorted((tmp_path / "suffix").glob("*.bin"))
+    assert len(files) == 3 and all(f.stat().st_mode & 0o777 == 0o600 for f in files)
+    assert not list((tmp_path / "suffix").glob(".*.tmp"))  # no temporary left, none removed under a writer
+    want = {(i, r, k, 7, 8, 9) for i in range(3) for r in range(4) for k in range(20)}
+    assert responses_in(tmp_path) == want
+    last = files[-1]  # the last writer to finish merged every other's last save
+    store = ResponseStore(str(last), fingerprint="sha256:tok-a", vocab_size=1000, max_responses=100000,
+                          max_tokens=10**7)
+    assert len(store.load()) >= 3 * 20
+
+
+@needs_root
+def test_a_writer_killed_at_a_random_point_loses_at_most_its_last_save_interval(tmp_path):
+    rng = random.Random(66)
+    for trial in range(3):
+        folder = tmp_path / f"t{trial}"
+        folder.mkdir()
+        proc = run_writer(folder, 0, 10_000, pid_namespace=True)
+        saved = -1
+        deadline = time.monotonic() + rng.uniform(1.5, 4.0)
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if line.startswith("saved"):
+                saved = int(line.split()[1])
+        proc.send_signal(signal.SIGKILL)  # unshare dies, and --kill-child SIGKILLs the writer
+        proc.wait(timeout=30)
+        files = sorted((folder / "suffix").glob("*"))
+        time.sleep(0.5)
+        assert sorted((folder / "suffix").glob("*")) == files and all(  # the writer is gone: nothing changes
+            f.stat().st_mtime < time.time() - 0.4 for f in files)
+        got = responses_in(folder)  # every file loads: none is corrupt
+        assert {(0, r, k, 7, 8, 9) for r in range(saved + 1) for k in range(20)} <= got, (trial, saved)
+
+
+@needs_root
+def test_a_failed_final_save_in_a_read_only_folder_is_said_plainly(tmp_path):
+    script = (
+        "import logging, sys, numpy as np\n"
+        "logging.basicConfig(level=logging.INFO)\n"
+        "from freespec.proposers.response_store import ResponseStore\n"
+        "s = ResponseStore(sys.argv[1] + '/r.bin', fingerprint='f', vocab_size=1000)\n"
+        "s.add(np.array([1, 2, 3], dtype=np.int32))\n"
+        "s.close()\n"
+    )
+    shell = (f"mount --bind {tmp_path} {tmp_path} && mount -o remount,bind,ro {tmp_path} && "
+             f"exec {sys.executable} -c \"$0\" {tmp_path}")
+    out = subprocess.run(["unshare", "--mount", "sh", "-c", shell, script], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "the final save of the response store" in out.stderr and "are lost" in out.stderr, out.stderr[-2000:]
+    assert "tries again" not in out.stderr
+
+
+def test_the_writer_name_is_host_pid_namespace_and_pid():
+    host, ns, pid = state_dir.writer_id().rsplit(".", 2)
+    assert pid == str(os.getpid()) and ns == os.readlink("/proc/self/ns/pid").split("[")[1].rstrip("]") and host
+
+
+def test_old_files_go_by_age_and_peers_older_than_the_bound_are_not_merged(tmp_path):
+    folder = Path(state_dir.source_dir(str(tmp_path), "suffix"))
+    old, fresh, own = folder / "a.1.1.bin", folder / "b.1.1.bin", folder / "c.1.1.bin"
+    for f in (old, fresh, own):
+        f.write_bytes(b"x")
+    os.utime(old, (time.time() - 100, time.time() - 100))
+    assert state_dir.peer_files(str(own), max_age_s=50) == [str(fresh)]
+    assert state_dir.sweep_old(str(folder), max_age_s=50) == 1
+    assert not old.exists() and fresh.exists() and own.exists()
+
+
+def serve(p: SuffixTreeProposer, key: int, seq: np.ndarray) -> None:
+    p.propose([Row(key, seq[:4], 1)])
+    p.propose([Row(key, seq, len(seq) - 4)])
+    p.release(key)
+
+
+def test_a_replica_drafts_from_what_another_saved_in_the_state_directory(tmp_path, monkeypatch, caplog):
+    info = dataclasses.replace(INFO, state_dir=str(tmp_path))
+    answer = np.arange(500, 520, dtype=np.int32)
+    monkeypatch.setattr(state_dir, "writer_id", lambda: "host-a.1.1")
+    first = SuffixTreeProposer(SuffixOptions(min_token_prob=0.0), 4)
+    first.bind(info)
+    serve(first, 1, np.concatenate([[1, 2, 3], answer]).astype(np.int32))
+    first.close()
+    saved = tmp_path / "suffix" / "host-a.1.1.bin"
+    assert saved.stat().st_mode & 0o777 == 0o600
+    monkeypatch.setattr(state_dir, "writer_id", lambda: "host-b.1.1")
+    second = SuffixTreeProposer(SuffixOptions(min_token_prob=0.0), 4)
+    with caplog.at_level(logging.WARNING, logger="freespec"):
+        second.bind(info)
+    assert "state_dir replaces" not in caplog.text  # the new option warns of nothing
+    context = np.concatenate([[9, 9], answer[:6]]).astype(np.int32)
+    assert second.propose([Row(5, context, 1)])[0][:3] == answer[6:9].tolist()
+
+
+def test_the_old_per_source_options_still_work_with_one_warning(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(state_dir, "_warned", set())
+    with caplog.at_level(logging.WARNING, logger="freespec"):
+        for _ in range(2):
+            p = SuffixTreeProposer(SuffixOptions(responses_path=str(tmp_path / "r.bin")), 4)
+            p.bind(INFO)
+            p.close()
+    assert caplog.text.count("state_dir replaces") == 1 and (tmp_path / "r.bin").exists()
+
+
+def test_the_state_dir_option_is_checked_naming_it(tmp_path):
+    from freespec.vllm_plugins.frontend import translate
+
+    _, extra = translate({"plugin": "copy", "num_speculative_tokens": 4, "state_dir": str(tmp_path)}, None)
+    assert json.dumps(extra)  # accepted
+    with pytest.raises(Exception, match="'state_dir'"):
+        translate({"plugin": "copy", "num_speculative_tokens": 4, "state_dir": str(tmp_path / "missing")}, None)
+    with pytest.raises(Exception, match="'state_max_age_days'"):
+        translate({"plugin": "copy", "num_speculative_tokens": 4, "state_max_age_days": 0}, None)
+
+
+pytestmark = pytest.mark.skipif(not available()[0], reason="needs arctic-inference")
