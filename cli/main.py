@@ -11,14 +11,14 @@ import argparse
 import sys
 
 from freespec import __version__
-from freespec.cli import bench, datastore, doctor, models, recycle, responses, serve
+from freespec.cli import bench, datastore, doctor, models, recycle, responses, serve, state
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="freespec", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True)
-    for module in (models, bench, doctor, datastore, responses, recycle, serve):
+    for module in (models, bench, doctor, datastore, responses, recycle, serve, state):
         module.add_parser(subparsers)
     return parser
 

@@ -24,6 +24,7 @@ import time
 logger = logging.getLogger("freespec")
 
 FILE_MODE = 0o600
+SOURCES = ("suffix", "recycle")  # the folders of the sources that keep state here
 DEFAULT_MAX_AGE_S = 30 * 86_400.0
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
@@ -101,4 +102,41 @@ def sweep_old(directory: str, max_age_s: float = DEFAULT_MAX_AGE_S, now: float |
     if gone:
         logger.info("freespec: state directory %s: removed %d file(s) older than %.0f days", directory, gone,
                     max_age_s / 86_400)
+    return gone
+
+
+def state_files(state_dir: str) -> list[tuple[str, float, int]]:
+    """Every file a source keeps in ``state_dir`` (path, mtime, bytes), by source then name (``SOURCES``'
+    folders only); links and temporaries included, as they take space too."""
+    out = []
+    for source in SOURCES:  # only the sources' own folders: a wrong DIR loses nothing else
+        folder = os.path.join(state_dir, source)
+        if not os.path.isdir(folder) or os.path.islink(folder):
+            continue
+        for name in sorted(os.listdir(folder)):
+            try:
+                st = os.lstat(os.path.join(folder, name))
+            except OSError:
+                continue
+            out.append((os.path.join(folder, name), st.st_mtime, st.st_size))
+    return out
+
+
+def purge(state_dir: str, *, older_than_s: float | None = None, writer: str | None = None,
+          now: float | None = None) -> list[str]:
+    """Remove files of ``state_dir`` (every one, or those older than ``older_than_s``, or ``writer``'s own);
+    returns the removed paths. A running writer writes its file again at its next save."""
+    now = time.time() if now is None else now
+    gone = []
+    for path, mtime, _ in state_files(state_dir):
+        name = os.path.basename(path)
+        if older_than_s is not None and now - mtime <= older_than_s:
+            continue
+        if writer is not None and name.rsplit(".", 1)[0] != writer and f"-{writer}." not in name:
+            continue
+        try:
+            os.unlink(path)
+            gone.append(path)
+        except FileNotFoundError:
+            continue
     return gone

@@ -222,7 +222,14 @@ class SuffixTreeProposer(Proposer):
                                        perms=perms)
             loaded = self.store.load()
             for peer in self._peers():
-                loaded += self.store.merge_from(peer)
+                try:
+                    loaded += self.store.merge_from(peer)
+                except ResponseStoreError as e:
+                    if info.state_dir is None:
+                        raise
+                    # another writer's file in a shared folder: never a reason not to start
+                    logger.warning("freespec: suffix state_dir: a peer's file is skipped (%s)", e)
+                    continue
                 self._merges += 1
         except ResponseStoreError as e:
             raise ValueError(f"suffix responses_path/merge_from: {e}") from e

@@ -199,3 +199,65 @@ def test_the_state_dir_option_is_checked_naming_it(tmp_path):
 
 
 pytestmark = pytest.mark.skipif(not available()[0], reason="needs arctic-inference")
+
+
+def test_freespec_state_lists_and_purges_by_age_or_writer_and_nothing_outside_the_sources_folders(tmp_path, capsys):
+    from freespec.cli.main import main
+
+    suffix = Path(state_dir.source_dir(str(tmp_path), "suffix"))
+    recycle = Path(state_dir.source_dir(str(tmp_path), "recycle"))
+    old, mine, other = suffix / "h.1.10.bin", recycle / "h.1.11.npz", suffix / "h.1.12.bin"
+    for f in (old, mine, other):
+        f.write_bytes(b"x")
+    stray = tmp_path / "notes.txt"
+    stray.write_text("the operator's")
+    os.utime(old, (time.time() - 3 * 86_400, time.time() - 3 * 86_400))
+    assert main(["state", "list", str(tmp_path)]) == 0 and "3 file(s)" in capsys.readouterr().out
+    assert main(["state", "purge", str(tmp_path), "--older-than", "2"]) == 0
+    assert not old.exists() and mine.exists() and other.exists()
+    assert main(["state", "purge", str(tmp_path), "--writer", "h.1.11"]) == 0
+    assert not mine.exists() and other.exists()
+    assert main(["state", "purge", str(tmp_path)]) == 0
+    assert not other.exists() and stray.exists()
+    assert main(["state", "list", str(tmp_path / "missing")]) == 1
+
+
+def test_freespec_serve_puts_the_state_dir_into_the_speculative_config():
+    from freespec.cli.serve import with_state_dir
+
+    spec = '{"plugin": "hybrid", "num_speculative_tokens": 8}'
+    got = with_state_dir(["m", "--speculative-config", spec, "--state-dir", "/srv/state"])
+    assert got[:2] == ["m", "--speculative-config"] and json.loads(got[2])["state_dir"] == "/srv/state"
+    assert with_state_dir(["m", "--speculative-config.plugin", "copy", "--state-dir=/s"])[-1] == \
+        "--speculative-config.state_dir=/s"
+    assert with_state_dir(["m", "--speculative-config", spec]) == ["m", "--speculative-config", spec]
+    with pytest.raises(ValueError, match="--state-dir needs a freespec --speculative-config"):
+        with_state_dir(["m", "--state-dir", "/s"])
+
+
+def test_a_bad_peer_file_in_the_state_directory_never_stops_a_start(tmp_path, monkeypatch, caplog):
+    info = dataclasses.replace(INFO, state_dir=str(tmp_path))
+    (Path(state_dir.source_dir(str(tmp_path), "suffix")) / "peer.1.1.bin").write_bytes(b"not a store")
+    with caplog.at_level(logging.WARNING, logger="freespec"):
+        SuffixTreeProposer(SuffixOptions(), 4).bind(info)
+    assert "peer's file is skipped" in caplog.text
+
+
+def test_recycles_matrix_is_shared_through_the_state_directory(tmp_path, monkeypatch):
+    from freespec.proposers.api import ScoredPositions
+    from freespec.proposers.recycle.proposer import RecycleOptions, RecycleProposer
+
+    info = dataclasses.replace(INFO, state_dir=str(tmp_path))
+    monkeypatch.setattr(state_dir, "writer_id", lambda: "host-a.1.1")
+    first = RecycleProposer(RecycleOptions(adaptive=False), 4)
+    first.bind(info)
+    ids = np.asarray([[421, 422]], dtype=np.int32)
+    first.observe(ScoredPositions(np.asarray([5], dtype=np.int32), ids, np.full(ids.shape, 0.9, np.float32)))
+    first.close()
+    saved = tmp_path / "recycle" / "host-a.1.1.npz"
+    assert saved.stat().st_mode & 0o777 == 0o600
+    monkeypatch.setattr(state_dir, "writer_id", lambda: "host-b.1.1")
+    second = RecycleProposer(RecycleOptions(adaptive=False), 4)
+    second.bind(info)
+    assert second.propose([Row(1, np.asarray([3, 4, 5], dtype=np.int32), 1)])[0][:1] == [421]
+    second.close()

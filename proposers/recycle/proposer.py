@@ -281,7 +281,7 @@ class RecycleProposer(Proposer):
             try:
                 peer = self._load(path, "recycle merge_from")
             except MatrixFileError:
-                if at_start:
+                if at_start and self._perms is None:  # a state directory's peer never stops the start
                     raise
                 logger.warning("freespec: recycle merge_from %s skipped", path, exc_info=True)
                 continue
