@@ -195,6 +195,7 @@ class CopyProposer(Proposer):
         self._live_indexed = 0  # tokens indexed in live requests' own indexes, all together
         # scope -> its pool of departed outputs, least recently used first; all together hold at most pool_tokens
         self._pools: OrderedDict[str, _OutputPool] = OrderedDict()
+        self._pooled = 0  # tokens in all pools together
         self._estimates = [[AcceptanceEstimate() for _ in range(MATCH_BUCKETS)] for _ in (OWN, POOL)]
 
     # -- lifecycle -------------------------------------------------------
@@ -208,21 +209,22 @@ class CopyProposer(Proposer):
                     pool = self._pools[st.scope] = _OutputPool(self.g, self.options.candidates_per_key,
                                                                self.options.pool_tokens)
                 self._pools.move_to_end(st.scope)
+                before = pool.tokens
                 pool.add(st.seq[st.output_start :])
+                self._pooled += pool.tokens - before
+                if not pool.order:  # an output too short to keep
+                    del self._pools[st.scope]
                 self._bound_pools()
 
     def _bound_pools(self) -> None:
         """At most ``pool_tokens`` in all scopes' pools together: the least recently used scope's oldest
         outputs go first; a pool left empty is dropped."""
-        total = sum(p.tokens for p in self._pools.values())
-        for scope in list(self._pools):
-            pool = self._pools[scope]
-            while total > self.options.pool_tokens and pool.order:
-                total -= pool.evict_oldest()
+        while self._pools and (self._pooled > self.options.pool_tokens or not next(iter(self._pools.values())).order):
+            scope, pool = next(iter(self._pools.items()))  # the least recently used
+            while self._pooled > self.options.pool_tokens and pool.order:
+                self._pooled -= pool.evict_oldest()
             if not pool.order:
                 del self._pools[scope]
-            if total <= self.options.pool_tokens:
-                break
 
     def state_bytes(self) -> int:
         live = sum(len(st.seq) * 4 + st.index.nbytes() for st in self._seqs.values())
