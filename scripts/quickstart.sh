@@ -4,11 +4,12 @@
 # at one request on 2 cores: 1.32x against ngram's 1.15x, results/load-bfloat16-zen4) at concurrency 1,
 # one prompt of each of six categories, and print the speed-up table. Every server gets the same engine
 # settings (torch.compile'd, as vLLM runs by default); the servers after the first reuse its compiled
-# kernels (freespec bench, server.py). About 10 minutes on 2 cores from a fresh clone, setup included
-# (results/ci-cost); add ngram with `--configs none,ngram,suffix,hybrid`, more prompts with
-# `--per-category 2`. Questions: Spec-Bench when it is given, cached or can be downloaded, else
-# freespec's built-in prompt set (the output says which). The dtype fits the CPU (bfloat16 only where
-# it is native). Extra arguments go to `freespec bench` and win.
+# kernels (freespec bench, server.py). 9 min 17 s on 2 cores from a fresh clone with a warm pip cache and
+# a cold compile cache, setup included (results/ci-cost/results.md). Add ngram with
+# `--configs none,ngram,suffix,hybrid`, more prompts with `--per-category 2`. Questions: Spec-Bench
+# when it is given, cached or can be downloaded, else freespec's built-in prompt set (the output says
+# which). The dtype fits the CPU (bfloat16 only where it is native). Extra arguments go to
+# `freespec bench` and win.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
