@@ -1,8 +1,8 @@
 """``freespec state``: what the learned sources keep in a state directory (option ``state_dir``), and removing it.
 
 ``freespec state list DIR`` lists every file by source, with its age and size; ``freespec state purge DIR``
-removes them all, or those older than ``--older-than DAYS``, or one writer's (``--writer NAME``, as listed).
-Only requests without a ``cache_salt`` are ever written there (docs/security.md).
+removes them all, or those older than ``--older-than DAYS``, or one writer's (``--writer NAME``, as listed), or
+one tenant's learning (``--scope SALT``: its files, and a tombstone every replica acts on at its next save).
 """
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ def add_parser(subparsers) -> None:
     rm.add_argument("dir", help="the state directory")
     rm.add_argument("--older-than", type=float, metavar="DAYS", help="only files not written for DAYS days")
     rm.add_argument("--writer", help="only this writer's files (HOST.PIDNS.PID, as listed)")
+    rm.add_argument("--scope", metavar="SALT", help="only the learning of requests with this cache_salt, from disk "
+                    "now and from every running replica at its next save")
     rm.set_defaults(func=run_purge)
 
 
@@ -41,6 +43,15 @@ def run_list(args) -> int:
 
 
 def run_purge(args) -> int:
+    if args.scope is not None:
+        from freespec.proposers.scoped_responses import purge_scope
+        from freespec.vllm_plugins.request_ids import scope_of
+
+        if not args.scope:
+            raise ValueError("freespec state: --scope needs the tenant's cache_salt")
+        gone = purge_scope(os.path.join(_checked(args.dir), "suffix"), scope_of(args.scope))
+        print(f"{len(gone)} file(s) removed; running replicas forget the scope at their next save")
+        return 0
     older = None if args.older_than is None else args.older_than * 86_400.0
     gone = state_dir.purge(_checked(args.dir), older_than_s=older, writer=args.writer)
     for path in gone:

@@ -397,6 +397,16 @@ class ResponseStore:
                 self._horizon = gone.key
         return True
 
+    def evict_oldest(self) -> int:
+        """Drop the oldest response (as a bound does: it becomes the horizon); the tokens it held (0: empty)."""
+        with self._lock:
+            if not self._entries:
+                return 0
+            _, gone = self._entries.popitem(last=False)
+            self._tokens -= len(gone.tokens)
+            self._horizon = gone.key
+            return len(gone.tokens)
+
     def _snapshot(self) -> Stored:
         """The store as it is now (references: the arrays are read-only)."""
         with self._lock:

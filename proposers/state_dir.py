@@ -1,6 +1,7 @@
 """One state directory (option ``state_dir``) for every learned source of every replica and rank.
 
-Layout: ``<state_dir>/<source>/<writer>.<ext>`` (``suffix/….bin``, ``recycle/….npz``). Each process writes its
+Layout: ``<state_dir>/<source>/<writer>.<ext>`` (``suffix/….bin``, ``recycle/….npz``); the salted tenants'
+responses in ``suffix/<scope>/<writer>.bin`` (``scoped_responses``). Each process writes its
 own file and merges every other file of its source's folder (its peers: other replicas and ranks, and its own
 earlier incarnations), at start and every ``save_every_s``; the merge rules are idempotent and commutative,
 so nothing is counted twice however the files overlap.
@@ -114,11 +115,20 @@ def state_files(state_dir: str) -> list[tuple[str, float, int]]:
         if not os.path.isdir(folder) or os.path.islink(folder):
             continue
         for name in sorted(os.listdir(folder)):
+            path = os.path.join(folder, name)
             try:
-                st = os.lstat(os.path.join(folder, name))
+                st = os.lstat(path)
             except OSError:
                 continue
-            out.append((os.path.join(folder, name), st.st_mtime, st.st_size))
+            if os.path.isdir(path) and not os.path.islink(path):  # suffix/<scope>/ and suffix/purged/
+                for inner in sorted(os.listdir(path)):
+                    try:
+                        ist = os.lstat(os.path.join(path, inner))
+                    except OSError:
+                        continue
+                    out.append((os.path.join(path, inner), ist.st_mtime, ist.st_size))
+                continue
+            out.append((path, st.st_mtime, st.st_size))
     return out
 
 
@@ -130,6 +140,8 @@ def purge(state_dir: str, *, older_than_s: float | None = None, writer: str | No
     gone = []
     for path, mtime, _ in state_files(state_dir):
         name = os.path.basename(path)
+        if os.path.basename(os.path.dirname(path)) == "purged" and older_than_s is None:
+            continue  # a tombstone stays until it is old: a writer that has not seen it yet must
         if older_than_s is not None and now - mtime <= older_than_s:
             continue
         if writer is not None and name.rsplit(".", 1)[0] != writer and f"-{writer}." not in name:

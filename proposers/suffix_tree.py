@@ -181,6 +181,7 @@ class SuffixTreeProposer(Proposer):
         self.calibration = TokenCalibration()
         self._live: dict[int, _Live] = {}
         self.store = None  # ResponseStore, when responses are persisted (bind)
+        self.scoped = None  # ScopedResponses: the salted scopes' responses, in a state directory (bind)
         self._to_seed: deque = deque()  # responses merged from replicas, put into the tree a few per step
         self._last_save = 0.0
         self._seeded = 0
@@ -203,6 +204,7 @@ class SuffixTreeProposer(Proposer):
 
             path, perms = state_dir.own_file(info.state_dir, "suffix", "bin"), state_dir.FILE_MODE
             state_dir.sweep_old(os.path.dirname(path), info.state_max_age_s)
+            state_dir.sweep_old(os.path.join(os.path.dirname(path), "purged"), info.state_max_age_s)
             self._peers = lambda: tuple(state_dir.peer_files(path, info.state_max_age_s))
         elif path is not None:
             from freespec.proposers.state_dir import legacy_warning
@@ -236,6 +238,14 @@ class SuffixTreeProposer(Proposer):
         except ValueError as e:
             raise ValueError(f"suffix responses_path: {e}") from e
         self._seed(loaded)
+        if info.state_dir is not None:  # the salted tenants' responses, one folder per scope
+            from freespec.proposers.scoped_responses import ScopedResponses
+
+            self.scoped = ScopedResponses(os.path.dirname(path), fingerprint=self.store.fingerprint,
+                                          vocab_size=info.vocab_size, max_responses=o.max_saved_responses,
+                                          max_tokens=o.max_saved_tokens, max_age_s=info.state_max_age_s)
+            for scope, responses in self.scoped.load().items():
+                self._seed(responses, scope)
         self._last_save = time.monotonic()
         save_at_exit(self.close, "suffix responses")
 
@@ -251,17 +261,27 @@ class SuffixTreeProposer(Proposer):
         self._caches.move_to_end(scope)
         return cache
 
-    def _seed(self, responses: Sequence[np.ndarray]) -> None:
-        """Put responses into the shared scope's global tree as if requests had just produced them (oldest
-        first)."""
+    def _seed(self, responses: Sequence[np.ndarray], scope: str = SHARED_SCOPE) -> None:
+        """Put responses into the scope's global tree as if requests had just produced them (oldest first)."""
         for tokens in responses:
             self._seeded += 1
             key = ("freespec-seed", self._seeded)
-            cache = self._cache_of(SHARED_SCOPE)
+            cache = self._cache_of(scope)
             cache.start_request(key, np.zeros(0, dtype=np.int32))
             cache.add_active_response(key, np.array(tokens, dtype=np.int32))  # a writable copy
             cache.stop_request(key)
-            self._account(SHARED_SCOPE, key, len(tokens))
+            self._account(scope, key, len(tokens))
+
+    def _forget(self, scope: str) -> None:
+        """A purged scope: every departed output of it leaves its global tree (live requests go on)."""
+        cache = self._caches.get(scope)
+        for key, tokens in list(self._cached.pop(scope, {}).items()):
+            self._cached_tokens -= tokens
+            self._cached_count -= 1
+            if cache is not None and key in cache.cached_requests and key not in cache.active_requests:
+                cache.evict_cached_response(key)
+        self._drop_if_empty(scope)
+        logger.info("freespec: suffix forgot a purged scope's responses")
 
     def _account(self, scope, key, tokens: int) -> None:
         """A departed request's ``tokens`` output tokens stay in its scope's global tree: while more than
@@ -313,6 +333,9 @@ class SuffixTreeProposer(Proposer):
         if o.save_every_s and time.monotonic() - self._last_save >= o.save_every_s:
             self._last_save = time.monotonic()
             self.store.save_async()
+            if self.scoped is not None:
+                for scope in self.scoped.tick():
+                    self._forget(scope)
             peers = self._peers()
             if peers:
                 self.store.merge_async(peers)
@@ -329,11 +352,18 @@ class SuffixTreeProposer(Proposer):
         for st in list(self._live.values()):
             self._keep(st)
         self.store.close()
+        if self.scoped is not None:
+            self.scoped.close()
 
     def _keep(self, st: _Live) -> None:
-        if st.output and st.scope == SHARED_SCOPE:  # only the shared scope's responses are written to the file
+        # The shared scope's responses go to its file; a salted scope's only to its own, in a state directory.
+        if st.output and (st.scope == SHARED_SCOPE or (self.scoped is not None and st.scope is not NO_SCOPE)):
             try:
-                self.store.add(np.concatenate(st.output))
+                tokens = np.concatenate(st.output)
+                if st.scope == SHARED_SCOPE:
+                    self.store.add(tokens)
+                else:
+                    self.scoped.add(st.scope, tokens)
             except ValueError as e:  # ids outside the vocabulary: not kept
                 logger.debug("freespec: suffix response not stored: %s", e)
             st.output = []

@@ -261,3 +261,58 @@ def test_recycles_matrix_is_shared_through_the_state_directory(tmp_path, monkeyp
     second.bind(info)
     assert second.propose([Row(1, np.asarray([3, 4, 5], dtype=np.int32), 1)])[0][:1] == [421]
     second.close()
+
+
+def scoped_source(info, writer: str, monkeypatch, **options) -> SuffixTreeProposer:
+    monkeypatch.setattr(state_dir, "writer_id", lambda: writer)
+    p = SuffixTreeProposer(SuffixOptions(min_token_prob=0.0, **options), 4)
+    p.bind(info)
+    return p
+
+
+def test_a_tenants_responses_persist_in_its_own_scope_and_purge_removes_them_everywhere(tmp_path, monkeypatch):
+    from freespec.cli.main import main
+    from freespec.vllm_plugins.request_ids import scope_of
+
+    info = dataclasses.replace(INFO, state_dir=str(tmp_path))
+    x, y = scope_of("tenant-x"), scope_of("tenant-y")
+    answer = np.arange(600, 620, dtype=np.int32)
+    seq = np.concatenate([[1, 2, 3], answer]).astype(np.int32)
+    context = np.concatenate([[9, 9], answer[:6]]).astype(np.int32)
+    first = scoped_source(info, "host-a.1.1", monkeypatch)
+    first.propose([Row(1, seq[:4], 1, x)])
+    first.propose([Row(1, seq, len(seq) - 4, x)])
+    first.release(1)
+    first.close()
+    mine = tmp_path / "suffix" / x / "host-a.1.1.bin"
+    assert mine.stat().st_mode & 0o777 == 0o600
+    assert responses_in(tmp_path) == set()  # nothing of tenant x in the shared file
+
+    def drafts(p, scope, key):
+        out = p.propose([Row(key, context, 1, scope)])[0]
+        p.release(key)
+        return out
+
+    running = scoped_source(info, "host-b.1.1", monkeypatch, save_every_s=0.01)  # a replica that loaded x
+    assert drafts(running, x, 5)[:3] == answer[6:9].tolist()
+    assert drafts(running, y, 6) == [] and drafts(running, "", 7) == []  # another tenant, and no salt: cold
+    running.scoped.add(x, answer)  # it holds x in memory and on disk
+    running._last_save = 0.0
+    running.candidates([])
+    assert running.scoped._files.wait(10)
+    assert (tmp_path / "suffix" / x / "host-b.1.1.bin").exists()
+
+    assert main(["state", "purge", str(tmp_path), "--scope", "tenant-x"]) == 0
+    assert not mine.exists()
+    # Its next saves find the tombstone: the replica forgets x and removes its own file of it.
+    deadline = time.monotonic() + 10
+    while x in running._cached and time.monotonic() < deadline:
+        running._last_save = 0.0
+        running.candidates([])
+        time.sleep(0.05)
+    assert x not in running._cached and drafts(running, x, 8) == []
+    running.scoped._files.wait(10)
+    assert not (tmp_path / "suffix" / x / "host-b.1.1.bin").exists()
+    running.close()
+    fresh = scoped_source(info, "host-c.1.1", monkeypatch)  # and a start loads none of it
+    assert drafts(fresh, x, 9) == []
