@@ -317,7 +317,7 @@ class ResponseStore:
 
     def __init__(
         self, path: str, *, fingerprint: str, vocab_size: int, max_responses: int = 10_000,
-        max_tokens: int = 2_000_000, perms: int = 0o666,
+        max_tokens: int = 2_000_000, perms: int = 0o666, check_folder: bool = True,
     ) -> None:
         if not 1 <= max_responses <= MAX_RESPONSES:
             raise ValueError(f"max_responses must be in [1, {MAX_RESPONSES}], got {max_responses}")
@@ -328,7 +328,7 @@ class ResponseStore:
         if not 1 <= vocab_size < 1 << 31:
             raise ValueError(f"vocab_size must be in [1, 2**31), got {vocab_size}")
         directory = os.path.dirname(os.path.abspath(path))
-        if not os.path.isdir(directory):  # the file may not exist yet (first start); its folder must
+        if check_folder and not os.path.isdir(directory):  # the file may not exist yet (first start); its folder must
             raise ValueError(f"response store {path!r}: directory {directory!r} does not exist")
         self.path, self.fingerprint, self.vocab_size = path, fingerprint, vocab_size
         self.perms = perms  # of the files it creates (a state directory's: 0600)

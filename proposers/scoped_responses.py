@@ -2,8 +2,9 @@
 
 ``<state_dir>/suffix/<scope>/<writer>.bin``: one ``ResponseStore`` per scope, loaded at start with the scope's
 peer files (other replicas', this writer's earlier incarnations'); all of them together hold at most
-``max_responses`` responses and ``max_tokens`` tokens (the least recently used scope's oldest go first), and one
-background thread saves those that changed. ``freespec state purge --scope SALT`` removes the scope's folder and
+``max_responses`` responses and ``max_tokens`` tokens (the least recently used scope's oldest go first). One
+background thread saves those that changed and, every save interval, reads the peers' changed files of every
+scope folder (at most ``MERGE_FILES`` a time) and prepares their merges; the engine's thread only applies them. ``freespec state purge --scope SALT`` removes the scope's folder and
 leaves a tombstone, ``<state_dir>/suffix/purged/<scope>``: each writer finds it at its next save, forgets the scope
 (the source evicts its outputs) and removes its own file of it; at start a file older than its scope's tombstone is
 not loaded. Tombstones go by age like every other file (``state_dir.sweep_old``).
@@ -24,6 +25,7 @@ from freespec.proposers.response_store import ResponseStore, ResponseStoreError
 logger = logging.getLogger("freespec")
 
 PURGED = "purged"  # the tombstones' folder under <state_dir>/suffix
+MERGE_FILES = 64  # peers' files read per save interval, all scopes together
 
 
 def tombstone_dir(root: str) -> str:
@@ -69,22 +71,31 @@ class ScopedResponses:
                  max_age_s: float) -> None:
         self.root, self.fingerprint, self.vocab_size = root, fingerprint, vocab_size
         self.max_responses, self.max_tokens, self.max_age_s = max_responses, max_tokens, max_age_s
+        self.writer = state_dir.writer_id()
         self.stores: OrderedDict[str, ResponseStore] = OrderedDict()  # least recently used first
         self._dirty: set[str] = set()
         self._unsaved: dict = {}  # store -> True, handed to the background thread and not yet written
         self._unsaved_lock = threading.Lock()
         self._seen_tombstones: dict[str, float] = {}
         self._files: FileWorker | None = None
+        self._stores_lock = threading.Lock()  # self.stores: the engine's thread and the background one
+        self._peer_seen: dict = {}  # the background thread's: peer path -> (mtime_ns, size) last merged
+        self._peer_errors: dict = {}
 
-    def _store(self, scope: str) -> ResponseStore:
-        store = self.stores.get(scope)
-        if store is None:
-            path = os.path.join(state_dir.source_dir(self.root, scope), f"{state_dir.writer_id()}.bin")
-            store = self.stores[scope] = ResponseStore(
-                path, fingerprint=self.fingerprint, vocab_size=self.vocab_size, max_responses=self.max_responses,
-                max_tokens=self.max_tokens, perms=state_dir.FILE_MODE)
-        self.stores.move_to_end(scope)
-        return store
+    def _store(self, scope: str, touch: bool = True) -> ResponseStore:
+        """The scope's store, made if missing (no file I/O: its folder is made when it is first saved)."""
+        with self._stores_lock:
+            store = self.stores.get(scope)
+            if store is None:
+                path = os.path.join(self.root, scope, f"{self.writer}.bin")
+                store = self.stores[scope] = ResponseStore(
+                    path, fingerprint=self.fingerprint, vocab_size=self.vocab_size, max_responses=self.max_responses,
+                    max_tokens=self.max_tokens, perms=state_dir.FILE_MODE, check_folder=False)
+                if not touch:
+                    self.stores.move_to_end(scope, last=False)
+            if touch:
+                self.stores.move_to_end(scope)
+            return store
 
     def load(self) -> dict[str, list[np.ndarray]]:
         """At start: every scope folder's files (this writer's and its peers'), newer than the bound and than
@@ -104,9 +115,13 @@ class ScopedResponses:
             store = self._store(scope)
             for path in [store.path, *state_dir.peer_files(store.path, self.max_age_s)]:
                 try:
-                    if os.path.getmtime(path) <= since:
+                    st = os.stat(path)
+                    if st.st_mtime <= since:
                         continue
                     loaded.setdefault(scope, []).extend(store.merge_from(path))
+                    self._peer_seen[path] = (st.st_mtime_ns, st.st_size)
+                except FileNotFoundError:
+                    continue
                 except (OSError, ResponseStoreError) as e:
                     logger.warning("freespec: suffix state_dir: %s skipped (%s)", path, e)
             self._bound()
@@ -119,9 +134,11 @@ class ScopedResponses:
 
     def _bound(self) -> None:
         """All stores together within the bounds: the least recently used scope's oldest responses go first."""
-        count = sum(len(s) for s in self.stores.values())
-        tokens = sum(s.num_tokens for s in self.stores.values())
-        for scope in list(self.stores):
+        with self._stores_lock:
+            scopes = list(self.stores)
+        count = sum(len(self.stores[s]) for s in scopes)
+        tokens = sum(self.stores[s].num_tokens for s in scopes)
+        for scope in scopes:
             store = self.stores[scope]
             while (count > self.max_responses or tokens > self.max_tokens) and len(store):
                 tokens -= store.evict_oldest()
@@ -130,19 +147,27 @@ class ScopedResponses:
             if count <= self.max_responses and tokens <= self.max_tokens:
                 return
 
-    def tick(self) -> list[str]:
-        """Every save interval (no file I/O here): hand the changed stores to the background thread and ask it
-        for new tombstones; returns the scopes a tombstone found since the last tick (now forgotten here)."""
+    def tick(self) -> tuple[list[str], list[tuple[str, np.ndarray]]]:
+        """Every save interval (no file I/O here): apply the peers' merges the background thread prepared, hand
+        it the changed stores and ask for new tombstones and peers' files. Returns the scopes a tombstone
+        removed since the last tick (forgotten here) and the (scope, response) pairs the merges added."""
         if self._files is None:
             self._files = FileWorker(self._write, self._scan, "suffix-scopes")
-        purged, work = [], []
+        purged, work, added = [], [], []
         found = self._files.take()
-        if found is not None:
-            for scope in found:
+        tombstoned, merges = found if found is not None else ((), ())
+        for scope, store, prepared in merges:
+            if self.stores.get(scope) is store:
+                added += [(scope, r) for r in store._apply(prepared)]
+                self._bound()
+        if tombstoned:
+            for scope in tombstoned:
                 purged.append(scope)
-                if scope in self.stores:
+                added = [(s, r) for s, r in added if s != scope]
+                with self._stores_lock:
+                    store = self.stores.pop(scope, None)
+                if store is not None:
                     self._dirty.discard(scope)
-                    store = self.stores.pop(scope)
                     with self._unsaved_lock:
                         self._unsaved.pop(store, None)
                     work.append(("unlink", store.path))
@@ -152,13 +177,17 @@ class ScopedResponses:
             work += [("save", store) for store in self._unsaved]
         self._dirty.clear()
         self._files.request(work or None, peers=(PURGED,))
-        return purged
+        return purged, added
 
     def _write(self, batch) -> None:
         for what, target in batch:
             if what == "save":
                 with self._unsaved_lock:
                     self._unsaved.pop(target, None)
+                try:
+                    state_dir.source_dir(self.root, os.path.basename(os.path.dirname(target.path)))
+                except OSError:
+                    pass  # the save below says why it cannot write
                 target._save(target._snapshot())
             else:
                 try:
@@ -167,15 +196,47 @@ class ScopedResponses:
                     pass
 
     def _scan(self, _peers):
+        """In the background: new tombstones, and the merges of peers' files that changed (``tick`` applies
+        them), as one result."""
         marks = _tombstones(self.root)
         new = [s for s, t in marks.items() if self._seen_tombstones.get(s) != t]
         self._seen_tombstones.update(marks)
-        if new:
-            yield new
+        merges = []
+        try:
+            names = sorted(os.listdir(self.root))
+        except OSError:
+            names = []
+        for scope in names:
+            if len(merges) >= MERGE_FILES:
+                break
+            if len(scope) != 32 or scope in new or not os.path.isdir(os.path.join(self.root, scope)):
+                continue
+            own = os.path.join(self.root, scope, f"{self.writer}.bin")
+            since = marks.get(scope, 0.0)
+            for path in state_dir.peer_files(own, self.max_age_s):
+                try:
+                    if os.path.getmtime(path) <= since:
+                        continue
+                except OSError:
+                    continue
+                store = self._store(scope, touch=False)
+                prepared = store._read_peer(path, self._peer_seen, self._peer_errors)
+                if prepared is not None:
+                    merges.append((scope, store, prepared))
+                if len(merges) >= MERGE_FILES:
+                    break
+        if new or merges:
+            yield new, merges
 
     def close(self) -> None:
         """The final save of every changed store, in this thread (at exit; never raises)."""
         if self._files is not None:
             self._files.stop()
-        for store in list(self.stores.values()):
+        with self._stores_lock:
+            stores = list(self.stores.values())
+        for store in stores:
+            try:
+                os.makedirs(os.path.dirname(store.path), mode=0o700, exist_ok=True)
+            except OSError:
+                pass  # its save says why it cannot write
             store.close()

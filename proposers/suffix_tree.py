@@ -202,6 +202,9 @@ class SuffixTreeProposer(Proposer):
         if info.state_dir is not None:
             from freespec.proposers import state_dir
 
+            if o.responses_path is not None or o.merge_from:
+                logger.warning("freespec: suffix responses_path/merge_from are ignored: state_dir %s is given",
+                               info.state_dir)
             path, perms = state_dir.own_file(info.state_dir, "suffix", "bin"), state_dir.FILE_MODE
             state_dir.sweep_old(os.path.dirname(path), info.state_max_age_s)
             state_dir.sweep_old(os.path.join(os.path.dirname(path), "purged"), info.state_max_age_s)
@@ -324,18 +327,24 @@ class SuffixTreeProposer(Proposer):
         """Every ``save_every_s``: merge what the background thread read from the replicas, ask for a save
         and for the replicas' changed files (no file I/O in this thread)."""
         o = self.options
+        n = 0
         merged = self.store.take_merged()
         if merged:
             self._merges += 1
-            self._to_seed.extend(merged)
-        if self._to_seed:  # a replica's file may bring thousands: a bounded number per step, not one stall
-            self._seed([self._to_seed.popleft() for _ in range(min(SEED_PER_STEP, len(self._to_seed)))])
+            self._to_seed.extend((SHARED_SCOPE, r) for r in merged)
+        while self._to_seed and n < SEED_PER_STEP:  # a replica's file may bring thousands: a bounded number per step
+            scope, tokens = self._to_seed.popleft()
+            self._seed([tokens], scope)
+            n += 1
         if o.save_every_s and time.monotonic() - self._last_save >= o.save_every_s:
             self._last_save = time.monotonic()
             self.store.save_async()
             if self.scoped is not None:
-                for scope in self.scoped.tick():
+                purged, merged = self.scoped.tick()
+                for scope in purged:
                     self._forget(scope)
+                    self._to_seed = deque(item for item in self._to_seed if item[0] != scope)
+                self._to_seed.extend(merged)
             peers = self._peers()
             if peers:
                 self.store.merge_async(peers)

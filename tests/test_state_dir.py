@@ -58,6 +58,18 @@ print("writer", state_dir.writer_id(), flush=True)
 """
 
 
+def main(argv: list[str]) -> int:
+    """``freespec state ...`` as the command runs it (only its own subcommand: importing every one is slow)."""
+    import argparse
+
+    from freespec.cli import state as state_cli
+
+    parser = argparse.ArgumentParser(prog="freespec")
+    state_cli.add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
 def run_writer(folder: Path, index: int, rounds: int, pid_namespace: bool) -> subprocess.Popen:
     cmd = [sys.executable, "-c", WRITER, str(folder), str(index), str(rounds)]
     if pid_namespace:
@@ -202,8 +214,6 @@ pytestmark = pytest.mark.skipif(not available()[0], reason="needs arctic-inferen
 
 
 def test_freespec_state_lists_and_purges_by_age_or_writer_and_nothing_outside_the_sources_folders(tmp_path, capsys):
-    from freespec.cli.main import main
-
     suffix = Path(state_dir.source_dir(str(tmp_path), "suffix"))
     recycle = Path(state_dir.source_dir(str(tmp_path), "recycle"))
     old, mine, other = suffix / "h.1.10.bin", recycle / "h.1.11.npz", suffix / "h.1.12.bin"
@@ -219,7 +229,8 @@ def test_freespec_state_lists_and_purges_by_age_or_writer_and_nothing_outside_th
     assert not mine.exists() and other.exists()
     assert main(["state", "purge", str(tmp_path)]) == 0
     assert not other.exists() and stray.exists()
-    assert main(["state", "list", str(tmp_path / "missing")]) == 1
+    with pytest.raises(ValueError, match="is not a folder"):
+        main(["state", "list", str(tmp_path / "missing")])
 
 
 def test_freespec_serve_puts_the_state_dir_into_the_speculative_config():
@@ -271,7 +282,6 @@ def scoped_source(info, writer: str, monkeypatch, **options) -> SuffixTreePropos
 
 
 def test_a_tenants_responses_persist_in_its_own_scope_and_purge_removes_them_everywhere(tmp_path, monkeypatch):
-    from freespec.cli.main import main
     from freespec.vllm_plugins.request_ids import scope_of
 
     info = dataclasses.replace(INFO, state_dir=str(tmp_path))
@@ -316,3 +326,31 @@ def test_a_tenants_responses_persist_in_its_own_scope_and_purge_removes_them_eve
     running.close()
     fresh = scoped_source(info, "host-c.1.1", monkeypatch)  # and a start loads none of it
     assert drafts(fresh, x, 9) == []
+
+
+def test_a_running_replica_merges_a_tenants_responses_another_saved_since_it_started(tmp_path, monkeypatch):
+    from freespec.vllm_plugins.request_ids import scope_of
+
+    info = dataclasses.replace(INFO, state_dir=str(tmp_path))
+    x = scope_of("tenant-x")
+    answer = np.arange(700, 720, dtype=np.int32)
+    context = np.concatenate([[9, 9], answer[:6]]).astype(np.int32)
+    running = scoped_source(info, "host-b.1.1", monkeypatch, save_every_s=0.01)
+    assert running.propose([Row(5, context, 1, x)])[0] == []
+    running.release(5)
+    other = scoped_source(info, "host-a.1.1", monkeypatch)
+    seq = np.concatenate([[1, 2, 3], answer]).astype(np.int32)
+    other.propose([Row(1, seq[:4], 1, x)])
+    other.propose([Row(1, seq, len(seq) - 4, x)])
+    other.release(1)
+    other.close()
+    deadline, got = time.monotonic() + 10, []
+    while time.monotonic() < deadline and not got:
+        running._last_save = 0.0
+        running.candidates([])
+        got = running.propose([Row(6, context, 1, x)])[0]
+        running.release(6)
+        time.sleep(0.05)
+    assert got[:3] == answer[6:9].tolist()
+    assert running.propose([Row(7, context, 1, scope_of("tenant-y"))])[0] == []  # still only tenant x's
+    running.close()

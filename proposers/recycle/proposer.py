@@ -209,6 +209,9 @@ class RecycleProposer(Proposer):
         if info.state_dir is not None:
             from freespec.proposers import state_dir
 
+            if self.options.matrix_path is not None or self.options.merge_from:
+                logger.warning("freespec: recycle matrix_path/merge_from are ignored: state_dir %s is given",
+                               info.state_dir)
             self._path = state_dir.own_file(info.state_dir, "recycle", "npz")
             self._perms = state_dir.FILE_MODE
             state_dir.sweep_old(os.path.dirname(self._path), info.state_max_age_s)
