@@ -129,7 +129,9 @@ class SuffixOptions(ProposerOptions):
         description="seconds between saves to responses_path and checks of merge_from (0: only at start and exit)",
     )
     max_saved_responses: int = Field(
-        10_000, ge=1, le=1_048_576, description="responses kept in responses_path (newest; 12 bytes each on disk)"
+        10_000, ge=1, le=1_048_576,
+        description="responses kept in responses_path (newest; 12 bytes each on disk); in a state_dir, as many "
+                    "again for all cache_salt scopes together"
     )
     max_saved_tokens: int = Field(
         2_000_000, ge=1, le=268_435_456, description="tokens kept in responses_path (newest; 4 bytes each)"
