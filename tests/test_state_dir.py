@@ -354,3 +354,19 @@ def test_a_running_replica_merges_a_tenants_responses_another_saved_since_it_sta
     assert got[:3] == answer[6:9].tolist()
     assert running.propose([Row(7, context, 1, scope_of("tenant-y"))])[0] == []  # still only tenant x's
     running.close()
+
+
+SMOLLM2 = Path("~/.cache/freespec/models/smollm2-135m-instruct").expanduser()
+
+
+@pytest.mark.skipif(not (SMOLLM2 / "tokenizer.json").exists(), reason="needs the SmolLM2 tokenizer")
+def test_the_adapter_hands_the_state_dir_to_every_learned_source_of_hybrid(tmp_path):
+    from adapter_helpers import adapter_for
+
+    adapter = adapter_for({"plugin": "hybrid", "num_speculative_tokens": 4, "sources": ["suffix", "recycle"],
+                           "state_dir": str(tmp_path), "state_max_age_days": 7},
+                          tokenizer=str(SMOLLM2), vocab_size=49152)
+    for source in adapter.proposer.sources.values():
+        source.close()
+    mine = state_dir.writer_id()
+    assert (tmp_path / "suffix" / f"{mine}.bin").exists() and (tmp_path / "recycle" / f"{mine}.npz").exists()
