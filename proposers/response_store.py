@@ -48,7 +48,7 @@ import struct
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -74,6 +74,7 @@ MAX_TOKENS = 1 << 28
 ENTRY_OVERHEAD_BYTES = 700
 
 _DIGEST_BYTES = 16
+FIND_PEERS = "\0find-peers"  # asked of merge_async: the peers find_peers lists, in the background
 # A stamp (or horizon) in a file may be at most this far ahead of this server's clock: a peer's file that
 # says later would win every merge and, as a horizon, erase every response of this replica; near 2**63 the
 # next stamp overflows and no save is written again. Such a file is refused (``CORRUPT``).
@@ -318,6 +319,7 @@ class ResponseStore:
     def __init__(
         self, path: str, *, fingerprint: str, vocab_size: int, max_responses: int = 10_000,
         max_tokens: int = 2_000_000, perms: int = 0o666, check_folder: bool = True,
+        find_peers: Callable[[], Sequence[str]] | None = None,
     ) -> None:
         if not 1 <= max_responses <= MAX_RESPONSES:
             raise ValueError(f"max_responses must be in [1, {MAX_RESPONSES}], got {max_responses}")
@@ -332,6 +334,7 @@ class ResponseStore:
             raise ValueError(f"response store {path!r}: directory {directory!r} does not exist")
         self.path, self.fingerprint, self.vocab_size = path, fingerprint, vocab_size
         self.perms = perms  # of the files it creates (a state directory's: 0600)
+        self.find_peers = find_peers  # lists the peers' files (a state directory's), in the background thread
         self.max_responses, self.max_tokens = max_responses, max_tokens
         self._lock = threading.Lock()  # in-memory state only; never held during file I/O
         self._entries: OrderedDict[bytes, _Entry] = OrderedDict()  # digest -> entry, oldest first
@@ -562,7 +565,12 @@ class ResponseStore:
         return self._files
 
     def _read_peers(self, paths: tuple[str, ...]):
-        """(path, merged) for each of ``paths`` that changed and is good (in the background thread)."""
+        """(path, merged) for each of ``paths`` that changed and is good (in the background thread);
+        ``FIND_PEERS`` among them: the files ``find_peers`` lists now."""
+        if FIND_PEERS in paths:
+            found = tuple(self.find_peers()) if self.find_peers is not None else ()
+            own = os.path.abspath(self.path)
+            paths = tuple(p for p in paths if p != FIND_PEERS) + tuple(p for p in found if os.path.abspath(p) != own)
         for path in paths:
             merged = self._read_peer(path, self._peer_seen, self._peer_errors)
             if merged is not None:

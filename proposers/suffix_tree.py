@@ -192,6 +192,7 @@ class SuffixTreeProposer(Proposer):
         self._cached_tokens = 0
         self._cached_count = 0
         self._peers = lambda: self.options.merge_from  # the files merged in (with a state directory: found anew)
+        self._peers_later = lambda: self.options.merge_from
 
     # -- lifecycle -------------------------------------------------------
     def bind(self, info: EngineInfo) -> None:
@@ -203,6 +204,7 @@ class SuffixTreeProposer(Proposer):
         path, perms = o.responses_path, 0o666
         if info.state_dir is not None:
             from freespec.proposers import state_dir
+            from freespec.proposers.response_store import FIND_PEERS
 
             if o.responses_path is not None or o.merge_from:
                 logger.warning("freespec: suffix responses_path/merge_from are ignored: state_dir %s is given",
@@ -210,7 +212,8 @@ class SuffixTreeProposer(Proposer):
             path, perms = state_dir.own_file(info.state_dir, "suffix", "bin"), state_dir.FILE_MODE
             state_dir.sweep_old(os.path.dirname(path), info.state_max_age_s)
             state_dir.sweep_old(os.path.join(os.path.dirname(path), "purged"), info.state_max_age_s)
-            self._peers = lambda: tuple(state_dir.peer_files(path, info.state_max_age_s))
+            self._peers = lambda: tuple(state_dir.peer_files(path, info.state_max_age_s))  # at start
+            self._peers_later = lambda: (FIND_PEERS,)  # then listed in the background thread
         elif path is not None:
             from freespec.proposers.state_dir import legacy_warning
 
@@ -226,7 +229,7 @@ class SuffixTreeProposer(Proposer):
         try:
             self.store = ResponseStore(path, fingerprint=info.tokenizer_fingerprint(), vocab_size=info.vocab_size,
                                        max_responses=o.max_saved_responses, max_tokens=o.max_saved_tokens,
-                                       perms=perms)
+                                       perms=perms, find_peers=self._peers)
             loaded = self.store.load()
             for peer in self._peers():
                 try:
@@ -347,7 +350,7 @@ class SuffixTreeProposer(Proposer):
                     self._forget(scope)
                     self._to_seed = deque(item for item in self._to_seed if item[0] != scope)
                 self._to_seed.extend(merged)
-            peers = self._peers()
+            peers = self._peers_later()  # no directory listing here: the background thread's
             if peers:
                 self.store.merge_async(peers)
 

@@ -421,7 +421,10 @@ class RecycleProposer(Proposer):
             self._apply_merges()
             if time.monotonic() - self._last_save >= self.options.save_every_s:
                 # A copy of the matrix (milliseconds); the write, its fsync and the peers' reads are the thread's.
-                self._files.request(self.snapshot() if self._path else None, self._peers())
+                # the peers are listed in the background (_changed_peers), never here: a state directory's
+                # folder may be on a network filesystem
+                peers = ("state_dir",) if self._perms is not None else self.options.merge_from
+                self._files.request(self.snapshot() if self._path else None, peers)
                 self._last_save = time.monotonic()
         return [Draft(d) for d in drafts]
 
