@@ -53,6 +53,7 @@ from freespec.proposers.base import Proposer, ProposerOptions
 from freespec.option_checks import check_path_options
 from freespec.scorers.acceptance import matched_prefix
 from freespec.scorers.calibration import TokenCalibration
+from freespec.scorers.tuning import PAST_MATCH_ACCEPTANCE
 from freespec.proposers.api import Candidates
 from pydantic import Field, field_validator, model_validator
 
@@ -422,18 +423,27 @@ class SuffixTreeProposer(Proposer):
             st.fed = n
         return st
 
-    def chain(self, row: Row) -> tuple[list[int], list[float]]:
-        """The tree's draft for ``row`` and each token's learned chance of acceptance (given the ones before)."""
+    def chain(self, row: Row, bar: Optional[float] = None) -> tuple[list[int], list[float]]:
+        """The tree's draft for ``row`` and each token's learned chance of acceptance (given the ones before).
+
+        ``bar``: the price of a draft token. A chain may run past its match (up to ``max_spec_factor`` tokens
+        a matched token), but a token past the match is accepted about ``PAST_MATCH_ACCEPTANCE`` of the time,
+        while its learned chance over-claims it; where the bar is that high such tokens do not pay, so the
+        factor shrinks toward vLLM's 1 as the price rises (issue 69: results/hybrid-vs-suffix-costly-tokens).
+        """
         st = self._update(row)
         if st is None or row.num_new == 0:
             return [], []
         o = self.options
+        factor = o.max_spec_factor
+        if bar is not None and bar > 0:
+            factor = min(factor, max(1.0, PAST_MATCH_ACCEPTANCE / bar))
         context = np.ascontiguousarray(row.tokens[-o.max_tree_depth :], dtype=np.int32)
         draft = self._cache_of(st.scope).speculate(
             row.key,
             context,
             max_spec_tokens=self.k,
-            max_spec_factor=o.max_spec_factor,
+            max_spec_factor=factor,
             min_token_prob=o.min_token_prob,
         )
         tokens = list(draft.token_ids)
@@ -449,8 +459,9 @@ class SuffixTreeProposer(Proposer):
         if self.store is not None:
             self._files_tick()
         out: list[Optional[Candidates]] = []
+        bar = None if step is None else step.bar(self.fixed_bar())
         for row in rows:
-            tokens, q = self.chain(row)
+            tokens, q = self.chain(row, bar)
             out.append(
                 Candidates("suffix", np.asarray([tokens], dtype=np.int64), ONE_CHAIN,
                            token_probs=np.asarray([q], dtype=np.float64))
@@ -465,6 +476,6 @@ class SuffixTreeProposer(Proposer):
             self._files_tick()
         drafts = []
         for row in rows:
-            tokens, q = self.chain(row)
+            tokens, q = self.chain(row, step.bar(self.fixed_bar()))
             drafts.append(Draft(tokens, list(itertools.accumulate(q, operator.mul))))
         return drafts

@@ -58,3 +58,9 @@ CHEAP_SHARE = 0.01  # a source whose own time is below this share of an engine s
 PRICE_KEEP = 1.0 - 1.0 / 64  # exponential weighting of the per-step averages (half-life about 44 steps)
 PRICE_GAP_FACTOR = 4.0  # a time between steps longer than this many times the average is a gap, not a step
 WEIGHT_WINDOW = 4000  # tokens a source's acceptance estimate holds before its evidence is halved
+
+# -- Sizing a source's chain by the price (proposers/suffix_tree.SuffixTreeProposer.chain) ----------------------------
+# A suffix-tree token past the end of its match was accepted 0.21-0.25 of the time on agent turns, where its learned
+# chance claimed about 0.33 (results/hybrid-vs-suffix-costly-tokens): a chain runs past its match only by as many
+# tokens per matched token as this share over the bar allows (between 1, vLLM's, and the option's max_spec_factor).
+PAST_MATCH_ACCEPTANCE = 0.2  # how often a token past its match is accepted
