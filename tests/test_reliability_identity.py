@@ -71,7 +71,7 @@ def test_the_adapter_keys_rows_by_vllms_request_ids(caplog):
     first, second = Recording.seen
     key_of = dict((tok, key) for key, tok in first)
     assert all(key_of[tok] == key for key, tok in second)  # each request kept its own key
-    assert adapter.request_ids._batch is runner.input_batch and "cannot be read" not in caplog.text
+    assert adapter.request_ids._batch is runner.input_batch and "request ids cannot be read" not in caplog.text
 
 
 def test_without_a_runner_the_adapter_falls_back_with_one_warning(caplog):
