@@ -385,10 +385,10 @@ def test_spec_metrics_probe_names_a_renamed_metric(monkeypatch, tmp_path):
     ],
 )
 def test_vllm_cli_probe_says_whether_vllms_own_command_starts(monkeypatch, dist, stock_fails, ok, text):
-    from freespec.vllm_plugins import vllm_cli
+    from freespec.vllm_plugins import version_gate
 
-    monkeypatch.setattr(vllm_cli, "installed_vllm_distribution", lambda: dist)
-    monkeypatch.setattr(vllm_cli, "stock_cli_fails", lambda: stock_fails)
+    monkeypatch.setattr(version_gate, "installed_distribution", lambda: dist)
+    monkeypatch.setattr(version_gate, "stock_cli_fails", lambda: stock_fails)
     result = probes.probe_vllm_cli()
     assert result.ok is ok and text in result.detail
     assert not probes.blocking_probes(False, [result])  # reporting only: it never disables a plugin

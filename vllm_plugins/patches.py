@@ -20,7 +20,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from freespec.vllm_plugins import metrics, probes
+import freespec.vllm_plugins.metrics as metrics
+import freespec.vllm_plugins.probes as probes
 from freespec.vllm_plugins.request_ids import SCOPE_ARG, scope_of
 
 from freespec import settings

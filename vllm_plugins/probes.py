@@ -54,6 +54,7 @@ from freespec.vllm_plugins.seams import (  # noqa: F401  (re-exported: the facts
     Fact,
 )
 from freespec.vllm_plugins.seams import squeeze as _squeeze
+import freespec.vllm_plugins.version_gate as version_gate
 
 FIXED_BY_FREESPEC = "fixed by freespec"  # the cpu_expand_kernel probe's detail once freespec's patch is in
 
@@ -352,16 +353,15 @@ def probe_vllm_cli() -> ProbeResult:
 
     A failure is a vLLM defect freespec works around (``vllm_cli_version``); it disables nothing.
     """
-    from freespec.vllm_plugins.vllm_cli import installed_vllm_distribution, stock_cli_fails
 
-    dist = installed_vllm_distribution()
+    dist = version_gate.installed_distribution()
     if dist is not None:
         failed = _facts("vllm_cli")
         if failed:
             return failed
     if dist is None:
         return ProbeResult("vllm_cli", False, "no vLLM distribution installed")
-    if stock_cli_fails():
+    if version_gate.stock_cli_fails():
         return ProbeResult(
             "vllm_cli",
             False,

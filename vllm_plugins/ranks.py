@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
-from freespec.vllm_plugins import probes
+import freespec.vllm_plugins.probes as probes
 from freespec.vllm_plugins.probes import ProbeResult
 
 

@@ -9,6 +9,7 @@ Plain Python, no vLLM import: scripts/release_matrix.sh loads this file by path.
 from __future__ import annotations
 
 import importlib.metadata
+import inspect
 import re
 
 # Lowest supported release (inclusive) and first unsupported one (exclusive), for each distribution
@@ -70,3 +71,20 @@ def supported_range_text(distribution: str | None = None) -> str:
     name = distribution or installed_distribution() or "vllm"
     low, high = supported_range(name)
     return f"{name}>={low},<{high}"
+
+
+# What vLLM's CLI module asks before it parses anything (the call that fails under an alias).
+CLI_VERSION_CALL = 'importlib.metadata.version("vllm")'
+
+
+def stock_cli_fails() -> bool:
+    """Whether vLLM's own ``vllm`` command dies at start here (asks the version of a missing ``vllm``).
+
+    Reads vLLM's CLI module rather than running it: importing it is cheap, running it imports all
+    of vLLM's entry points.
+    """
+    if installed_distribution() in (None, "vllm"):
+        return False
+    from vllm.entrypoints.cli import main as cli_main
+
+    return CLI_VERSION_CALL in inspect.getsource(cli_main)

