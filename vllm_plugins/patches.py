@@ -397,24 +397,9 @@ def install_last_step_cache() -> bool:
         return True
     if state != "defect":
         return False
-    from vllm.v1.core.sched.scheduler import Scheduler
-
-    original = Scheduler._free_request
-    failed = []
-
-    @functools.wraps(original)
-    def _free_request(self, request, *args, **kwargs):
-        try:
-            cache_finished_blocks(self, request)
-        except Exception as e:  # the request is freed either way; only its last block stays uncached
-            if not failed:
-                failed.append(e)
-                logger.warning("freespec: patch last_step_cache failed (%r); finished requests are freed as vLLM "
-                               "frees them", e)
-        return original(self, request, *args, **kwargs)
-
-    _free_request._freespec = True  # type: ignore[attr-defined]
-    Scheduler._free_request = _free_request
+    # the request is freed either way; only its last block stays uncached
+    _run_before_scheduler_method("_free_request", lambda s, r: cache_finished_blocks(s, r), "last_step_cache",
+                                 "finished requests are freed as vLLM frees them")
     logger.info("freespec: a finished request's last accepted tokens now enter the prefix cache (last_step_cache)")
     return True
 
@@ -446,27 +431,35 @@ def install_cache_salt_scope() -> bool:
     is logged once; the request is added as vLLM adds it, and its rows learn nothing across requests."""
     if not probes.probe_cache_salt().ok:
         return False
+    _run_before_scheduler_method("add_request", lambda s, r: stamp_scope(s, r), "cache_salt_scope",
+                                 "such requests learn nothing across requests")
+    return True
+
+
+def _run_before_scheduler_method(name: str, before, patch: str, consequence: str) -> None:
+    """Wrap vLLM's ``Scheduler.<name>(request, ...)`` to run ``before(scheduler, request)`` first (idempotent;
+    ``before`` looks its function up at each call, so a test can replace it).
+    A failure of ``before`` is logged once (``patch`` failed; ``consequence``) and vLLM's method runs as it
+    would without freespec."""
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    original = Scheduler.add_request
+    original = getattr(Scheduler, name)
     if getattr(original, "_freespec", False):
-        return True
+        return
     failed = []
 
     @functools.wraps(original)
-    def add_request(self, request, *args, **kwargs):
+    def wrapper(self, request, *args, **kwargs):
         try:
-            stamp_scope(self, request)
+            before(self, request)
         except Exception as e:
             if not failed:
                 failed.append(e)
-                logger.warning("freespec: patch cache_salt_scope failed (%r); such requests learn nothing across "
-                               "requests", e)
+                logger.warning("freespec: patch %s failed (%r); %s", patch, e, consequence)
         return original(self, request, *args, **kwargs)
 
-    add_request._freespec = True  # type: ignore[attr-defined]
-    Scheduler.add_request = add_request
-    return True
+    wrapper._freespec = True  # type: ignore[attr-defined]
+    setattr(Scheduler, name, wrapper)
 
 
 def route_logs_to_vllm() -> None:
