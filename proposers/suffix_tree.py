@@ -300,8 +300,9 @@ class SuffixTreeProposer(Proposer):
             self._drop_if_empty(scope)
             return
         held = self._cached.setdefault(scope, {})
-        self._cached_tokens += tokens - held.pop(key, 0)
-        self._cached_count += 0 if key in held else 1
+        before = held.pop(key, None)  # a key that serves a new request replaces its old output
+        self._cached_tokens += tokens - (before or 0)
+        self._cached_count += before is None
         held[key] = tokens
         o = self.options
         if self._cached_tokens <= o.max_cached_tokens and self._cached_count <= o.max_cached_requests:

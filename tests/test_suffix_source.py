@@ -153,6 +153,16 @@ def test_the_token_count_forgets_responses_evicted_by_count():
     assert p._cached == {"": {3: 2, 4: 2}} and p._cached_tokens == 4  # 2 output tokens each (the first row's last token, then one)
 
 
+def test_a_key_that_serves_a_new_request_counts_once_toward_the_bound():
+    p = make(max_cached_requests=2, max_cached_tokens=1000)
+    for key, first in ((0, 10), (0, 20), (1, 30)):  # key 0 departs, serves a new request, departs again
+        p.propose([row(key, [first, first + 1, first + 2])])
+        p.propose([row(key, [first, first + 1, first + 2, first + 3])])
+        p.release(key)
+    assert sorted(p.cache.cached_requests) == [0, 1]  # two outputs held: within max_cached_requests
+    assert p._cached_count == 2
+
+
 def test_calibration_cells_are_the_probability_match_and_depth_buckets():
     from freespec.scorers.calibration import DEPTH_EDGES, MATCH_EDGES, PROB_EDGES
 
