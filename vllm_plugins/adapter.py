@@ -111,7 +111,6 @@ class FreespecProposer:
         ids = self.request_ids.read(sys._getframe(1), token_ids_cpu, n_rows)
         self.stats.steps_without_ids += ids is None
         keys, departed = self.tracker.update(views, ids)
-        scopes = self._scopes(ids, n_rows)
         last, given = self.last, self.last.given()
         prev = [None if key in last.prefilling else given.get(key) for key in keys]
         counted = step_tokens(views, prev)  # what the last step scored and produced (None: it prefilled)
@@ -149,6 +148,7 @@ class FreespecProposer:
         try:
             for key in departed:
                 self.proposer.release(key)
+            scopes = self._scopes(ids, n_rows)  # read only for a step the plugin drafts in
             capture = 0.0
             if self.target_topk is not None:
                 scored = self.target_topk.scored(views, [given.get(key, []) for key in keys], scopes)
