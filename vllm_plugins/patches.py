@@ -374,15 +374,23 @@ def cache_finished_blocks(scheduler, request) -> bool:
 def acts_in(scheduler) -> bool:
     """Whether ``last_step_cache`` acts in this scheduler's engine, decided once per scheduler from its
     ``vllm_config``: a freespec plugin, or vLLM's ``ngram``/``suffix`` with the operator's opt-in."""
-    acts = getattr(scheduler, "_freespec_last_step_cache", None)
-    if acts is None:
-        vllm_config = scheduler.vllm_config
+    def decide(vllm_config) -> bool:
         method = getattr(getattr(vllm_config, "speculative_config", None), "method", None)
-        acts = uses_freespec(vllm_config) or (
+        return uses_freespec(vllm_config) or (
             method in STOCK_TEXT_METHODS and "last_step_cache" in settings.vllm_fixes())
+
+    return _decided_once(scheduler, "_freespec_last_step_cache", decide)
+
+
+def _decided_once(scheduler, attribute: str, decide) -> bool:
+    """``decide(scheduler.vllm_config)``, kept on the scheduler under ``attribute`` so that it runs once per
+    engine (a scheduler that takes no attributes decides again next time)."""
+    acts = getattr(scheduler, attribute, None)
+    if acts is None:
+        acts = decide(scheduler.vllm_config)
         try:
-            scheduler._freespec_last_step_cache = acts
-        except AttributeError:  # a scheduler that takes no attributes: decided again next time
+            setattr(scheduler, attribute, acts)
+        except AttributeError:
             pass
     return acts
 
@@ -410,13 +418,7 @@ def stamp_scope(scheduler, request) -> bool:
     into a fresh copy of its sampling params' ``extra_args``, which vLLM sends to the worker with the request.
     Any value a client put under that key is overwritten, so a request cannot name another tenant's scope.
     Acts only in a freespec engine (``uses_freespec``, decided once per scheduler). Returns whether it wrote."""
-    acts = getattr(scheduler, "_freespec_scope", None)
-    if acts is None:
-        acts = uses_freespec(scheduler.vllm_config)
-        try:
-            scheduler._freespec_scope = acts
-        except AttributeError:
-            pass
+    acts = _decided_once(scheduler, "_freespec_scope", uses_freespec)
     params = getattr(request, "sampling_params", None)
     if not acts or params is None:
         return False
