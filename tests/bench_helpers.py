@@ -60,9 +60,10 @@ def repeated_run():
 
 
 # The fake vLLM server: `python fake_server.py PORT plain|spec|die`; `spec` adds vLLM's counters to /metrics, `die`
-# exits at the first chat request with an AssertionError in its log.
+# exits at the first chat request with an AssertionError in its log. With FAKE_SERVER_BODIES set it appends each
+# chat request's body there, a JSON line, so tests can read what went over the wire.
 FAKE_SERVER = r'''
-import json, sys, threading
+import json, os, sys, threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 port, spec, die = int(sys.argv[1]), sys.argv[2] == "spec", sys.argv[2] == "die"
@@ -110,8 +111,10 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if os.environ.get("FAKE_SERVER_BODIES"):
+            with lock, open(os.environ["FAKE_SERVER_BODIES"], "a", encoding="utf-8") as log:
+                log.write(json.dumps(body) + "\n")
         if die:  # as vLLM's suffix decoding with a batch-size table does at its first request
-            import os
             print('  File "/venv/site-packages/vllm/v1/spec_decode/suffix_decoding.py", line 43, in propose\n'
                   "    assert num_speculative_tokens == self.num_speculative_tokens\n"
                   "AssertionError", flush=True)

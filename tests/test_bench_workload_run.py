@@ -5,9 +5,11 @@ import json
 import sys
 
 import pytest
-from bench_helpers import fake_server_script
+from bench_helpers import fake_server_script, start_fake_server
 
 from freespec.bench import run, server
+from freespec.bench.errors import BenchError
+from freespec.bench.options import BenchOptions
 from freespec.bench.workloads import chat, runner
 from freespec.cli import bench
 from test_bench_run import parse_bench_args
@@ -104,7 +106,7 @@ def test_workload_options_that_do_not_apply_are_refused(tmp_path, capsys):
     for extra, message in ((["--interleave"], "--interleave is for Spec-Bench"),
                            (["--repeats", "2"], "--repeats is for Spec-Bench"),
                            (["--base-url", "http://127.0.0.1:9", "--label", "x", "--repeat-traffic", "restart"],
-                            "only 'same'")):
+                            "only 'same' and 'tenant'")):
         args = parse_bench_args("--workload", "rag", "--model", "m", "--out", str(tmp_path / "out"), *extra)
         assert bench.run(args) == 2
         assert message in capsys.readouterr().err
@@ -116,3 +118,80 @@ def test_specbench_stays_the_default_and_runs_alone(tmp_path, capsys):
     assert bench.run(args) == 2
     assert "runs alone" in capsys.readouterr().err
     assert parse_bench_args().workload == ["specbench"]
+
+
+def _bodies(path):
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_tenant_pass_runs_right_after_the_first_with_another_cache_salt(tmp_path, monkeypatch, fake_server):
+    bodies = tmp_path / "bodies.jsonl"
+    monkeypatch.setenv("FAKE_SERVER_BODIES", str(bodies))
+    started = []
+    monkeypatch.setattr(run, "server_command", modes(fake_server, started, lambda c: "plain"))
+    monkeypatch.setattr(server, "available_ram_fraction", lambda: 0.9)
+    monkeypatch.setattr(runner, "server_command", run.server_command)
+    out = tmp_path / "out"
+    # tenant named last: it still runs right after the first pass, before the server is restarted.
+    args = parse_bench_args(
+        "--workload", "rag", "--model", "fake-model", "--configs", "none", "--sessions", "1", "--turns", "2",
+        "--max-tokens", "4", "--warmup", "1", "--dtype", "float32", "--out", str(out), "--server-timeout", "60",
+        "--repeat-traffic", "restart", "replica", "tenant", "same")
+    assert bench.run(args) == 0
+    a, b = "bench-tenant-a", "bench-tenant-b"
+    salts = [body.get("cache_salt", "absent") for body in _bodies(bodies)]
+    # warm-up (no salt: it teaches neither tenant), first, tenant, restart's warm-up and pass, replica's, same
+    assert salts == ["absent", a, a, b, b, "absent", a, a, "absent", a, a, a, a]
+    result = json.loads((out / "results.json").read_text())
+    assert [(r["pass"], r["cache_salt"]) for r in result["requests"]] == [
+        ("first", a), ("first", a), ("tenant", b), ("tenant", b), ("restart", a), ("restart", a),
+        ("replica", a), ("replica", a), ("same", a), ("same", a)]
+    assert started == ["none", "none"]  # the tenant pass starts no server; the replica does
+    md = (out / "results.md").read_text()
+    assert ("`rag · tenant`: the same sessions again on the same server from another tenant (another "
+            "cache_salt): what one tenant's traffic gives another.") in md
+    assert md.index("| none | rag · tenant |") < md.index("| none | rag · restart |")
+
+
+def test_no_cache_salt_without_tenant_and_tenant_works_with_base_url(tmp_path, monkeypatch, fake_server):
+    def no_server(*args):
+        raise AssertionError("--base-url starts no server")
+
+    bodies = tmp_path / "bodies.jsonl"
+    monkeypatch.setenv("FAKE_SERVER_BODIES", str(bodies))
+    monkeypatch.setattr(run, "server_command", no_server)
+    proc, url = start_fake_server(fake_server, "plain")
+    common = ("--workload", "rag", "--base-url", url, "--label", "none", "--sessions", "1", "--turns", "2",
+              "--max-tokens", "4", "--warmup", "1")
+    try:
+        assert bench.run(parse_bench_args(*common, "--repeat-traffic", "same", "--out", str(tmp_path / "o1"))) == 0
+        without = _bodies(bodies)
+        bodies.unlink()
+        assert bench.run(parse_bench_args(*common, "--repeat-traffic", "same", "tenant",
+                                          "--out", str(tmp_path / "o2"))) == 0
+        with_tenant = _bodies(bodies)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert len(without) == 5 and not any("cache_salt" in body for body in without)  # sent exactly as before
+    first = json.loads((tmp_path / "o1" / "results.json").read_text())
+    assert not any("cache_salt" in r for r in first["requests"])
+    a, b = "bench-tenant-a", "bench-tenant-b"
+    assert [body.get("cache_salt", "absent") for body in with_tenant] == ["absent", a, a, b, b, a, a]
+
+
+def test_pass_order_and_salts_are_decided_in_one_place():
+    assert runner.pass_order(["restart", "same", "tenant", "replica"]) == ["tenant", "restart", "same", "replica"]
+    assert runner.pass_order(["restart", "same"]) == ["restart", "same"]
+    for mode in (None, "same", "restart", "replica"):
+        assert runner.cache_salt(mode, ["same", "restart", "replica"]) is None
+        assert runner.cache_salt(mode, ["tenant"]) == "bench-tenant-a"
+    assert runner.cache_salt("tenant", ["tenant"]) == "bench-tenant-b"
+
+
+def test_unknown_repeat_traffic_modes_are_still_refused(capsys):
+    with pytest.raises(BenchError, match="--repeat-traffic: unknown mode tenants; choose from .*tenant"):
+        runner.check_options(BenchOptions(workload=["rag"], repeat_traffic=["tenant", "tenants"]))
+    with pytest.raises(SystemExit):
+        parse_bench_args("--workload", "rag", "--repeat-traffic", "tenants")
+    assert "--repeat-traffic" in capsys.readouterr().err

@@ -69,9 +69,11 @@ def read_stream(lines: Iterable[bytes], start: float, clock: Callable[[], float]
 
 
 def chat_request(base_url: str, model: str, prompt: str | list[dict[str, str]],
-                 options: BenchOptions) -> dict[str, Any]:
+                 options: BenchOptions, cache_salt: str | None = None) -> dict[str, Any]:
     """One streamed chat completion of a prompt (one user turn) or a whole conversation (a list of chat
-    messages, as a multi-turn client sends them); returns output, token counts, latency figures, or the error."""
+    messages, as a multi-turn client sends them); returns output, token counts, latency figures, or the error.
+    ``cache_salt``: the tenant vLLM's prefix cache (and a plugin's ``scope: salt`` state) keeps it apart as;
+    None sends no salt."""
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
     body = {
         "model": model,
@@ -82,6 +84,8 @@ def chat_request(base_url: str, model: str, prompt: str | list[dict[str, str]],
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if cache_salt is not None:
+        body["cache_salt"] = cache_salt
     request = urllib.request.Request(
         base_url + "/v1/chat/completions", data=json.dumps(body).encode(),
         headers={"Content-Type": "application/json"}, method="POST",

@@ -40,5 +40,5 @@ class BenchOptions:
     turns: int = 4  # user turns per session (tool loops: rounds of a call and its result)
     source_chars: int = 3000  # code-edit / tool-loop: a source file trimmed to this many characters
     context_chars: int = 6000  # rag: the document's characters; chat: a conversation's human turns at most
-    repeat_traffic: list[str] = field(default_factory=list)  # second passes: same, restart, replica
+    repeat_traffic: list[str] = field(default_factory=list)  # second passes: same, restart, replica, tenant
     chat_data: str | None = None  # chat: a ShareGPT .json/.jsonl (default: an installed *sharegpt* package's)

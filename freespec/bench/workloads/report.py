@@ -13,6 +13,8 @@ PASS_NOTES = {
     "same": "the same sessions again on the same server",
     "restart": "the same sessions again after the server was stopped and started (what persisted)",
     "replica": "the same sessions again on a second server of the same config (what replicas share)",
+    "tenant": "the same sessions again on the same server from another tenant (another cache_salt): what one "
+              "tenant's traffic gives another",
 }
 
 
@@ -33,6 +35,9 @@ def render_workload_tables(rows: Sequence[dict], workloads: Sequence[Workload], 
     parts = []
     for w in workloads:
         passes = "".join(f" `{pass_category(w.name, m)}`: {PASS_NOTES[m]}." for m in modes)
+        if "tenant" in modes:
+            passes += (f" `{pass_category(w.name, 'tenant')}` ran right after the first pass; every other pass "
+                       "was sent as the first tenant.")
         count = len(w.sessions)
         parts.append(f"## {w.name}\n\n{w.description}; {count} session{'' if count == 1 else 's'}.")
         if w.skipped:

@@ -5,8 +5,10 @@ workload's sessions, at most ``concurrency`` sessions in flight, each session tu
 workload; its counters read before and after). Then the *repeated traffic* passes, the same sessions again:
 ``same`` on the same server, ``restart`` after stopping and starting it again (what a persisted datastore
 keeps), ``replica`` on a second server of the same config started beside the first (what a learning shared
-between replicas gives). A server that dies is the config's failure, reported as a row of its own; the run
-goes on with the other configs.
+between replicas gives), ``tenant`` on the same server right after the first pass but with another
+``cache_salt`` (what one tenant's traffic gives another; the other passes then carry the first tenant's).
+A server that dies is the config's failure, reported as a row of its own; the run goes on with the other
+configs.
 """
 from __future__ import annotations
 
@@ -42,7 +44,12 @@ from freespec.bench.workloads.report import pass_category
 from freespec.bench.workloads.sequencing import run_sessions
 from freespec.bench.workloads.session import Workload
 
-REPEAT_MODES = ("same", "restart", "replica")
+REPEAT_MODES = ("same", "restart", "replica", "tenant")
+SAME_SERVER_MODES = ("same", "tenant")  # the modes --base-url can run: they start no server
+# The two tenants' cache_salt: only sent when ``tenant`` is among the modes, so runs without it send the
+# requests they always did and stay comparable with earlier results.
+TENANT_SALT = "bench-tenant-a"
+OTHER_TENANT_SALT = "bench-tenant-b"
 CHARS_PER_TOKEN = 3.0  # a rough estimate, for the context-length note only
 
 
@@ -51,13 +58,30 @@ def check_options(options: BenchOptions) -> None:
     unknown = [m for m in options.repeat_traffic if m not in REPEAT_MODES]
     if unknown:
         raise BenchError(f"--repeat-traffic: unknown mode {', '.join(unknown)}; choose from {', '.join(REPEAT_MODES)}")
-    if options.base_url and set(options.repeat_traffic) - {"same"}:
-        raise BenchError("--repeat-traffic restart/replica start servers; with --base-url only 'same' is possible")
+    if options.base_url and set(options.repeat_traffic) - set(SAME_SERVER_MODES):
+        raise BenchError("--repeat-traffic restart/replica start servers; with --base-url only 'same' and "
+                         "'tenant' are possible")
     if options.interleave:
         raise BenchError("--interleave is for Spec-Bench's questions; workloads run config after config")
     if options.repeats > 1:
         raise BenchError("--repeats is for Spec-Bench's questions; with workloads use --repeat-traffic same "
                          "(the sessions again on the same server) or --rounds")
+
+
+def pass_order(modes: list[str]) -> list[str]:
+    """The repeated passes in the order they run: ``tenant`` first, right after the first pass on the same
+    server (another tenant asks what one tenant was just answered, before a restart or a replica can change
+    what the server holds), then the others as given."""
+    return [m for m in modes if m == "tenant"] + [m for m in modes if m != "tenant"]
+
+
+def cache_salt(mode: str | None, modes: list[str]) -> str | None:
+    """The ``cache_salt`` of every request of a pass (``mode`` None: the first pass): None unless ``tenant`` is
+    among ``modes``; then the tenant pass is the other tenant and every other pass the first. The warm-up
+    sends none, so it teaches neither tenant."""
+    if "tenant" not in modes:
+        return None
+    return OTHER_TENANT_SALT if mode == "tenant" else TENANT_SALT
 
 
 def context_estimate(workload: Workload, max_tokens: int, source_chars: int) -> int:
@@ -82,15 +106,17 @@ def measure_workload(server: Server | RunningServer, label: str, model: str, con
                      progress=None) -> None:
     """One pass of ``workload``'s sessions on ``server``: its turns and counters recorded in ``state``."""
     category = pass_category(workload.name, mode)
+    salt = cache_salt(mode, options.repeat_traffic)
     before, sources_before = server.counters()
     records, wall = run_sessions(
         workload.sessions, concurrency,
-        lambda messages: chat_request(server.base_url, model, messages, options), progress)
+        lambda messages: chat_request(server.base_url, model, messages, options, salt), progress)
     raise_if_died(server, records, f"{category} workload")
     after, sources_after = server.counters()
     for record in records:
         state.requests.append({"config": label, "concurrency": concurrency, "category": category,
-                               "workload": workload.name, "pass": mode or "first", **sample, **record})
+                               "workload": workload.name, "pass": mode or "first", **sample,
+                               **({"cache_salt": salt} if salt is not None else {}), **record})
     state.blocks.append({"config": label, "concurrency": concurrency, "category": category, **sample,
                          "wall_s": wall, "spec_before": before, "spec_after": after,
                          "spec": counter_delta(before, after), "sources": source_delta(sources_before, sources_after)})
@@ -130,7 +156,7 @@ def bench_workload_config(target, workloads: list[Workload], warmup: list[str], 
             bench_run._start(server, target, group, options, server_info)
             bench_run._warm_up(server, target, warmup, max(group), options, server_info)
             _passes(server, target, group, workloads, None, options, state, round_index)
-            for mode in options.repeat_traffic:
+            for mode in pass_order(options.repeat_traffic):
                 current = server
                 if mode == "restart" and isinstance(server, Server):
                     print(f"[{target.config.label}] restarting the server for the repeated pass", flush=True)
@@ -227,7 +253,7 @@ def run_workloads(options: BenchOptions, argv: list[str], names: list[str], cpu:
     sessions = sum(len(w.sessions) for w in measured)
     _log(f"workloads {', '.join(w.name for w in measured)}: {sessions} sessions, concurrency "
          f"{' '.join(map(str, options.concurrency))}"
-         + (f", repeated traffic {' '.join(options.repeat_traffic)}" if options.repeat_traffic else "")
+         + (f", repeated traffic {' '.join(pass_order(options.repeat_traffic))}" if options.repeat_traffic else "")
          + f", configs {', '.join(t.config.label for t in targets)}; results in {out}")
     for advice in cpu_advice(state.machine, ngram=any(t.config.method == "ngram" for t in targets)):
         _log(f"note: {advice}")
@@ -255,7 +281,8 @@ def run_workloads(options: BenchOptions, argv: list[str], names: list[str], cpu:
 def _write_report(options: BenchOptions, state, workloads: list[Workload], model: str, sessions: int, out: Path,
                   machine_summary) -> None:
     failures = failure_rows(state.configs)
-    tables = render_workload_tables(state.aggregates, workloads, options.repeat_traffic, failures, options.dtype)
+    tables = render_workload_tables(state.aggregates, workloads, pass_order(options.repeat_traffic), failures,
+                                    options.dtype)
     latency = render_latency_markdown(state.aggregates)
     notes = [f"- {c['label']}" + (f" (round {c['round'] + 1})" if "round" in c else "")
              + f": {c['status']}" + (f": {c['note']}" if c.get("note") else "")
