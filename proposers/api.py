@@ -59,9 +59,11 @@ class EngineInfo:
     tokenizer_fingerprint: Optional[Callable[[], str]] = None
     # The operator's state directory (option ``state_dir``, ``proposers.state_dir``): where a source that learns
     # across requests keeps its files; None: only its own per-source options, if any. Files older than
-    # ``state_max_age_s`` are neither merged nor kept.
+    # ``state_max_age_s`` are neither merged nor kept; one process's files of all scopes together take at most
+    # ``state_max_bytes`` (``scoped_responses``).
     state_dir: Optional[str] = None
     state_max_age_s: float = 30 * 86_400.0
+    state_max_bytes: int = 256_000_000
 
 
 @dataclass

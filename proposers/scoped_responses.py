@@ -8,6 +8,12 @@ scope folder (at most ``MERGE_FILES`` a time) and prepares their merges; the eng
 leaves a tombstone, ``<state_dir>/suffix/purged/<scope>``: each writer finds it at its next save, forgets the scope
 (the source evicts its outputs) and removes its own file of it; at start a file older than its scope's tombstone is
 not loaded. Tombstones go by age like every other file (``state_dir.sweep_old``).
+
+Disk: this writer's files of all scopes together stay within ``max_bytes`` (option ``state_max_mb``): the
+responses' bounds above do not bound how many scopes there are, and each scope's file costs its header however
+little it holds. A save that would go beyond removes the least recently used scopes' files and this writer's
+stores of them (the source's trees keep what they hold), the scope just used too if it alone is larger. Only
+this writer's own files are counted and removed: a peer's go by age.
 """
 from __future__ import annotations
 
@@ -20,7 +26,7 @@ import numpy as np
 
 from freespec.proposers import state_dir
 from freespec.proposers.file_worker import FileWorker
-from freespec.proposers.response_store import ResponseStore, ResponseStoreError
+from freespec.proposers.response_store import ResponseStore, ResponseStoreError, file_bytes
 
 logger = logging.getLogger("freespec")
 
@@ -56,6 +62,11 @@ def purge_scope(root: str, scope: str) -> list[str]:
     return gone
 
 
+def _scope_of(path: str) -> str:
+    """The scope of a file ``<root>/<scope>/<writer>.bin``."""
+    return os.path.basename(os.path.dirname(path))
+
+
 def _tombstones(root: str) -> dict[str, float]:
     try:
         with os.scandir(tombstone_dir(root)) as entries:
@@ -68,9 +79,10 @@ class ScopedResponses:
     """Per-scope response stores of one writer (see the module docstring)."""
 
     def __init__(self, root: str, *, fingerprint: str, vocab_size: int, max_responses: int, max_tokens: int,
-                 max_age_s: float) -> None:
+                 max_age_s: float, max_bytes: int) -> None:
         self.root, self.fingerprint, self.vocab_size = root, fingerprint, vocab_size
         self.max_responses, self.max_tokens, self.max_age_s = max_responses, max_tokens, max_age_s
+        self.max_bytes = max_bytes
         self.writer = state_dir.writer_id()
         self.stores: OrderedDict[str, ResponseStore] = OrderedDict()  # least recently used first
         self._dirty: set[str] = set()
@@ -81,6 +93,8 @@ class ScopedResponses:
         self._stores_lock = threading.Lock()  # self.stores: the engine's thread and the background one
         self._peer_seen: dict = {}  # the background thread's: peer path -> (mtime_ns, size) last merged
         self._peer_errors: dict = {}
+        self._on_disk: dict[str, int] = {}  # scope -> bytes of this writer's file of it (the writing thread's)
+        self._dropped: set[str] = set()  # scopes whose file the byte bound removed (logged once each)
 
     def _store(self, scope: str, touch: bool = True) -> ResponseStore:
         """The scope's store, made if missing (no file I/O: its folder is made when it is first saved)."""
@@ -113,6 +127,10 @@ class ScopedResponses:
             state_dir.sweep_old(folder, self.max_age_s)
             since = self._seen_tombstones.get(scope, 0.0)
             store = self._store(scope)
+            try:
+                self._on_disk[scope] = os.lstat(store.path).st_size  # an earlier incarnation's, taken back
+            except OSError:
+                pass
             for path in [store.path, *state_dir.peer_files(store.path, self.max_age_s)]:
                 try:
                     st = os.stat(path)
@@ -125,6 +143,7 @@ class ScopedResponses:
                 except (OSError, ResponseStoreError) as e:
                     logger.warning("freespec: suffix state_dir: %s skipped (%s)", path, e)
             self._bound()
+        self._hold_bytes({})  # this writer's earlier incarnation's files, written under a larger bound
         return loaded
 
     def add(self, scope: str, tokens: np.ndarray) -> None:
@@ -134,12 +153,11 @@ class ScopedResponses:
 
     def _bound(self) -> None:
         """All stores together within the bounds: the least recently used scope's oldest responses go first."""
-        with self._stores_lock:
-            scopes = list(self.stores)
-        count = sum(len(self.stores[s]) for s in scopes)
-        tokens = sum(self.stores[s].num_tokens for s in scopes)
-        for scope in scopes:
-            store = self.stores[scope]
+        with self._stores_lock:  # a copy: the writing thread may drop a scope (``_hold_bytes``)
+            stores = list(self.stores.items())
+        count = sum(len(store) for _, store in stores)
+        tokens = sum(store.num_tokens for _, store in stores)
+        for scope, store in stores:
             while (count > self.max_responses or tokens > self.max_tokens) and len(store):
                 tokens -= store.evict_oldest()
                 count -= 1
@@ -173,27 +191,83 @@ class ScopedResponses:
                     work.append(("unlink", store.path))
         with self._unsaved_lock:  # a request replaces one not yet run: it carries every store not yet written
             for scope in self._dirty:
-                self._unsaved[self.stores[scope]] = True
+                store = self.stores.get(scope)
+                if store is not None:  # else the byte bound dropped it since
+                    self._unsaved[store] = True
             work += [("save", store) for store in self._unsaved]
         self._dirty.clear()
         self._files.request(work or None, peers=(PURGED,))
         return purged, added
 
     def _write(self, batch) -> None:
+        planned = {}
         for what, target in batch:
             if what == "save":
                 with self._unsaved_lock:
                     self._unsaved.pop(target, None)
-                try:
-                    state_dir.source_dir(self.root, os.path.basename(os.path.dirname(target.path)))
-                except OSError:
-                    pass  # the save below says why it cannot write
-                target._save(target._snapshot())
+                planned[target] = target._snapshot()
             else:
                 try:
                     os.unlink(target)
                 except OSError:
                     pass
+                self._on_disk.pop(_scope_of(target), None)
+        for store, stored in self._hold_bytes(planned).items():
+            try:
+                state_dir.source_dir(self.root, _scope_of(store.path))
+            except OSError:
+                pass  # the save below says why it cannot write
+            self._save(store, stored)
+
+    def _save(self, store: ResponseStore, stored, **final) -> None:
+        before = store.saves
+        store._save(stored, **final)
+        if store.saves > before:  # a failed save leaves the old file, and its size, as they were
+            self._on_disk[_scope_of(store.path)] = self._bytes(stored)
+
+    def _bytes(self, stored) -> int:
+        return file_bytes(len(stored.entries), sum(len(e.tokens) for e in stored.entries), self.fingerprint)
+
+    def _hold_bytes(self, planned: dict) -> dict:
+        """Of the saves ``planned`` (store -> its snapshot), those that keep this writer's files of all scopes
+        within ``max_bytes``: while they would not, the least recently used scope's file is removed and its
+        store forgotten, so no later save writes it again (an add to the scope makes a new one). In the
+        writing thread; never a peer's file."""
+        with self._stores_lock:
+            order = list(self.stores.items())  # least recently used first
+        live = {store for _, store in order}
+        # a store forgotten since its save was asked for (dropped, purged) is not written again
+        planned = {store: stored for store, stored in planned.items() if store in live}
+        size = {scope: self._bytes(planned[store]) if store in planned else self._on_disk.get(scope, 0)
+                for scope, store in order}
+        total = sum(size.values()) + sum(b for s, b in self._on_disk.items() if s not in size)
+        for scope, store in order:
+            if total <= self.max_bytes:
+                break
+            if not size[scope]:
+                continue  # neither a file nor a save of this writer's: forgetting it frees nothing
+            if scope in self._on_disk:
+                try:
+                    os.unlink(store.path)
+                except FileNotFoundError:
+                    pass
+                except OSError as e:
+                    logger.warning("freespec: suffix state_dir: %s not removed (%s)", store.path, e)
+                    continue
+                del self._on_disk[scope]
+            total -= size[scope]
+            with self._stores_lock:
+                if self.stores.get(scope) is store:
+                    del self.stores[scope]
+            planned.pop(store, None)
+            with self._unsaved_lock:
+                self._unsaved.pop(store, None)
+            if scope not in self._dropped:
+                self._dropped.add(scope)
+                logger.info("freespec: suffix state_dir: scope %s's file removed: this writer's files of all "
+                            "scopes would exceed state_max_mb (%g MB); least recently used first (logged once "
+                            "per scope)", scope, self.max_bytes / 1e6)
+        return planned
 
     def _scan(self, _peers):
         """In the background: new tombstones, and the merges of peers' files that changed (``tick`` applies
@@ -215,10 +289,11 @@ class ScopedResponses:
             since = marks.get(scope, 0.0)
             for path in state_dir.peer_files(own, self.max_age_s):
                 try:
-                    if os.path.getmtime(path) <= since:
-                        continue
+                    st = os.stat(path)
                 except OSError:
                     continue
+                if st.st_mtime <= since or self._peer_seen.get(path) == (st.st_mtime_ns, st.st_size):
+                    continue  # unchanged: no store made for it (nor brought back after the byte bound dropped it)
                 store = self._store(scope, touch=False)
                 prepared = store._read_peer(path, self._peer_seen, self._peer_errors)
                 if prepared is not None:
@@ -234,9 +309,13 @@ class ScopedResponses:
             self._files.stop()
         with self._stores_lock:
             stores = list(self.stores.values())
+        planned = {store: store._snapshot() for store in stores  # an empty store without a file adds nothing
+                   if not store._closed and (len(store) or _scope_of(store.path) in self._on_disk)}
         for store in stores:
+            store._closed = True
+        for store, stored in self._hold_bytes(planned).items():
             try:
                 os.makedirs(os.path.dirname(store.path), mode=0o700, exist_ok=True)
             except OSError:
                 pass  # its save says why it cannot write
-            store.close()
+            self._save(store, stored, timeout=10.0, final=True)

@@ -252,7 +252,8 @@ class SuffixTreeProposer(Proposer):
 
             self.scoped = ScopedResponses(os.path.dirname(path), fingerprint=self.store.fingerprint,
                                           vocab_size=info.vocab_size, max_responses=o.max_saved_responses,
-                                          max_tokens=o.max_saved_tokens, max_age_s=info.state_max_age_s)
+                                          max_tokens=o.max_saved_tokens, max_age_s=info.state_max_age_s,
+                                          max_bytes=info.state_max_bytes)
             for scope, responses in self.scoped.load().items():
                 self._seed(responses, scope)
         self._last_save = time.monotonic()

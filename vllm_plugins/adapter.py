@@ -83,6 +83,7 @@ class FreespecProposer:
                 tokenizer_fingerprint=lambda: tokenizer_fingerprint(model_config.tokenizer),
                 state_dir=adapter.state_dir,
                 state_max_age_s=adapter.state_max_age_s,
+                state_max_bytes=adapter.state_max_bytes,
             )
         )
         # Proposers that learn from the target's own predictions get them through this adapter.

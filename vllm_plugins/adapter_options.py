@@ -67,6 +67,11 @@ class AdapterOptions(BaseModel):
         30.0, gt=0.0, le=3650.0, strict=True,
         description="files in state_dir older than this are neither merged nor kept (removed at start)",
     )
+    state_max_mb: float = Field(
+        256.0, gt=0.0, le=100_000.0, strict=True,
+        description="the most bytes (MB of 10^6) one process keeps in state_dir for all cache_salt scopes "
+                    "together; beyond, its least recently used scopes' files go (never another process's)",
+    )
     step_budget_ms: Optional[float] = Field(
         None, ge=1.0, le=60_000.0, strict=True,
         description=f"the circuit breaker's budget for one plugin step: 3 steps over it in a row, or one over 10x, "
@@ -85,6 +90,10 @@ class AdapterOptions(BaseModel):
     @property
     def state_max_age_s(self) -> float:
         return self.state_max_age_days * 86_400.0
+
+    @property
+    def state_max_bytes(self) -> int:
+        return int(self.state_max_mb * 1_000_000)
 
     @property
     def budget_s(self) -> float:
@@ -111,9 +120,11 @@ def _allowed(key: str) -> str:
         return "must be true or false"
     if key == "state_dir":
         return "must be a folder that exists (a string)"
-    if key not in ("step_budget_ms", "state_max_age_days") and choices:
+    if key not in ("step_budget_ms", "state_max_age_days", "state_max_mb") and choices:
         return f"must be one of {list(choices)}"
-    low = next(getattr(m, "ge", None) or getattr(m, "gt", None) for m in field.metadata
-               if getattr(m, "ge", None) is not None or getattr(m, "gt", None) is not None)
     high = next(m.le for m in field.metadata if getattr(m, "le", None) is not None)
-    return f"must be a number in [{low:g}, {high:g}]"
+    low = next((m.ge for m in field.metadata if getattr(m, "ge", None) is not None), None)
+    if low is not None:
+        return f"must be a number in [{low:g}, {high:g}]"
+    low = next(m.gt for m in field.metadata if getattr(m, "gt", None) is not None)
+    return f"must be a number in ({low:g}, {high:g}]"  # the low end itself refused
