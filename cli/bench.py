@@ -55,7 +55,8 @@ def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--repeat-traffic", nargs="+", choices=REPEAT_MODES, metavar="MODE",
                    help="workloads: the same sessions again after the first pass, once per MODE: same (the "
                         "same server), restart (after stopping and starting it), replica (on a second server "
-                        "of the same config); each its own rows")
+                        "of the same config), tenant (the same server right after the first pass, sent with "
+                        "another cache_salt: what one tenant's traffic gives another); each its own rows")
     p.add_argument("--chat-data", help="chat: a ShareGPT .json/.jsonl (default: an installed *sharegpt* package's)")
     p.add_argument("--categories", help="comma-separated categories (default: all in the file)")
     p.add_argument("--per-category", type=POSITIVE, nargs="+",
