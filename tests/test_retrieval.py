@@ -226,15 +226,30 @@ def test_binding_asks_the_kernel_to_read_the_datastore_ahead(tmp_path, monkeypat
 
 
 def test_binding_runs_both_search_kernels_once_so_the_first_step_does_not_load_them(tmp_path, monkeypatch):
-    from freespec.proposers.retrieval import proposer as proposer_module
+    from freespec.proposers.retrieval import search
 
     calls = []
     for name in ("longest_match", "continuations"):
-        kernel = getattr(proposer_module, name)
-        monkeypatch.setattr(proposer_module, name,
+        kernel = getattr(search, name)
+        monkeypatch.setattr(search, name,
                             lambda *args, _kernel=kernel, _name=name: calls.append(_name) or _kernel(*args))
     p = make(tmp_path, [[10, 11, 12, 13, 14, 15]] * 2, shards=1)
     assert calls == ["longest_match", "continuations"]  # a lookup of the datastore's own first tokens
     calls.clear()
     assert p.propose([row(0, [7, 10, 11, 12])]) == [[13, 14, 15]]
     assert "longest_match" in calls
+
+
+def test_checking_a_retrieval_config_loads_no_numba(tmp_path):
+    # The front-end checks the options in vLLM's API server and, for an in-process engine, in the process that
+    # then runs the worker: numba loaded there broke forked workers, and vLLM 0.32's CPU kernel registration.
+    import subprocess
+    import sys
+
+    write_store(tmp_path / "ds", [[1, 2, 3, 4]])
+    code = ("import sys; from freespec.proposers.retrieval import RetrievalOptions; "
+            f"RetrievalOptions(datastore={str(tmp_path / 'ds')!r}); "
+            "from freespec.proposers.retrieval.proposer import RetrievalProposer; "
+            "print('numba' in sys.modules, 'llvmlite' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["False", "False"], out.stdout + out.stderr[-2000:]

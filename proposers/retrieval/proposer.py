@@ -27,7 +27,6 @@ from freespec.proposers.api import Draft, EngineInfo, Row, StepContext
 from freespec.proposers.base import Proposer
 from freespec.proposers.registry import CopySourceOptions, build_proposer
 from freespec.proposers.retrieval.datastore import SEPARATOR, Datastore, read_manifest
-from freespec.proposers.retrieval.search import continuations, longest_match
 from freespec.scorers.acceptance import matched_prefix
 from freespec.scorers.calibration import TokenCalibration
 from freespec.proposers.api import Candidates
@@ -74,6 +73,12 @@ class RetrievalProposer(Proposer):
 
     def __init__(self, options: RetrievalOptions, num_speculative_tokens: int) -> None:
         super().__init__(options, num_speculative_tokens)
+        # The numba search kernels are imported with the proposer (in the worker), not with its options: a
+        # process that only checks a config must not load numba (the package's docstring; in a process that
+        # also runs the engine, vLLM 0.32's CPU kernel registration then fails on llvmlite's objects).
+        from freespec.proposers.retrieval import search
+
+        self._search = search
         self.store: Optional[Datastore] = None
         self.copy = build_proposer("copy", options.copy or {}, num_speculative_tokens) if options.fuse_copy \
             else None
@@ -127,7 +132,7 @@ class RetrievalProposer(Proposer):
         found = []
         for shard in self.store.shards:
             if len(shard.sa):
-                found.append((shard, *longest_match(np.asarray(shard.tokens), np.asarray(shard.sa), tail, o.min_match, o.max_match)))
+                found.append((shard, *self._search.longest_match(np.asarray(shard.tokens), np.asarray(shard.sa), tail, o.min_match, o.max_match)))
         best = max((m for _, m, _, _ in found), default=0)
         if best == 0:
             return None
@@ -137,7 +142,7 @@ class RetrievalProposer(Proposer):
             if m == best and hi > lo:
                 # Each shard contributes samples in proportion to its occurrences.
                 samples = max(1, round(o.max_continuations * (hi - lo) / total))
-                parts.append(continuations(np.asarray(shard.tokens), np.asarray(shard.sa), lo, hi, m, self.k, samples, SEPARATOR))
+                parts.append(self._search.continuations(np.asarray(shard.tokens), np.asarray(shard.sa), lo, hi, m, self.k, samples, SEPARATOR))
         chains = np.concatenate(parts)
         return Candidates("retrieval", chains, np.ones(len(chains)), calibration=self.calibration, match_len=best)
 
