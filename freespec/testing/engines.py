@@ -2,8 +2,10 @@
 
 Each engine configuration runs once, in its own process (``python -m freespec.testing.engine_run``), and what
 it produced is cached for the session, so the reference without speculation is computed once for every plugin
-checked against it. The model is the SmolLM2-135M-Instruct fixture of freespec's model store unless given
-(``freespec models prepare smollm2-135m-instruct``; any model directory or name vLLM loads works).
+checked against it. vLLM's engine core and worker run inside that process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
+which starts in about a third of the time) unless a run asks for vLLM's usual separate processes. The model
+is the SmolLM2-135M-Instruct fixture of freespec's model store unless given (``freespec models prepare
+smollm2-135m-instruct``; any model directory or name vLLM loads works).
 """
 from __future__ import annotations
 
@@ -70,11 +72,18 @@ def _fail(message: str) -> None:
     pytest.fail(message, pytrace=False)
 
 
+# The engine core and worker in the run's own process: two Python processes' imports fewer per start
+# (results/ci-cost has the timing); a run may ask for vLLM's usual layout.
+IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+
 class EngineRuns:
     """Runs each engine configuration once (in its own process) and caches what it produced.
 
     ``pythonpath``: folders the engine's process imports from (default: this process's ``sys.path``, so a
-    ``module:Class`` plugin a test can import, the engine can too); ``cwd``: where it runs.
+    ``module:Class`` plugin a test can import, the engine can too); ``cwd``: where it runs. A run whose point is
+    vLLM's process layout (what crosses from the API process to the engine core and worker) passes
+    ``env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}``; every other run keeps the engine in one process.
     """
 
     def __init__(self, model: str, workdir: Path, timeout_s: float = 900,
@@ -109,7 +118,7 @@ class EngineRuns:
             proc = subprocess.run(
                 [sys.executable, "-m", "freespec.testing.engine_run", str(spec_in), str(spec_out)],
                 cwd=self.cwd,
-                env={**os.environ, "PYTHONPATH": path, **(env or {})},
+                env={**os.environ, "PYTHONPATH": path, **IN_PROCESS, **(env or {})},
                 capture_output=True,
                 text=True,
                 timeout=self.timeout_s,
