@@ -20,7 +20,8 @@ of everything before it. A file that is corrupt, truncated, of another tokenizer
 than this store's bounds is refused with ``ResponseStoreError`` before anything beyond its header is read;
 so is anything but a regular file (a FIFO is never waited on), and a file whose stamps or horizon lie more
 than ``MAX_CLOCK_AHEAD_NS`` past this server's clock (it would win every merge, erase this replica's
-responses, or push its next stamps to overflow), or that has a horizon and no responses.
+responses, or push its next stamps to overflow), or that has a horizon and no responses (a store holding
+none is written without its horizon).
 
 Saving writes a temporary file next to the target (created with mode 0666, so the umask applies as to any
 new file), fsyncs it and renames it over the target, so a crash leaves the old file or the new one, never
@@ -155,7 +156,9 @@ def write_store(path: str, stored: Stored, *, fingerprint: str, vocab_size: int,
 
             entries = stored.entries
             total = sum(len(e.tokens) for e in entries)
-            stamp, digest = stored.horizon
+            # A store that evicted its every response (``evict_oldest``) is written as an empty one: a horizon
+            # with no responses is what ``read_store`` refuses (such a file would only erase a peer's).
+            stamp, digest = stored.horizon if entries else NO_HORIZON
             put(_HEADER.pack(MAGIC, VERSION, len(fp), vocab_size, 0, len(entries), total, stamp, digest))
             put(fp)
             put(np.fromiter((len(e.tokens) for e in entries), dtype="<u4", count=len(entries)).tobytes())

@@ -13,7 +13,8 @@ Disk: this writer's files of all scopes together stay within ``max_bytes`` (opti
 responses' bounds above do not bound how many scopes there are, and each scope's file costs its header however
 little it holds. A save that would go beyond removes the least recently used scopes' files and this writer's
 stores of them (the source's trees keep what they hold), the scope just used too if it alone is larger. Only
-this writer's own files are counted and removed: a peer's go by age.
+this writer's own files are counted and removed: a peer's go by age. A scope whose every response the
+responses' bounds evicted has no file of this writer's (it is removed at the next save).
 """
 from __future__ import annotations
 
@@ -205,19 +206,32 @@ class ScopedResponses:
             if what == "save":
                 with self._unsaved_lock:
                     self._unsaved.pop(target, None)
-                planned[target] = target._snapshot()
-            else:
-                try:
-                    os.unlink(target)
-                except OSError:
-                    pass
-                self._on_disk.pop(_scope_of(target), None)
+                stored = target._snapshot()
+                if stored.entries:
+                    planned[target] = stored
+                    continue
+                if not self._emptied(target):
+                    continue
+                target = target.path
+            try:
+                os.unlink(target)
+            except OSError:
+                pass
+            self._on_disk.pop(_scope_of(target), None)
         for store, stored in self._hold_bytes(planned).items():
             try:
                 state_dir.source_dir(self.root, _scope_of(store.path))
             except OSError:
                 pass  # the save below says why it cannot write
             self._save(store, stored)
+
+    def _emptied(self, store: ResponseStore) -> bool:
+        """Whether ``store``, holding no responses, is its scope's live store, so that its file is removed rather
+        than saved: ``_bound`` may evict a scope's every response, and a file saying only what it evicted
+        would erase the peers' (``read_store`` refuses it). A store forgotten since (dropped, purged) may share
+        its path with the scope's new one, whose file stays."""
+        with self._stores_lock:
+            return self.stores.get(_scope_of(store.path)) is store
 
     def _save(self, store: ResponseStore, stored, **final) -> None:
         before = store.saves
@@ -309,10 +323,20 @@ class ScopedResponses:
             self._files.stop()
         with self._stores_lock:
             stores = list(self.stores.values())
-        planned = {store: store._snapshot() for store in stores  # an empty store without a file adds nothing
-                   if not store._closed and (len(store) or _scope_of(store.path) in self._on_disk)}
+        planned = {}
         for store in stores:
+            if store._closed:
+                continue
             store._closed = True
+            stored = store._snapshot()
+            if stored.entries:
+                planned[store] = stored
+            elif _scope_of(store.path) in self._on_disk and self._emptied(store):  # see ``_emptied``
+                try:
+                    os.unlink(store.path)
+                except OSError:
+                    pass
+                self._on_disk.pop(_scope_of(store.path), None)
         for store, stored in self._hold_bytes(planned).items():
             try:
                 os.makedirs(os.path.dirname(store.path), mode=0o700, exist_ok=True)
