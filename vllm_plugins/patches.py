@@ -185,7 +185,10 @@ def install_in_worker() -> None:
 
     vLLM registers the CPU kernel overrides before it builds the worker, so the expand kernel is fixed
     here directly (``fix_cpu_expand_kernel`` re-points the registered override); where none is registered
-    (GPU, Triton-CPU, a process that is no vLLM worker) this process runs no fallback and nothing is done."""
+    (GPU, Triton-CPU, a process that is no vLLM worker) this process runs no fallback and nothing is done.
+    freespec's logs are routed again here: where the engine runs in the registering process
+    (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) vLLM configures its logging only after the plugins registered."""
+    route_logs_to_vllm()
     if disabled("cpu_expand_kernel"):
         return
     try:
@@ -464,29 +467,19 @@ def _run_before_scheduler_method(name: str, before, patch: str, consequence: str
     setattr(Scheduler, name, wrapper)
 
 
-class _ToVllmLogger(logging.Handler):
-    """Hands each freespec record to vLLM's logger when it is emitted, so it goes through whatever handlers
-    vLLM has by then: in the process that runs an in-process engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)
-    vLLM configures its logging after the general plugins are registered."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        logging.getLogger("vllm").handle(record)
-
-
 def route_logs_to_vllm() -> None:
     """Send freespec's log records through vLLM's handlers at vLLM's level (``VLLM_LOGGING_LEVEL``).
 
     Where vLLM configures no logging (``VLLM_CONFIGURE_LOGGING=0``) freespec's logger is left to the
     application's configuration.
     """
-    from vllm import envs
-
-    ours = logging.getLogger("freespec")
-    if not envs.VLLM_CONFIGURE_LOGGING or ours.handlers:
-        return
-    ours.addHandler(_ToVllmLogger())
-    ours.setLevel(envs.VLLM_LOGGING_LEVEL.upper())
-    ours.propagate = False
+    ours, theirs = logging.getLogger("freespec"), logging.getLogger("vllm")
+    if not ours.handlers and theirs.handlers:
+        for handler in theirs.handlers:
+            ours.addHandler(handler)
+        if theirs.level != logging.NOTSET:
+            ours.setLevel(theirs.level)
+        ours.propagate = False
 
 
 def _install(name: str) -> None:
