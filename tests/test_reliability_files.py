@@ -2,6 +2,7 @@
 the smaller ones (docs/reliability.md, "Files, JSON and peers"). Each class through every reader it has."""
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import logging
@@ -197,8 +198,13 @@ def test_a_peer_store_with_absurd_stamps_cannot_erase_or_freeze_this_replica(tmp
     for i in range(100):
         own.add([i // VOCAB, i % VOCAB])
     peer = str(tmp_path / "peer.bin")
-    write_store(peer, Stored([_entry(s, [7, 8]) for s in stamps], (horizon, bytes(16))), fingerprint=FP,
-                vocab_size=VOCAB)
+    if stamps:
+        write_store(peer, Stored([_entry(s, [7, 8]) for s in stamps], (horizon, bytes(16))), fingerprint=FP,
+                    vocab_size=VOCAB)
+    else:  # no store writes a horizon without responses (write_store drops it): a hostile peer's own bytes
+        body = rs._HEADER.pack(rs.MAGIC, rs.VERSION, len(FP.encode()), VOCAB, 0, 0, 0, horizon, bytes(16))
+        body += FP.encode()
+        Path(peer).write_bytes(body + hashlib.sha256(body).digest())
     with pytest.raises(ResponseStoreError, match=field):
         own.merge_from(peer)
     assert len(own) == 100
