@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
-from freespec.proposers.api import Draft, Drafts, EngineInfo, Row, ScoredPositions, StepContext
+from freespec.proposers.api import SHARED_SCOPE, Draft, Drafts, EngineInfo, Row, ScoredPositions, StepContext
 from freespec.proposers.base import Proposer
 from freespec.proposers.registry import CopySourceOptions, build_proposer, load_options
 from freespec.proposers.suffix_tree import available as suffix_available
@@ -65,6 +65,9 @@ class Source:
     # It offers each token with its own learned chance, so the bar cuts its chain token by token: it is never
     # skipped for its average acceptance.
     per_token_chances: bool = False
+    # It learns from and drafts for requests without a cache_salt only (docs/security.md): in a step with no
+    # such row it is not run, and the target's top-k is not captured for it, so salted traffic pays nothing for it.
+    shared_scope_only: bool = False
     available: Optional[Callable[[], tuple[bool, str]]] = None  # whether it can run here, and why not
     # Checks the needed option's value when the config is read (raises ValueError naming the problem); None:
     # the source's options are checked with it instead.
@@ -78,7 +81,8 @@ SOURCE_TABLE: dict[str, Source] = {
                      offers="SuffixDecoding's suffix trees of the request and of recent outputs, a learned chance "
                             "per token"),
     "copy": Source("copy", offers="the longest earlier match in the request's context and recent outputs"),
-    "recycle": Source("recycle", default=True, offers="the target's own top-k from earlier steps"),
+    "recycle": Source("recycle", default=True, shared_scope_only=True,
+                      offers="the target's own top-k from earlier steps"),
     "retrieval": Source("retrieval", needs=("datastore", "datastore directory: adds the retrieval source to "
                                             "the default sources"),
                         fixed={"fuse_copy": False},  # the context is the copy source's, unless told
@@ -270,6 +274,7 @@ class HybridProposer(Proposer):
         self._last_call: Optional[float] = None
         self._paused: list[str] = []
         self._steps = 0
+        self._shared_rows = True  # whether the last step had a row without a cache_salt (``_serves``)
         self._bar: Optional[float] = None  # the last step's price of a draft token (whether a source is worth running)
 
     def bind(self, info: EngineInfo) -> None:
@@ -298,7 +303,12 @@ class HybridProposer(Proposer):
 
     def wants_target_topk(self) -> bool:
         # Only the sources that learn from the target's top-k need it, and only while they run.
-        return any(source.target_topk and self._runs(name, self._bar) for name, source in self.sources.items())
+        return any(source.target_topk and self._runs(name, self._bar) and self._serves(name)
+                   for name, source in self.sources.items())
+
+    def _serves(self, name: str) -> bool:
+        """Whether ``name`` has a row of its scope in the last step (a shared-scope-only source needs one)."""
+        return self._shared_rows or not SOURCE_TABLE[name].shared_scope_only
 
     def _learn(self, rows: Sequence[Row]) -> None:
         """Score each source's last chain against what the target produced since (counterfactually)."""
@@ -338,10 +348,11 @@ class HybridProposer(Proposer):
         self._last_call = now
         self._steps += 1
         self._bar = step.token_cost
+        self._shared_rows = any(row.scope == SHARED_SCOPE for row in rows)
         self._learn(rows)
         offered, seconds_by = {}, {}
         for name, source in self.sources.items():
-            if not self._runs(name, step.token_cost):
+            if not self._serves(name) or not self._runs(name, step.token_cost):
                 continue
             t0 = time.perf_counter()
             offered[name] = source.candidates(rows, step)

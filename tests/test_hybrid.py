@@ -402,6 +402,21 @@ def test_recycle_is_charged_the_top_k_captured_for_it():
     assert p.pricing.prices["suffix"].seconds < 0.004
 
 
+def test_salted_traffic_neither_runs_recycle_nor_captures_the_top_k_for_it():
+    """recycle serves requests without a cache_salt only: in a step of salted rows it would cost its time and the
+    top-k capture for nothing, which made the default look costly next to a short step (SmolLM2 in bfloat16)
+    and step aside at a cold start. A step with a shared-scope row runs it again."""
+    p = HybridProposer(HybridOptions(sources=("suffix", "recycle")), 4)
+    p.bind(EngineInfo(vocab_size=1000))
+    salted = Row(0, np.asarray([1, 2, 3], dtype=np.int32), 1, "tenant-a")
+    seconds = p.draft([salted], StepContext(capture_seconds=0.004)).source_seconds
+    assert "recycle" not in seconds and "suffix" in seconds
+    assert p.pricing.prices["recycle"].seconds == 0.0
+    assert not p.wants_target_topk()
+    seconds = p.draft([salted, row(1, [1, 2, 3])], StepContext()).source_seconds
+    assert "recycle" in seconds and p.wants_target_topk()
+
+
 def test_a_start_up_spike_in_a_sources_cost_gives_way_to_its_probes():
     """A source whose first call took 150 ms (a search kernel loading) and every later one 0.3 ms, and whose own
     tokens are worth several ms a step, is paused after the spike and resumed by its probes within a few
