@@ -21,7 +21,7 @@ keeps the faster:
   measuring it drafting at each new batch size is where it cost the most; a first drafting measurement
   already under way when drafting loses at fewer requests stops and steps aside likewise;
 - a plugin's share is its median over each drafting measurement (a recheck included) as well as its running
-  average: a plugin that stops running its costly part while it sits out (``hybrid`` pausing a draft source
+  average (started from the median of its first ``PHASE_STEPS`` drafting steps, not from a first call's one-time cost): a plugin that stops running its costly part while it sits out (``hybrid`` pausing a draft source
   that does not pay) is cheap at its next recheck and drafts again, where the running average, moved only by
   the few drafting steps of rechecks, would keep the old share for thousands of steps;
 - the mode that lost is measured again for ``RECHECK_STEPS`` steps after ``FIRST_RECHECK`` steps, then after
@@ -97,6 +97,10 @@ class StepAside:
         self.groups: dict[int, _Group] = {}
         self.share = 0.0  # exponentially weighted share of a drafting step's wall time spent in the plugin
         self._share_steps = 0
+        # The first PHASE_STEPS drafting steps' shares: their median starts the average, since a plugin's first
+        # calls carry one-time costs (a request's first suffix tree, kernels loading) that, as the average's
+        # first value, made a cheap plugin look costly for its first comparison at a cold start.
+        self._first_shares: list[float] = []
         self.changes: list[str] = []  # decisions not yet logged (the adapter logs and clears them)
 
     def _group(self, rows: int) -> _Group:
@@ -114,8 +118,11 @@ class StepAside:
             return
         if drafted:
             share = min(1.0, plugin_seconds / seconds)
-            keep = KEEP if self._share_steps else 0.0
-            self.share = keep * self.share + (1 - keep) * share
+            if self._share_steps < PHASE_STEPS:
+                self._first_shares.append(share)
+                self.share = statistics.median(self._first_shares)
+            else:
+                self.share = KEEP * self.share + (1 - KEEP) * share
             self._share_steps += 1
             if g.phase is True:
                 g.phase_shares.append(share)
