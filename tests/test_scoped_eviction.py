@@ -11,6 +11,7 @@ import numpy as np
 from freespec.proposers import state_dir
 from freespec.proposers.response_store import ResponseStore, read_store
 from freespec.proposers.scoped_responses import ScopedResponses
+from scoped_helpers import save
 
 FP = "sha256:tok-a"
 ME, PEER = "host-a.1.1", "host-b.1.1"
@@ -29,15 +30,6 @@ def writer(root: Path, monkeypatch, who: str = ME) -> ScopedResponses:
 
 def response(i: int) -> np.ndarray:
     return (np.arange(20) + i) % 1000
-
-
-def save(sr: ScopedResponses) -> None:
-    """Ask for a save and wait for it, as the suffix source's save interval does."""
-    for _ in range(10):
-        sr.tick()
-        if sr._files.wait(10):
-            return
-    raise AssertionError("the background file work did not settle")
 
 
 def read(path: Path):

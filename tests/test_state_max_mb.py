@@ -13,6 +13,7 @@ import pytest
 from freespec.proposers import state_dir
 from freespec.proposers.response_store import ResponseStore, file_bytes
 from freespec.proposers.scoped_responses import ScopedResponses
+from scoped_helpers import save
 
 FP = "sha256:tok-a"
 ME, PEER = "host-a.1.1", "host-b.1.1"
@@ -32,15 +33,6 @@ def writer(root: Path, monkeypatch, max_bytes: int) -> ScopedResponses:
 
 def response(i: int) -> np.ndarray:
     return (np.arange(TOKENS) + i) % 1000
-
-
-def save(sr: ScopedResponses) -> None:
-    """Ask for a save and wait for it; the peers' files it read are merged by the next ticks."""
-    for _ in range(10):
-        sr.tick()
-        if sr._files.wait(10):
-            return
-    raise AssertionError("the background file work did not settle")
 
 
 def own_files(root: Path) -> dict[str, int]:
