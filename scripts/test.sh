@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run freespec's tests: unit tests, then integration tests on the real vLLM CPU engine and
-# SmolLM2-135M-Instruct, then the example plugin package's own tests (35 min 45 s in the last complete
-# fresh-clone run on 2 Zen 4 cores, setup included with a warm pip cache, 1,346 + 4 passed:
+# SmolLM2-135M-Instruct, then the example plugin package's own tests (24 min 19 s in the last complete
+# fresh-clone run on 2 Zen 4 cores, setup included with a warm pip cache, 1,373 + 4 passed:
 # `git clone -q . /tmp/fresh-check && cd /tmp/fresh-check && time bash .ci/run` with shared/ linked at
 # /tmp/shared, 2026-12-03). Sets the machine up first if needed.
 # The `cluster` tests (tensor parallelism over two worker processes, vLLM replicas as Ray actors) run in
