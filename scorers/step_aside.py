@@ -21,8 +21,9 @@ keeps the faster:
   measuring it drafting at each new batch size is where it cost the most; a first drafting measurement
   already under way when drafting loses at fewer requests stops and steps aside likewise;
 - a plugin's share is its median over each drafting measurement (a recheck included) as well as its running
-  average (started from the median of its first ``PHASE_STEPS`` drafting steps, not from a first call's one-time cost): a plugin that stops running its costly part while it sits out (``hybrid`` pausing a draft source
-  that does not pay) is cheap at its next recheck and drafts again, where the running average, moved only by
+  average (started from the median of its first ``PHASE_STEPS`` drafting steps, not from a first call's
+  one-time cost): a plugin that stops running its costly part while it sits out (``hybrid`` pausing a draft
+  source that does not pay) is cheap at its next recheck and drafts again, where the running average, moved only by
   the few drafting steps of rechecks, would keep the old share for thousands of steps;
 - the mode that lost is measured again for ``RECHECK_STEPS`` steps after ``FIRST_RECHECK`` steps, then after
   twice as many each time the decision stands (at most ``LAST_RECHECK``), because both change: the target's
