@@ -56,7 +56,9 @@ def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="workloads: the same sessions again after the first pass, once per MODE: same (the "
                         "same server), restart (after stopping and starting it), replica (on a second server "
                         "of the same config), tenant (the same server right after the first pass, sent with "
-                        "another cache_salt: what one tenant's traffic gives another); each its own rows")
+                        "another cache_salt: what one tenant's traffic gives another), cold-tenant (the tenant "
+                        "row's reference: a third cache_salt on a fresh second server that first served other "
+                        "sessions); each its own rows")
     p.add_argument("--chat-data", help="chat: a ShareGPT .json/.jsonl (default: an installed *sharegpt* package's)")
     p.add_argument("--categories", help="comma-separated categories (default: all in the file)")
     p.add_argument("--per-category", type=POSITIVE, nargs="+",

@@ -153,6 +153,38 @@ def test_tenant_pass_runs_right_after_the_first_with_another_cache_salt(tmp_path
     assert md.index("| none | rag · tenant |") < md.index("| none | rag · restart |")
 
 
+def test_cold_tenant_is_a_third_tenant_on_a_fresh_server_after_other_material(tmp_path, monkeypatch,
+                                                                              fake_server):
+    bodies = tmp_path / "bodies.jsonl"
+    monkeypatch.setenv("FAKE_SERVER_BODIES", str(bodies))
+    started, shares = [], []
+    monkeypatch.setattr(run, "server_command", modes(fake_server, started, lambda c: "plain", shares))
+    monkeypatch.setattr(server, "available_ram_fraction", lambda: 0.9)
+    monkeypatch.setattr(runner, "server_command", run.server_command)
+    out = tmp_path / "out"
+    args = parse_bench_args(
+        "--workload", "code-edit", "--model", "fake-model", "--configs", "none", "--sessions", "1", "--turns", "2",
+        "--max-tokens", "4", "--warmup", "1", "--dtype", "float32", "--out", str(out), "--server-timeout", "60",
+        "--repeat-traffic", "cold-tenant", "tenant")
+    assert bench.run(args) == 0
+    a, b, c = "bench-tenant-a", "bench-tenant-b", "bench-tenant-c"
+    sent = _bodies(bodies)
+    # warm-up, first, tenant; then the second server's warm-up, other material as the first tenant, the
+    # measured sessions as a third tenant
+    assert [body.get("cache_salt", "absent") for body in sent] == ["absent", a, a, b, b, "absent", a, a, c, c]
+    first_turn = [next(m["content"] for m in body["messages"] if m["role"] == "user") for body in sent]
+    assert first_turn[1] == first_turn[3] == first_turn[8]  # the same sessions measured in every pass
+    assert first_turn[6] != first_turn[1]  # the other material is another file
+    assert started == ["none", "none"] and shares[0] == shares[1] < 0.9  # two servers up: each a share
+    result = json.loads((out / "results.json").read_text())
+    assert [(r["pass"], r["cache_salt"]) for r in result["requests"]] == [
+        ("first", a), ("first", a), ("tenant", b), ("tenant", b), ("cold-tenant", c), ("cold-tenant", c)]
+    assert [s["role"] for s in result["configs"][0]["servers"][1:]] == ["cold-tenant"]
+    md = (out / "results.md").read_text()
+    assert "`code-edit · cold-tenant`: the same sessions from a third tenant on a second, fresh server" in md
+    assert md.index("| none | code-edit · tenant |") < md.index("| none | code-edit · cold-tenant |")
+
+
 def test_no_cache_salt_without_tenant_and_tenant_works_with_base_url(tmp_path, monkeypatch, fake_server):
     def no_server(*args):
         raise AssertionError("--base-url starts no server")
@@ -187,6 +219,9 @@ def test_pass_order_and_salts_are_decided_in_one_place():
         assert runner.cache_salt(mode, ["same", "restart", "replica"]) is None
         assert runner.cache_salt(mode, ["tenant"]) == "bench-tenant-a"
     assert runner.cache_salt("tenant", ["tenant"]) == "bench-tenant-b"
+    assert runner.cache_salt("cold-tenant", ["cold-tenant"]) == "bench-tenant-c"
+    assert runner.cache_salt(None, ["cold-tenant"]) == "bench-tenant-a"
+    assert runner.pass_order(["cold-tenant", "restart", "tenant"]) == ["tenant", "restart", "cold-tenant"]
 
 
 def test_unknown_repeat_traffic_modes_are_still_refused(capsys):

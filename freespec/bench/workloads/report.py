@@ -15,6 +15,9 @@ PASS_NOTES = {
     "replica": "the same sessions again on a second server of the same config (what replicas share)",
     "tenant": "the same sessions again on the same server from another tenant (another cache_salt): what one "
               "tenant's traffic gives another",
+    "cold-tenant": "the same sessions from a third tenant on a second, fresh server that first served as many "
+                   "sessions of other material as the first tenant: the tenant row's reference (what another "
+                   "tenant gets, had the first never asked these)",
 }
 
 
@@ -36,8 +39,9 @@ def render_workload_tables(rows: Sequence[dict], workloads: Sequence[Workload], 
     for w in workloads:
         passes = "".join(f" `{pass_category(w.name, m)}`: {PASS_NOTES[m]}." for m in modes)
         if "tenant" in modes:
-            passes += (f" `{pass_category(w.name, 'tenant')}` ran right after the first pass; every other pass "
-                       "was sent as the first tenant.")
+            passes += (f" `{pass_category(w.name, 'tenant')}` ran right after the first pass.")
+        if set(modes) & {"tenant", "cold-tenant"}:
+            passes += " Every other pass was sent as the first tenant."
         count = len(w.sessions)
         parts.append(f"## {w.name}\n\n{w.description}; {count} session{'' if count == 1 else 's'}.")
         if w.skipped:

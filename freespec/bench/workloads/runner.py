@@ -6,7 +6,11 @@ workload; its counters read before and after). Then the *repeated traffic* passe
 ``same`` on the same server, ``restart`` after stopping and starting it again (what a persisted datastore
 keeps), ``replica`` on a second server of the same config started beside the first (what a learning shared
 between replicas gives), ``tenant`` on the same server right after the first pass but with another
-``cache_salt`` (what one tenant's traffic gives another; the other passes then carry the first tenant's).
+``cache_salt`` (what one tenant's traffic gives another; the other passes then carry the first tenant's), and
+``cold-tenant``, the tenant row's reference: the same sessions from a third tenant on a second, fresh
+server that first served as many sessions of other material as the first tenant (what another tenant gets
+from a server as busy, had the first tenant never asked these; a third salt, since the second tenant's
+scope may already be in a shared state directory).
 A server that dies is the config's failure, reported as a row of its own; the run goes on with the other
 configs.
 """
@@ -44,12 +48,15 @@ from freespec.bench.workloads.report import pass_category
 from freespec.bench.workloads.sequencing import run_sessions
 from freespec.bench.workloads.session import Workload
 
-REPEAT_MODES = ("same", "restart", "replica", "tenant")
+REPEAT_MODES = ("same", "restart", "replica", "tenant", "cold-tenant")
 SAME_SERVER_MODES = ("same", "tenant")  # the modes --base-url can run: they start no server
-# The two tenants' cache_salt: only sent when ``tenant`` is among the modes, so runs without it send the
+SECOND_SERVER_MODES = ("replica", "cold-tenant")  # a second server of the config is up beside the first
+TENANT_MODES = ("tenant", "cold-tenant")  # sent as another tenant than the other passes
+# The two tenants' cache_salt: only sent when a tenant mode is among the modes, so runs without one send the
 # requests they always did and stay comparable with earlier results.
 TENANT_SALT = "bench-tenant-a"
 OTHER_TENANT_SALT = "bench-tenant-b"
+COLD_TENANT_SALT = "bench-tenant-c"
 CHARS_PER_TOKEN = 3.0  # a rough estimate, for the context-length note only
 
 
@@ -59,8 +66,8 @@ def check_options(options: BenchOptions) -> None:
     if unknown:
         raise BenchError(f"--repeat-traffic: unknown mode {', '.join(unknown)}; choose from {', '.join(REPEAT_MODES)}")
     if options.base_url and set(options.repeat_traffic) - set(SAME_SERVER_MODES):
-        raise BenchError("--repeat-traffic restart/replica start servers; with --base-url only 'same' and "
-                         "'tenant' are possible")
+        raise BenchError("--repeat-traffic restart/replica/cold-tenant start servers; with --base-url only "
+                         "'same' and 'tenant' are possible")
     if options.interleave:
         raise BenchError("--interleave is for Spec-Bench's questions; workloads run config after config")
     if options.repeats > 1:
@@ -71,17 +78,21 @@ def check_options(options: BenchOptions) -> None:
 def pass_order(modes: list[str]) -> list[str]:
     """The repeated passes in the order they run: ``tenant`` first, right after the first pass on the same
     server (another tenant asks what one tenant was just answered, before a restart or a replica can change
-    what the server holds), then the others as given."""
-    return [m for m in modes if m == "tenant"] + [m for m in modes if m != "tenant"]
+    what the server holds), then the others as given, ``cold-tenant`` last (its other material, learned into
+    a shared state directory, then reaches no later pass)."""
+    last = ("tenant", "cold-tenant")
+    return ([m for m in modes if m == "tenant"] + [m for m in modes if m not in last]
+            + [m for m in modes if m == "cold-tenant"])
 
 
 def cache_salt(mode: str | None, modes: list[str]) -> str | None:
-    """The ``cache_salt`` of every request of a pass (``mode`` None: the first pass): None unless ``tenant`` is
-    among ``modes``; then the tenant pass is the other tenant and every other pass the first. The warm-up
-    sends none, so it teaches neither tenant."""
-    if "tenant" not in modes:
+    """The ``cache_salt`` of every request of a pass (``mode`` None: the first pass): None unless a tenant
+    mode is among ``modes``; then ``tenant`` is the second tenant, ``cold-tenant`` a third, and every other
+    pass (the cold-tenant server's other material too) the first. The warm-up sends none, so it teaches no
+    tenant."""
+    if not set(TENANT_MODES) & set(modes):
         return None
-    return OTHER_TENANT_SALT if mode == "tenant" else TENANT_SALT
+    return {"tenant": OTHER_TENANT_SALT, "cold-tenant": COLD_TENANT_SALT}.get(mode or "", TENANT_SALT)
 
 
 def context_estimate(workload: Workload, max_tokens: int, source_chars: int) -> int:
@@ -126,6 +137,27 @@ def measure_workload(server: Server | RunningServer, label: str, model: str, con
               file=sys.stderr, flush=True)
 
 
+def _serve_other_material(server, target, concurrency: int, others: list[Workload], options: BenchOptions) -> None:
+    """The cold-tenant server's first traffic, unmeasured: as many sessions of other material as the first
+    pass had, sent as the first tenant, so that its server is as busy as the tenant pass's."""
+    salt = cache_salt(None, options.repeat_traffic)
+    print(f"[{target.config.label}] cold-tenant: serving other sessions as the first tenant", flush=True)
+    for workload in others:
+        records, _ = run_sessions(workload.sessions, concurrency,
+                                  lambda messages: chat_request(server.base_url, target.model, messages, options,
+                                                                salt))
+        raise_if_died(server, records, f"{workload.name} other material")
+
+
+def other_material(names: list[str], options: BenchOptions, measured: list[Workload]) -> list[Workload]:
+    """For ``cold-tenant``: as many sessions as each measured workload has, on other material (the next
+    files, documents or conversations), the same shape of turns."""
+    both = build_workloads(names, 2 * options.sessions, options.turns, options.source_chars,
+                           options.context_chars, options.chat_data)
+    sizes = {w.name: len(w.sessions) for w in measured}
+    return [Workload(w.name, w.description, w.sessions[sizes[w.name]:]) for w in both if w.name in sizes]
+
+
 def _passes(server, target, levels, workloads, mode, options, state, round_index) -> None:
     from tqdm import tqdm
 
@@ -141,8 +173,10 @@ def _passes(server, target, levels, workloads, mode, options, state, round_index
 
 
 def bench_workload_config(target, workloads: list[Workload], warmup: list[str], options: BenchOptions, out: Path,
-                          state, round_index: int = 0, cpu: bool = False) -> dict[str, Any]:
-    """Serve one config and run every workload on it, then the repeated-traffic passes; the config's entry."""
+                          state, round_index: int = 0, cpu: bool = False,
+                          others: list[Workload] | None = None) -> dict[str, Any]:
+    """Serve one config and run every workload on it, then the repeated-traffic passes; the config's entry.
+    ``others``: the cold-tenant server's other material (``other_material``)."""
     from freespec.bench import run as bench_run
 
     info = bench_run._config_info(target, options, round_index, state)
@@ -164,10 +198,12 @@ def bench_workload_config(target, workloads: list[Workload], warmup: list[str], 
                     server.start()
                     server_info.setdefault("restart_s", []).append(server.wait_healthy(options.server_timeout))
                     bench_run._warm_up(server, target, warmup, max(group), options, {})
-                elif mode == "replica":
-                    current = _start_replica(target, group, options, out, cpu, info)
+                elif mode in SECOND_SERVER_MODES:
+                    current = _start_replica(target, group, options, out, cpu, info, mode)
                     replicas.append(current)
                     bench_run._warm_up(current, target, warmup, max(group), options, {})
+                    if mode == "cold-tenant":
+                        _serve_other_material(current, target, max(group), others or [], options)
                 _passes(current, target, group, workloads, mode, options, state, round_index)
             bench_run._finish(server, target, server_info)
         except bench_run.SERVER_ERRORS as exc:
@@ -183,17 +219,18 @@ def bench_workload_config(target, workloads: list[Workload], warmup: list[str], 
 
 
 def _start_replica(target, group: list[int], options: BenchOptions, out: Path, cpu: bool,
-                   info: dict[str, Any]) -> Server:
-    """A second server of the same config beside the first (its own port and log), started."""
+                   info: dict[str, Any], role: str = "replica") -> Server:
+    """A second server of the same config beside the first (its own port and log), started; ``role``:
+    ``replica`` or ``cold-tenant``."""
     from freespec.bench.run import slug
 
     port = free_port()
-    log_path = out / f"server_{slug(target.config.label)}_replica.log"
+    log_path = out / f"server_{slug(target.config.label)}_{slug(role)}.log"
     cmd = server_command(target.model, port, target.config, options, cpu)
     replica = Server(cmd, port, log_path)
-    replica_info: dict[str, Any] = {"command": cmd, "concurrency": group, "log": log_path.name, "role": "replica"}
+    replica_info: dict[str, Any] = {"command": cmd, "concurrency": group, "log": log_path.name, "role": role}
     info["servers"].append(replica_info)
-    print(f"[{target.config.label}] starting a replica; log: {log_path}", flush=True)
+    print(f"[{target.config.label}] starting a {role} server; log: {log_path}", flush=True)
     replica.start()
     try:
         replica_info["startup_s"] = replica.wait_healthy(options.server_timeout)
@@ -221,6 +258,7 @@ def run_workloads(options: BenchOptions, argv: list[str], names: list[str], cpu:
         measured = [w for w in workloads if w.sessions]
         if not measured:
             raise BenchError("no workload could be built on this machine")
+        others = other_material(names, options, measured) if "cold-tenant" in options.repeat_traffic else []
         targets, skipped = bench_run._targets(options, configs)
     except BenchError as exc:
         print(f"freespec bench: {exc}", file=sys.stderr)
@@ -232,7 +270,7 @@ def run_workloads(options: BenchOptions, argv: list[str], names: list[str], cpu:
                  f"{options.max_model_len}; its later turns then fail (lower --turns, --source-chars or "
                  "--context-chars, or raise --max-model-len)")
     model = targets[0].model if targets else (options.model or "")
-    if "replica" in options.repeat_traffic and not options.base_url:
+    if set(SECOND_SERVER_MODES) & set(options.repeat_traffic) and not options.base_url:
         # Two servers of a config are up at once: each gets half the memory share, as --interleave gives them.
         options, shortfall = interleaved_options(options, 2, cpu, model)
         if shortfall:
@@ -261,7 +299,8 @@ def run_workloads(options: BenchOptions, argv: list[str], names: list[str], cpu:
     try:
         for round_index in range(options.rounds):
             for target in bench_run.round_order(targets, round_index, options.rounds):
-                info = bench_workload_config(target, measured, warmup, options, out, state, round_index, cpu)
+                info = bench_workload_config(target, measured, warmup, options, out, state, round_index, cpu,
+                                             others)
                 bench_run._save(out, state)
                 if info["status"] != "ok":
                     exit_code = 1
