@@ -31,6 +31,7 @@ gives measured figures.
 """
 from __future__ import annotations
 
+import logging
 import sys
 from array import array
 from collections import OrderedDict, deque
@@ -38,9 +39,11 @@ from typing import Sequence
 
 from pydantic import Field, model_validator
 
-from freespec.proposers.api import Draft, Row, StepContext
+from freespec.proposers.api import Draft, EngineInfo, Row, StepContext
 from freespec.proposers.base import Proposer, ProposerOptions
 from freespec.scorers.acceptance import AcceptanceEstimate, matched_prefix
+
+logger = logging.getLogger("freespec")
 
 OWN, POOL = 0, 1  # draft sources
 MATCH_BUCKETS = 8  # acceptance is estimated per source and per match length (capped)
@@ -199,6 +202,14 @@ class CopyProposer(Proposer):
         self._estimates = [[AcceptanceEstimate() for _ in range(MATCH_BUCKETS)] for _ in (OWN, POOL)]
 
     # -- lifecycle -------------------------------------------------------
+    def bind(self, info: EngineInfo) -> None:
+        # The pool is memory-only: with a state directory the operator expects learning to survive restarts,
+        # and copy's does not; hybrid's default sources (suffix, recycle) keep theirs there.
+        if info.state_dir is not None and self.options.pool_tokens > 0:
+            logger.warning("freespec: copy keeps its pool of recent outputs in memory only, not in state_dir %s: "
+                           "it starts empty after a restart and is not shared with replicas (hybrid's default "
+                           "sources, suffix and recycle, keep their state there)", info.state_dir)
+
     def release(self, key: int) -> None:
         st = self._seqs.pop(key, None)
         if st is not None:

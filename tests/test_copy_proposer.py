@@ -162,3 +162,22 @@ def test_live_requests_index_at_most_max_live_indexed_tokens_and_resume_when_one
     p.propose([Row(2, np.append(b, 7).astype(np.int32), 1)])
     assert p._seqs[2].indexed == 900  # the rest of b indexed once a left (all but the query gram)
     assert p._live_indexed == 900
+
+
+def test_a_state_dir_says_the_pool_is_not_kept_there(tmp_path, caplog):
+    from freespec.proposers.api import EngineInfo
+    from freespec.proposers.hybrid import HybridOptions, HybridProposer
+
+    def warnings_binding(proposer, state_dir):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="freespec"):
+            proposer.bind(EngineInfo(vocab_size=100, state_dir=state_dir, tokenizer_fingerprint=lambda: "t"))
+        return [r.getMessage() for r in caplog.records if "copy keeps its pool" in r.getMessage()]
+
+    assert len(warnings_binding(CopyProposer(CopyOptions(), 4), str(tmp_path))) == 1
+    assert warnings_binding(CopyProposer(CopyOptions(), 4), None) == []
+    assert warnings_binding(CopyProposer(CopyOptions(pool_tokens=0), 4), str(tmp_path)) == []  # no pool
+    named = HybridProposer(HybridOptions(sources=("copy",)), 4)
+    assert len(warnings_binding(named, str(tmp_path))) == 1  # a named source of hybrid's says so too
+    # hybrid's defaults (suffix, recycle) keep their state in the folder: nothing to say
+    assert warnings_binding(HybridProposer(HybridOptions(sources=("recycle",)), 4), str(tmp_path)) == []
