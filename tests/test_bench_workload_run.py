@@ -124,22 +124,30 @@ def _bodies(path):
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def test_tenant_pass_runs_right_after_the_first_with_another_cache_salt(tmp_path, monkeypatch, fake_server):
+def run_passes(tmp_path, monkeypatch, fake_server, workload: str, *modes_given: str):
+    """One fake-server run of ``workload`` (a session of two turns) with ``--repeat-traffic modes_given``: the
+    request bodies sent, the configs of the servers started, their memory shares, and the output folder."""
     bodies = tmp_path / "bodies.jsonl"
     monkeypatch.setenv("FAKE_SERVER_BODIES", str(bodies))
-    started = []
-    monkeypatch.setattr(run, "server_command", modes(fake_server, started, lambda c: "plain"))
+    started, shares = [], []
+    monkeypatch.setattr(run, "server_command", modes(fake_server, started, lambda c: "plain", shares))
     monkeypatch.setattr(server, "available_ram_fraction", lambda: 0.9)
     monkeypatch.setattr(runner, "server_command", run.server_command)
     out = tmp_path / "out"
-    # tenant named last: it still runs right after the first pass, before the server is restarted.
     args = parse_bench_args(
-        "--workload", "rag", "--model", "fake-model", "--configs", "none", "--sessions", "1", "--turns", "2",
+        "--workload", workload, "--model", "fake-model", "--configs", "none", "--sessions", "1", "--turns", "2",
         "--max-tokens", "4", "--warmup", "1", "--dtype", "float32", "--out", str(out), "--server-timeout", "60",
-        "--repeat-traffic", "restart", "replica", "tenant", "same")
+        "--repeat-traffic", *modes_given)
     assert bench.run(args) == 0
+    return _bodies(bodies), started, shares, out
+
+
+def test_tenant_pass_runs_right_after_the_first_with_another_cache_salt(tmp_path, monkeypatch, fake_server):
+    # tenant named last: it still runs right after the first pass, before the server is restarted.
+    sent, started, _, out = run_passes(tmp_path, monkeypatch, fake_server, "rag", "restart", "replica", "tenant",
+                                       "same")
     a, b = "bench-tenant-a", "bench-tenant-b"
-    salts = [body.get("cache_salt", "absent") for body in _bodies(bodies)]
+    salts = [body.get("cache_salt", "absent") for body in sent]
     # warm-up (no salt: it teaches neither tenant), first, tenant, restart's warm-up and pass, replica's, same
     assert salts == ["absent", a, a, b, b, "absent", a, a, "absent", a, a, a, a]
     result = json.loads((out / "results.json").read_text())
@@ -155,20 +163,9 @@ def test_tenant_pass_runs_right_after_the_first_with_another_cache_salt(tmp_path
 
 def test_cold_tenant_is_a_third_tenant_on_a_fresh_server_after_other_material(tmp_path, monkeypatch,
                                                                               fake_server):
-    bodies = tmp_path / "bodies.jsonl"
-    monkeypatch.setenv("FAKE_SERVER_BODIES", str(bodies))
-    started, shares = [], []
-    monkeypatch.setattr(run, "server_command", modes(fake_server, started, lambda c: "plain", shares))
-    monkeypatch.setattr(server, "available_ram_fraction", lambda: 0.9)
-    monkeypatch.setattr(runner, "server_command", run.server_command)
-    out = tmp_path / "out"
-    args = parse_bench_args(
-        "--workload", "code-edit", "--model", "fake-model", "--configs", "none", "--sessions", "1", "--turns", "2",
-        "--max-tokens", "4", "--warmup", "1", "--dtype", "float32", "--out", str(out), "--server-timeout", "60",
-        "--repeat-traffic", "cold-tenant", "tenant")
-    assert bench.run(args) == 0
+    sent, started, shares, out = run_passes(tmp_path, monkeypatch, fake_server, "code-edit", "cold-tenant",
+                                            "tenant")
     a, b, c = "bench-tenant-a", "bench-tenant-b", "bench-tenant-c"
-    sent = _bodies(bodies)
     # warm-up, first, tenant; then the second server's warm-up, other material as the first tenant, the
     # measured sessions as a third tenant
     assert [body.get("cache_salt", "absent") for body in sent] == ["absent", a, a, b, b, "absent", a, a, c, c]
