@@ -54,6 +54,7 @@ from freespec.bench.server import (
     server_command,
     server_env,
 )
+from freespec.bench.state_dirs import fresh_state
 from freespec.bench.stats import MIXED_CATEGORY, aggregate
 from freespec.machine import cpu_advice, default_dtype, describe_machine, is_cpu_vllm, machine_summary
 from freespec.questions import Question, QuestionsError, resolve_questions
@@ -239,7 +240,9 @@ def bench_config(
     info = _config_info(target, options, round_index, state)
     concurrencies = list(options.concurrency)
     sessions = [concurrencies] if options.reuse_server or target.base_url else [[c] for c in concurrencies]
+    base_target = target
     for session in sessions:
+        target = fresh_state(base_target, session, round_index, state.started_at)
         server, server_info = _open_server(target, session, options, out, cpu, info)
         try:
             _start(server, target, session, options, server_info)
@@ -352,6 +355,7 @@ def bench_interleaved(
         for target in targets:
             info = _config_info(target, options, round_index, state)
             infos.append(info)
+            target = fresh_state(target, levels, round_index, state.started_at)
             server, server_info = _open_server(target, levels, server_options, out, cpu, info)
             opened.append(server)
             try:

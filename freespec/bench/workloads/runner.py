@@ -41,6 +41,7 @@ from freespec.bench.server import (
     raise_if_died,
     server_command,
 )
+from freespec.bench.state_dirs import fresh_state
 from freespec.bench.stats import aggregate
 from freespec.bench.workloads import build_workloads
 from freespec.bench.workloads.report import render_workload_tables
@@ -182,7 +183,9 @@ def bench_workload_config(target, workloads: list[Workload], warmup: list[str], 
     info = bench_run._config_info(target, options, round_index, state)
     levels = list(options.concurrency)
     groups = [levels] if options.reuse_server or target.base_url else [[c] for c in levels]
+    base_target = target
     for group in groups:
+        target = fresh_state(base_target, group, round_index, state.started_at)
         server, server_info = bench_run._open_server(target, group, options, out, cpu, info)
         replicas: list[Server] = []
         current = server
