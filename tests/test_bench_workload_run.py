@@ -227,3 +227,17 @@ def test_unknown_repeat_traffic_modes_are_still_refused(capsys):
     with pytest.raises(SystemExit):
         parse_bench_args("--workload", "rag", "--repeat-traffic", "tenants")
     assert "--repeat-traffic" in capsys.readouterr().err
+
+
+def test_a_replica_is_stopped_before_the_cold_tenant_server_starts(tmp_path, monkeypatch, fake_server):
+    servers, most_up = [], []
+    start = server.Server.start
+
+    def counting_start(self):
+        servers.append(self)
+        most_up.append(1 + sum(s.proc is not None and s.proc.poll() is None for s in servers if s is not self))
+        return start(self)
+
+    monkeypatch.setattr(server.Server, "start", counting_start)
+    _, started, shares, _ = run_passes(tmp_path, monkeypatch, fake_server, "rag", "replica", "cold-tenant")
+    assert started == ["none"] * 3 and max(most_up) == 2  # each of the two second servers beside the first only

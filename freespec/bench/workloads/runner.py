@@ -202,6 +202,8 @@ def bench_workload_config(target, workloads: list[Workload], warmup: list[str], 
                     server_info.setdefault("restart_s", []).append(server.wait_healthy(options.server_timeout))
                     bench_run._warm_up(server, target, warmup, max(group), options, {})
                 elif mode in SECOND_SERVER_MODES:
+                    for earlier in replicas:  # at most two servers up: each was given half the memory share
+                        earlier.stop()
                     current = _start_replica(target, group, options, out, cpu, info, mode)
                     replicas.append(current)
                     bench_run._warm_up(current, target, warmup, max(group), options, {})
