@@ -200,12 +200,13 @@ class CopyProposer(Proposer):
         self._pools: OrderedDict[str, _OutputPool] = OrderedDict()
         self._pooled = 0  # tokens in all pools together
         self._estimates = [[AcceptanceEstimate() for _ in range(MATCH_BUCKETS)] for _ in (OWN, POOL)]
+        self.persisted_by: str | None = None  # the source whose files fill the pool (hybrid's suffix), if any
 
     # -- lifecycle -------------------------------------------------------
     def bind(self, info: EngineInfo) -> None:
-        # The pool is memory-only: with a state directory the operator expects learning to survive restarts,
-        # and copy's does not; hybrid's default sources (suffix, recycle) keep theirs there.
-        if info.state_dir is not None and self.options.pool_tokens > 0:
+        # The pool alone is memory-only: with a state directory the operator expects learning to survive
+        # restarts. In hybrid beside the suffix source it is filled from that source's files (``persisted_by``).
+        if info.state_dir is not None and self.options.pool_tokens > 0 and self.persisted_by is None:
             logger.warning("freespec: copy keeps its pool of recent outputs in memory only, not in state_dir %s: "
                            "it starts empty after a restart and is not shared with replicas (hybrid's default "
                            "sources, suffix and recycle, keep their state there)", info.state_dir)
@@ -214,18 +215,30 @@ class CopyProposer(Proposer):
         st = self._seqs.pop(key, None)
         if st is not None:
             self._live_indexed -= st.indexed
-            if st.scope is not None and self.options.pool_tokens > 0:
-                pool = self._pools.get(st.scope)
-                if pool is None:
-                    pool = self._pools[st.scope] = _OutputPool(self.g, self.options.candidates_per_key,
-                                                               self.options.pool_tokens)
-                self._pools.move_to_end(st.scope)
-                before = pool.tokens
-                pool.add(st.seq[st.output_start :])
-                self._pooled += pool.tokens - before
-                if not pool.order:  # an output too short to keep
-                    del self._pools[st.scope]
-                self._bound_pools()
+            if st.scope is not None:
+                self.keep_output(st.scope, st.seq[st.output_start :])
+
+    def keep_output(self, scope: str, tokens) -> None:
+        """An output of ``scope`` enters its pool: a departed request's, or one loaded from a state directory
+        (``SuffixTreeProposer.share_outputs``)."""
+        if self.options.pool_tokens <= 0:
+            return
+        pool = self._pools.get(scope)
+        if pool is None:
+            pool = self._pools[scope] = _OutputPool(self.g, self.options.candidates_per_key, self.options.pool_tokens)
+        self._pools.move_to_end(scope)
+        before = pool.tokens
+        pool.add(tokens if isinstance(tokens, array) else array("i", (int(t) for t in tokens)))
+        self._pooled += pool.tokens - before
+        if not pool.order:  # an output too short to keep
+            del self._pools[scope]
+        self._bound_pools()
+
+    def forget_scope(self, scope: str) -> None:
+        """A purged scope's pool goes (``freespec state purge --scope``)."""
+        pool = self._pools.pop(scope, None)
+        if pool is not None:
+            self._pooled -= pool.tokens
 
     def _bound_pools(self) -> None:
         """At most ``pool_tokens`` in all scopes' pools together: the least recently used scope's oldest

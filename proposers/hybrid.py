@@ -278,6 +278,10 @@ class HybridProposer(Proposer):
         self._bar: Optional[float] = None  # the last step's price of a draft token (whether a source is worth running)
 
     def bind(self, info: EngineInfo) -> None:
+        copy, suffix = self.sources.get("copy"), self.sources.get("suffix")
+        if copy is not None and suffix is not None:  # one store of outputs: suffix's files fill copy's pool too
+            suffix.share_outputs(copy)
+            copy.persisted_by = "suffix"
         for source in self.sources.values():
             source.bind(info)
 

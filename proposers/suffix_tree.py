@@ -194,6 +194,14 @@ class SuffixTreeProposer(Proposer):
         self._cached_count = 0
         self._peers = lambda: self.options.merge_from  # the files merged in (with a state directory: found anew)
         self._peers_later = lambda: self.options.merge_from
+        # Another source that learns from the same outputs (hybrid's ``copy``): told of every response loaded or
+        # merged from the files, and of every purged scope, so the one store persists both (``share_outputs``).
+        self._output_sharers: list = []
+
+    def share_outputs(self, other) -> None:
+        """``other`` (with ``keep_output(scope, tokens)`` and ``forget_scope(scope)``) gets every response this
+        source loads or merges from its files, and forgets a purged scope with it. Call before ``bind``."""
+        self._output_sharers.append(other)
 
     # -- lifecycle -------------------------------------------------------
     def bind(self, info: EngineInfo) -> None:
@@ -281,6 +289,8 @@ class SuffixTreeProposer(Proposer):
             cache.add_active_response(key, np.array(tokens, dtype=np.int32))  # a writable copy
             cache.stop_request(key)
             self._account(scope, key, len(tokens))
+            for other in self._output_sharers:
+                other.keep_output(scope, tokens)
 
     def _forget(self, scope: str) -> None:
         """A purged scope: every departed output of it leaves its global tree (live requests go on)."""
@@ -291,6 +301,8 @@ class SuffixTreeProposer(Proposer):
             if cache is not None and key in cache.cached_requests and key not in cache.active_requests:
                 cache.evict_cached_response(key)
         self._drop_if_empty(scope)
+        for other in self._output_sharers:
+            other.forget_scope(scope)
         logger.info("freespec: suffix forgot a purged scope's responses")
 
     def _account(self, scope, key, tokens: int) -> None:

@@ -371,3 +371,49 @@ def test_the_adapter_hands_the_state_dir_to_every_learned_source_of_hybrid(tmp_p
         source.close()
     mine = state_dir.writer_id()
     assert (tmp_path / "suffix" / f"{mine}.bin").exists() and (tmp_path / "recycle" / f"{mine}.npz").exists()
+
+
+def test_hybrids_copy_source_is_filled_from_the_suffix_sources_files_and_forgets_a_purged_scope(
+        tmp_path, monkeypatch, caplog):
+    from freespec.proposers.hybrid import HybridOptions, HybridProposer
+    from freespec.vllm_plugins.request_ids import scope_of
+
+    info = dataclasses.replace(INFO, state_dir=str(tmp_path))
+    x = scope_of("tenant-x")
+    answer = np.arange(700, 720, dtype=np.int32)
+    seq = np.concatenate([[1, 2, 3], answer]).astype(np.int32)
+    first = scoped_source(info, "host-a.1.1", monkeypatch)
+    for key, scope in ((1, ""), (2, x)):
+        first.propose([Row(key, seq[:4], 1, scope)])
+        first.propose([Row(key, seq, len(seq) - 4, scope)])
+        first.release(key)
+    first.close()
+
+    def hybrid(writer):
+        monkeypatch.setattr(state_dir, "writer_id", lambda: writer)
+        p = HybridProposer(HybridOptions(sources=("suffix", "copy"), suffix={"save_every_s": 0.01}), 4)
+        with caplog.at_level(logging.WARNING, logger="freespec"):
+            p.bind(info)
+        return p
+
+    restarted = hybrid("host-b.1.1")
+    assert "copy keeps its pool" not in caplog.text  # its pool is the suffix source's files now
+    copy = restarted.sources["copy"]
+    context = np.concatenate([[9, 9], answer[:6]]).astype(np.int32)
+    for scope in ("", x):  # each scope's responses in its own pool: copy drafts them after a restart
+        drafted = copy.propose([Row(3, context, 1, scope)])[0]
+        copy.release(3)
+        assert drafted and drafted == answer[6:6 + len(drafted)].tolist()
+    assert copy.propose([Row(4, context, 1, scope_of("tenant-y"))])[0] == []  # never another tenant's
+    copy.release(4)
+
+    assert main(["state", "purge", str(tmp_path), "--scope", "tenant-x"]) == 0
+    suffix = restarted.sources["suffix"]
+    deadline = time.monotonic() + 10
+    while x in suffix._cached and time.monotonic() < deadline:
+        suffix._last_save = 0.0
+        suffix.candidates([])
+        time.sleep(0.05)
+    assert copy.propose([Row(5, context, 1, x)])[0] == []  # the purged tenant is forgotten by copy too
+    copy.release(5)
+    restarted.sources["suffix"].close()

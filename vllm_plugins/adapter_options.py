@@ -59,8 +59,9 @@ class AdapterOptions(BaseModel):
     )
     state_dir: Optional[str] = Field(
         None, strict=True,
-        description="a folder where every source that learns across requests (suffix's responses, recycle's "
-                    "matrix) of every replica and rank keeps its state, each process its own files (mode 0600), "
+        description="a folder where every source that learns across requests (suffix's responses, which also "
+                    "fill hybrid's copy source, and recycle's matrix; not the copy plugin alone) of every replica "
+                    "and rank keeps its state, each process its own files (mode 0600), "
                     "merging the others' (docs/security.md); replaces responses_path, merge_from and matrix_path",
     )
     state_max_age_days: float = Field(
