@@ -12,7 +12,9 @@ container restarted with the same host name and pid takes its own file back. A t
 name, so a sweep removes only its own writer's leftovers (``own_temporaries``) and never another namespace's
 whose pid merely looks dead here; other files go only by age (``sweep_old``). Files are created mode 0600: only
 the serving user reads what other users were answered. Retention: a peer's file older than ``max_age_s`` is
-neither merged nor kept (removed by the sweep); each file's size is bounded by its source's own options.
+neither merged nor kept (removed by the sweep); each file's size is bounded by its source's own options; and at
+each writer's start, all writers' files together are cut to ``state_dir_max_mb``, oldest first (``cap_total``):
+restarts make new writers, whose predecessors' files would otherwise stay until their age.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ logger = logging.getLogger("freespec")
 FILE_MODE = 0o600
 SOURCES = ("suffix", "recycle")  # the folders of the sources that keep state here
 DEFAULT_MAX_AGE_S = 30 * 86_400.0
+KEEP_NEWER_THAN_S = 3_600.0  # cap_total leaves files written this recently: a live writer's
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
@@ -130,6 +133,39 @@ def state_files(state_dir: str) -> list[tuple[str, float, int]]:
                 continue
             out.append((path, st.st_mtime, st.st_size))
     return out
+
+
+def cap_total(state_dir: str, max_bytes: int, keep_newer_than_s: float = KEEP_NEWER_THAN_S,
+              now: float | None = None) -> list[str]:
+    """At a writer's start: while every writer's files together take more than ``max_bytes`` (option
+    ``state_dir_max_mb``), remove the oldest, whoever wrote them (by age, as ``sweep_old``). A tombstone stays,
+    and so does a file written in the last ``keep_newer_than_s`` (a live writer's: it saves what changed every
+    ``save_every_s``; what it held is in its peers' merges too). Returns the removed paths."""
+    now = time.time() if now is None else now
+    files = [f for f in state_files(state_dir) if os.path.basename(os.path.dirname(f[0])) != "purged"]
+    total = sum(size for _, _, size in files)
+    if total <= max_bytes:
+        return []
+    gone = []
+    for path, mtime, size in sorted(files, key=lambda f: f[1]):
+        if total <= max_bytes or now - mtime < keep_newer_than_s:
+            break
+        try:
+            os.unlink(path)
+        except FileNotFoundError:  # another rank or replica starting at the same time
+            pass
+        except OSError:
+            continue
+        gone.append(path)
+        total -= size
+    if gone:
+        logger.info("freespec: state directory %s: %d oldest file(s) removed, as all writers' files took more "
+                    "than state_dir_max_mb (%.0f MB)", state_dir, len(gone), max_bytes / 1e6)
+    if total > max_bytes:
+        logger.warning("freespec: state directory %s holds %.0f MB, over state_dir_max_mb (%.0f MB), in files "
+                       "written in the last %.0f minutes: lower state_max_mb or raise state_dir_max_mb",
+                       state_dir, total / 1e6, max_bytes / 1e6, keep_newer_than_s / 60)
+    return gone
 
 
 def purge(state_dir: str, *, older_than_s: float | None = None, writer: str | None = None,

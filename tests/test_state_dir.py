@@ -417,3 +417,47 @@ def test_hybrids_copy_source_is_filled_from_the_suffix_sources_files_and_forgets
     assert copy.propose([Row(5, context, 1, x)])[0] == []  # the purged tenant is forgotten by copy too
     copy.release(5)
     restarted.sources["suffix"].close()
+
+
+def test_all_writers_files_are_cut_to_the_directory_bound_oldest_first_never_a_live_ones(tmp_path, caplog):
+    now = time.time()
+    scope = "a" * 32
+
+    def put(rel: str, size: int, age_s: float) -> Path:
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x" * size)
+        os.utime(path, (now - age_s, now - age_s))
+        return path
+
+    oldest = put("suffix/host-a.1.1.bin", 400, 9 * 86_400)  # restarted writers' leftovers
+    older = put(f"suffix/{scope}/host-a.1.1.bin", 300, 8 * 86_400)
+    old = put("recycle/host-b.1.2.npz", 300, 2 * 86_400)
+    live = put("suffix/host-c.1.3.bin", 500, 60)  # written a minute ago: a live writer's
+    tombstone = put("suffix/purged/" + scope, 0, 5 * 86_400)
+    assert state_dir.cap_total(str(tmp_path), 2_000, now=now) == []  # within the bound: nothing goes
+    gone = state_dir.cap_total(str(tmp_path), 900, now=now)
+    assert gone == [str(oldest), str(older)]  # oldest first, whoever wrote them, until within it
+    assert old.exists() and live.exists() and tombstone.exists()
+    with caplog.at_level(logging.WARNING, logger="freespec"):
+        gone = state_dir.cap_total(str(tmp_path), 100, now=now)
+    assert gone == [str(old)] and live.exists()  # never one written in the last hour
+    assert "over state_dir_max_mb" in caplog.text
+
+
+def test_the_adapter_cuts_the_directory_at_start_and_the_option_is_checked(tmp_path):
+    from adapter_helpers import adapter_for
+
+    from freespec.vllm_plugins.adapter_options import adapter_options
+
+    leftover = tmp_path / "suffix" / "gone-host.1.1.bin"
+    leftover.parent.mkdir(parents=True)
+    leftover.write_bytes(b"x" * 2_000_000)
+    os.utime(leftover, (time.time() - 7_200, time.time() - 7_200))
+    adapter = adapter_for({"plugin": "hybrid", "num_speculative_tokens": 4, "sources": ["suffix"],
+                           "state_dir": str(tmp_path), "state_dir_max_mb": 1.0},
+                          tokenizer=str(SMOLLM2), vocab_size=49152)
+    adapter.proposer.sources["suffix"].close()
+    assert not leftover.exists()
+    with pytest.raises(ValueError, match=r"'state_dir_max_mb' must be a number in \(0, 1e\+07\], got 0"):
+        adapter_options({"state_dir_max_mb": 0.0})

@@ -29,6 +29,7 @@ import numpy as np
 
 from freespec.proposers.api import SHARED_SCOPE, Draft, EngineInfo, Row, StepContext
 from freespec.proposers.registry import load_proposer_class
+from freespec.proposers.state_dir import cap_total
 from freespec.proposers.vocab import vocab_fingerprint
 from freespec.scorers.controller import DraftController
 from freespec.vllm_plugins.accounting import (
@@ -75,6 +76,8 @@ class FreespecProposer:
         self.vocab_size = int(vllm_config.model_config.get_vocab_size())
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         self.proposer = load_proposer_class(self.plugin)(options, self.k)
+        if adapter.state_dir is not None:  # at start, before this process's sources load and write their files
+            cap_total(adapter.state_dir, adapter.state_dir_max_bytes)
         model_config = vllm_config.model_config
         self.proposer.bind(
             EngineInfo(

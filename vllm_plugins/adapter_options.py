@@ -73,6 +73,11 @@ class AdapterOptions(BaseModel):
         description="the most bytes (MB of 10^6) one process keeps in state_dir for all cache_salt scopes "
                     "together; beyond, its least recently used scopes' files go (never another process's)",
     )
+    state_dir_max_mb: float = Field(
+        8_000.0, gt=0.0, le=10_000_000.0, strict=True,
+        description="the most bytes (MB of 10^6) all processes' files in state_dir take together: at each start "
+                    "the oldest go, whoever wrote them, but none written in the last hour (a live process's)",
+    )
     step_budget_ms: Optional[float] = Field(
         None, ge=1.0, le=60_000.0, strict=True,
         description=f"the circuit breaker's budget for one plugin step: 3 steps over it in a row, or one over 10x, "
@@ -95,6 +100,10 @@ class AdapterOptions(BaseModel):
     @property
     def state_max_bytes(self) -> int:
         return int(self.state_max_mb * 1_000_000)
+
+    @property
+    def state_dir_max_bytes(self) -> int:
+        return int(self.state_dir_max_mb * 1_000_000)
 
     @property
     def budget_s(self) -> float:
