@@ -31,7 +31,7 @@ from freespec.proposers.response_store import ResponseStore, ResponseStoreError,
 
 logger = logging.getLogger("freespec")
 
-PURGED = "purged"  # the tombstones' folder under <state_dir>/suffix
+PURGED = state_dir.TOMBSTONES  # the tombstones' folder under <state_dir>/suffix
 MERGE_FILES = 64  # peers' files read per save interval, all scopes together
 
 

@@ -30,6 +30,7 @@ FILE_MODE = 0o600
 SOURCES = ("suffix", "recycle")  # the folders of the sources that keep state here
 DEFAULT_MAX_AGE_S = 30 * 86_400.0
 KEEP_NEWER_THAN_S = 3_600.0  # cap_total leaves files written this recently: a live writer's
+TOMBSTONES = "purged"  # a source folder's tombstones of purged scopes (scoped_responses), kept until old
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
@@ -135,6 +136,10 @@ def state_files(state_dir: str) -> list[tuple[str, float, int]]:
     return out
 
 
+def is_tombstone(path: str) -> bool:
+    return os.path.basename(os.path.dirname(path)) == TOMBSTONES
+
+
 def cap_total(state_dir: str, max_bytes: int, keep_newer_than_s: float = KEEP_NEWER_THAN_S,
               now: float | None = None) -> list[str]:
     """At a writer's start: while every writer's files together take more than ``max_bytes`` (option
@@ -142,7 +147,7 @@ def cap_total(state_dir: str, max_bytes: int, keep_newer_than_s: float = KEEP_NE
     and so does a file written in the last ``keep_newer_than_s`` (a live writer's: it saves what changed every
     ``save_every_s``; what it held is in its peers' merges too). Returns the removed paths."""
     now = time.time() if now is None else now
-    files = [f for f in state_files(state_dir) if os.path.basename(os.path.dirname(f[0])) != "purged"]
+    files = [f for f in state_files(state_dir) if not is_tombstone(f[0])]
     total = sum(size for _, _, size in files)
     if total <= max_bytes:
         return []
@@ -176,7 +181,7 @@ def purge(state_dir: str, *, older_than_s: float | None = None, writer: str | No
     gone = []
     for path, mtime, _ in state_files(state_dir):
         name = os.path.basename(path)
-        if os.path.basename(os.path.dirname(path)) == "purged" and older_than_s is None:
+        if is_tombstone(path) and older_than_s is None:
             continue  # a tombstone stays until it is old: a writer that has not seen it yet must
         if older_than_s is not None and now - mtime <= older_than_s:
             continue

@@ -220,7 +220,7 @@ class SuffixTreeProposer(Proposer):
                                info.state_dir)
             path, perms = state_dir.own_file(info.state_dir, "suffix", "bin"), state_dir.FILE_MODE
             state_dir.sweep_old(os.path.dirname(path), info.state_max_age_s)
-            state_dir.sweep_old(os.path.join(os.path.dirname(path), "purged"), info.state_max_age_s)
+            state_dir.sweep_old(os.path.join(os.path.dirname(path), state_dir.TOMBSTONES), info.state_max_age_s)
             self._peers = lambda: tuple(state_dir.peer_files(path, info.state_max_age_s))  # at start
             self._peers_later = lambda: (FIND_PEERS,)  # then listed in the background thread
         elif path is not None:

@@ -56,6 +56,11 @@ class BenchConfig:
     def is_baseline(self) -> bool:
         return self.speculative_config is None
 
+    def path_option(self, key: str) -> str | None:
+        """A plugin option that names a file or folder (``datastore``, ``state_dir``), when given as a string."""
+        value = (self.speculative_config or {}).get(key)
+        return value if isinstance(value, str) else None
+
     @property
     def method(self) -> str | None:
         """vLLM's method (``ngram``, ``suffix``, ...) for stock configs, table ones included; else None."""

@@ -113,11 +113,6 @@ def _save(out: Path, state: RunState) -> None:
     write_json(out / "results.json", state)
 
 
-def _datastore_of(config: BenchConfig) -> str | None:
-    options = config.speculative_config or {}
-    return options.get("datastore") if isinstance(options.get("datastore"), str) else None
-
-
 # What a server that failed to start, or was lost while measured, raises (urllib's URLError is an OSError).
 SERVER_ERRORS = (BenchError, OSError, ValueError)
 
@@ -306,7 +301,7 @@ def _start(server: Server | RunningServer, target: Target, session: list[int], o
 def _finish(server: Server | RunningServer, target: Target, server_info: dict[str, Any]) -> None:
     if isinstance(server, Server):
         # Resident memory of the server's processes after the measured requests (peaks included).
-        server_info["memory"] = tree_memory(server.proc.pid, _datastore_of(target.config))
+        server_info["memory"] = tree_memory(server.proc.pid, target.config.path_option("datastore"))
     server_info["status"] = "ok"
 
 

@@ -14,19 +14,13 @@ import os
 from typing import Any, Sequence
 
 
-
-def state_dir_of(speculative_config: dict[str, Any] | None) -> str | None:
-    value = (speculative_config or {}).get("state_dir")
-    return value if isinstance(value, str) else None
-
-
 def fresh_state(target: Any, levels: Sequence[int], round_index: int, started_at: str) -> Any:
     """``target`` (a ``run.Target``) with its config's ``state_dir`` replaced by a new folder inside it for this
     group, made mode 0700; the target itself when its config has no ``state_dir`` or the server is not ours
     (``--base-url``), or when the folder does not exist (the server's own check then names it); a folder that
     cannot be made is said in a note, and the given one used."""
     config = target.config
-    base = state_dir_of(config.speculative_config)
+    base = config.path_option("state_dir")
     if base is None or getattr(target, "base_url", None) or not os.path.isdir(base):
         return target
     stamp = "".join(ch for ch in started_at if ch.isdigit())
