@@ -22,7 +22,7 @@ from pathlib import Path
 
 from freespec.proposers.base import Draft, Proposer
 
-OUT_VARIABLE = "FREESPEC_STEP_SHAPE_OUT"
+OUT_VARIABLE = "STEP_SHAPE_OUT"  # read by the plugin in the engine's worker
 
 
 class WrongDrafts(Proposer):
