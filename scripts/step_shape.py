@@ -13,7 +13,6 @@ price ``scripts/replay_drafts.py --cost`` takes (results/issue69-zen3).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -57,7 +56,7 @@ def table(lines) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--questions", required=True, help="a Spec-Bench-style question.jsonl")
+    ap.add_argument("--questions", required=True, help="a Spec-Bench-style question.jsonl, or 'builtin'")
     ap.add_argument("--model", help="the target (default: the SmolLM2 test fixture)")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--out", required=True, help="where the steps are written (replaced)")
@@ -67,7 +66,9 @@ def main() -> int:
     a = ap.parse_args()
     from vllm import LLM, SamplingParams
 
+    from freespec.bench.selection import select_questions
     from freespec.model_store import model_dir
+    from freespec.questions import resolve_questions
 
     os.environ[OUT_VARIABLE] = os.path.abspath(a.out)
     # the engine's worker imports the plugin by module name: this folder on its path
@@ -75,14 +76,8 @@ def main() -> int:
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))
     sys.path.insert(0, here)
     open(a.out, "w").close()
-    seen: dict[str, int] = {}
-    prompts = []
-    with open(a.questions, encoding="utf-8") as f:
-        for line in f:
-            q = json.loads(line)
-            if seen.get(q["category"], 0) < a.per_category:
-                seen[q["category"]] = seen.get(q["category"], 0) + 1
-                prompts.append([{"role": "user", "content": q["turns"][0]}])
+    chosen = select_questions(resolve_questions(a.questions).questions, None, a.per_category)
+    prompts = [[{"role": "user", "content": q.prompt}] for qs in chosen.values() for q in qs]
     llm = LLM(model=a.model or str(model_dir("smollm2-135m-instruct")), dtype=a.dtype, max_model_len=2048, seed=0,
               speculative_config={"plugin": "step_shape:WrongDrafts", "num_speculative_tokens": a.k,
                                   "policy": "fixed", "pad": "off", "step_aside": False})
