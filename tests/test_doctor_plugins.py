@@ -147,6 +147,7 @@ def test_patch_states_say_where_each_patch_acts(monkeypatch, env, last_step, sto
     assert states["cpu_expand_kernel"]["vllm_methods"] == "opt-in off"
     assert states["speculative_config_frontend"]["state"] == "acting"
     assert states["request_ids"]["vllm_methods"] == ""  # only ever in freespec engines
+    assert states["step_times"]["state"] == "diagnosis only"  # never in an engine a user starts
 
 
 def test_a_fix_vllm_shipped_is_shown_retired():

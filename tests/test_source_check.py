@@ -73,9 +73,13 @@ FILES = {
     """,
     "v1/worker/gpu_model_runner.py": """
         class GPUModelRunner:
+            def execute_model(self, scheduler_output, intermediate_tensors=None):
+                pass
+
             def sample_tokens(self, hidden_states, logits_indices):
                 sample_hidden_states = hidden_states[logits_indices]
                 logits = self.model.compute_logits(sample_hidden_states)
+                self._draft_token_ids = self.propose_draft_token_ids(logits)
 
             def propose_draft_token_ids(self, spec_config, sampled_token_ids, slot_mappings):
                 if spec_config.method == "ngram":
@@ -154,6 +158,11 @@ FILES = {
         class NewRequestData:
             req_id: str
             sampling_params: SamplingParams | None
+
+        @dataclass
+        class SchedulerOutput:
+            num_scheduled_tokens: dict[str, int]
+            total_num_scheduled_tokens: int
     """,
     "v1/core/kv_cache_manager.py": """
         class KVCacheManager:
@@ -232,6 +241,8 @@ MOVES = {
     "cache_salt": ("v1/request.py", "self.cache_salt: str | None = cache_salt", "self.salt = cache_salt"),
     "last_step_cache": ("v1/core/kv_cache_manager.py", "def cache_blocks(self, request, num_computed_tokens)",
                         "def cache_blocks(self, request, num_tokens)"),
+    "step_times": ("v1/worker/gpu_model_runner.py", "def execute_model(self, scheduler_output,",
+                   "def execute_model(self, batch,"),
 }
 
 

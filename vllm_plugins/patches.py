@@ -114,6 +114,12 @@ PATCHES = (
         upstream="vLLM PR #54979 (open) does the same",
         install="install_last_step_cache",
     ),
+    Patch(
+        "step_times",
+        "diagnosis only: wraps the model runner's execute_model, sample_tokens and propose_draft_token_ids to "
+        "time each step's forward, sampling and drafter call, kept in memory (see step_timer)",
+        "scripts/engine_step_time.py only, in its own in-process engine; never in a served engine", "step_times",
+    ),
 )
 # The patches that fix a vLLM defect, which the operator may turn on for vLLM's own methods.
 VLLM_FIXES = settings.VLLM_FIXES
@@ -518,7 +524,8 @@ def install_all() -> None:
 # ---------------------------------------------------------------- what doctor shows
 def patch_states(results: dict[str, probes.ProbeResult], env: dict[str, str] | None = None) -> list[dict[str, str]]:
     """Each patch's state from the probes' results (by seam): ``acting`` (in freespec engines; for a fix, also
-    in vLLM's own methods when opted in), ``opt-in off`` (a fix not asked for vLLM's own methods), ``retired``
+    in vLLM's own methods when opted in), ``opt-in off`` (a fix not asked for vLLM's own methods), ``diagnosis only``
+    (``step_times``: installed by a script only), ``retired``
     (vLLM fixed the defect), ``not needed`` (not this platform), ``seam moved`` or ``disabled``."""
     off = settings.disabled_patches(env)
     fixes = settings.vllm_fixes(env)
@@ -538,6 +545,8 @@ def patch_states(results: dict[str, probes.ProbeResult], env: dict[str, str] | N
 
 
 def _state(name: str, probe: probes.ProbeResult | None) -> str:
+    if name == "step_times":  # never in an engine a user starts
+        return "seam moved" if probe is not None and not probe.ok else "diagnosis only"
     if probe is None:
         return "acting"
     if name == "last_step_cache":

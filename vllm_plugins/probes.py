@@ -410,6 +410,12 @@ def last_step_cache_state() -> tuple[str, str]:
     return "defect", ("defect: the tokens accepted in a request's last step are never cached (allocate_slots "
                       "caps at request.num_tokens); patch last_step_cache caches them in the engine")
 
+def probe_step_times() -> ProbeResult:
+    """The three runner methods the diagnosis patch ``step_times`` times (``step_timer``) are where it expects
+    them. Reports only: no engine a user starts has the patch."""
+    return _facts("step_times") or ProbeResult("step_times", True, BY_NAME["step_times"].ok)
+
+
 # ---------------------------------------------------------------- which worker's drafts vLLM takes (ranks.py)
 # (pipeline stages, prefill-context ranks, tensor ranks) of the worlds the probe asks vLLM about.
 _WORLDS = ((1, 1, 2), (2, 1, 4), (3, 2, 2))

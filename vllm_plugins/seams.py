@@ -168,6 +168,15 @@ SEAMS = (
         Fact("v1/core/kv_cache_manager.py", "KVCacheManager.cache_blocks",
              params=("self", "request", "num_computed_tokens"), exact=True),
     ), "the seams patch last_step_cache wraps"),
+    Seam("step_times", "reports", (
+        Fact(GPU_RUNNER, "GPUModelRunner.execute_model", params=("self", "scheduler_output")),
+        Fact(GPU_RUNNER, "GPUModelRunner.sample_tokens", params=("self",), holds=("self.propose_draft_token_ids(",),
+             why="the drafter is no longer called inside sample_tokens"),
+        Fact(GPU_RUNNER, "GPUModelRunner.propose_draft_token_ids", params=("self",)),
+        Fact("v1/core/sched/output.py", "SchedulerOutput.total_num_scheduled_tokens", field=True),
+        Fact("v1/core/sched/output.py", "SchedulerOutput.num_scheduled_tokens", field=True),
+    ), "execute_model(scheduler_output), then sample_tokens() calling propose_draft_token_ids() (the "
+       "diagnosis patch step_times times each)"),
 )
 BY_NAME = {s.name: s for s in SEAMS}
 # Probes whose failure disables every plugin (target_topk: only plugins that use it).

@@ -384,6 +384,12 @@ def check_last_step_cache(src: Source) -> str:
     return "allocate_slots no longer caps caching at request.num_tokens: the patch's probe will find nothing to fix"
 
 
+def check_step_times(src: Source) -> str:
+    """The runner methods the diagnosis patch ``step_times`` wraps."""
+    facts(src, "step_times")
+    return BY_NAME["step_times"].ok
+
+
 # One static check per declared seam, in ``seams.SEAMS`` order.
 CHECKS: tuple[Callable[[Source], str], ...] = tuple(globals()[f"check_{seam.name}"] for seam in SEAMS)
 
