@@ -28,8 +28,7 @@ def summary(run: dict, k: int = K) -> dict:
     """One process's figures: its wall time, steps, and the mean milliseconds of each part of a decode step
     (one request, at most ``k + 1`` tokens scored: no prefill)."""
     steps = run["steps"]
-    decode = [s for s in steps if s["requests"] == 1 and s["tokens"] <= k + 1] or [{"forward_s": 0.0,
-                                                                                      "sample_s": 0.0, "draft_s": 0.0}]
+    decode = [s for s in steps if s["requests"] == 1 and s["tokens"] <= k + 1]
     gaps = [b["start"] - a["end"] for a, b in zip(steps, steps[1:]) if b["start"] - a["end"] < 1.0]
 
     def ms(values) -> float:
@@ -91,7 +90,7 @@ def child(a) -> int:
     from vllm import LLM, SamplingParams
 
     from freespec.bench.configs import parse_config_spec
-    from freespec.bench.workloads import build_workloads
+    from freespec.bench.workloads import build_workloads, workload_names
     from freespec.bench.workloads.session import run_session
     from freespec.model_store import model_dir
     from freespec.vllm_plugins.step_timer import StepTimes
@@ -103,7 +102,7 @@ def child(a) -> int:
     llm = LLM(model=a.model or str(model_dir("smollm2-135m-instruct")), dtype=a.dtype, max_model_len=a.max_model_len,
               seed=0, speculative_config=config.speculative_config)
     params = SamplingParams(max_tokens=a.max_tokens, temperature=0.0)
-    sessions = [s for w in build_workloads(a.workload, a.sessions, a.turns, a.source_chars, 6000) for s in w.sessions]
+    sessions = [s for w in build_workloads(workload_names(a.workload), a.sessions, a.turns, a.source_chars, 6000) for s in w.sessions]
 
     def send(messages):
         out = llm.chat([messages], params, use_tqdm=False)[0].outputs[0]
@@ -142,8 +141,10 @@ def main() -> int:
     if a.child is not None:
         return child(a)
     from freespec.bench.configs import parse_config_list
+    from freespec.bench.workloads import workload_names
 
     parse_config_list(a.configs, a.k)  # a bad entry fails here, not in the first child
+    workload_names(a.workload)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     runs = []

@@ -18,27 +18,32 @@ class Output:
         self.total_num_scheduled_tokens = sum(tokens.values())
 
 
-class Runner:
-    """vLLM's order: execute_model (the forward), then sample_tokens, which calls the drafter when it drafts."""
+def runner_class(forward_s: float = 0.004):
+    """A fresh stand-in runner class a test (the patch wraps the class, so none is shared between tests).
+    vLLM's order: execute_model (the forward), then sample_tokens, which calls the drafter when it drafts."""
 
-    def __init__(self, drafts: bool) -> None:
-        self.drafts = drafts
+    class Runner:
+        def __init__(self, drafts: bool) -> None:
+            self.drafts = drafts
 
-    def execute_model(self, scheduler_output, intermediate_tensors=None):
-        time.sleep(0.004)
+        def execute_model(self, scheduler_output, intermediate_tensors=None):
+            time.sleep(forward_s)
 
-    def sample_tokens(self, grammar_output):
-        time.sleep(0.001)
-        if self.drafts:
-            self.propose_draft_token_ids()
-        return "sampled"
+        def sample_tokens(self, grammar_output):
+            time.sleep(0.001)
+            if self.drafts:
+                self.propose_draft_token_ids()
+            return "sampled"
 
-    def propose_draft_token_ids(self):
-        time.sleep(0.002)
-        return [[1, 2]]
+        def propose_draft_token_ids(self):
+            time.sleep(0.002)
+            return [[1, 2]]
+
+    return Runner
 
 
 def test_each_step_is_timed_in_its_parts_and_the_methods_still_return_what_they_did():
+    Runner = runner_class()
     timer = step_timer.StepTimes()
     timer.install(Runner)
     timer.install(Runner)  # idempotent: not wrapped twice
@@ -57,10 +62,7 @@ def test_each_step_is_timed_in_its_parts_and_the_methods_still_return_what_they_
 def test_sampling_without_a_forward_before_it_is_not_a_step_and_steps_stop_at_the_bound(monkeypatch):
     monkeypatch.setattr(step_timer, "MAX_STEPS", 2)
 
-    class Quick(Runner):
-        def execute_model(self, scheduler_output, intermediate_tensors=None):
-            pass
-
+    Quick = runner_class(forward_s=0.0)
     timer = step_timer.StepTimes()
     timer.install(Quick)
     runner = Quick(drafts=False)

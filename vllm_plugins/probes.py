@@ -410,6 +410,7 @@ def last_step_cache_state() -> tuple[str, str]:
     return "defect", ("defect: the tokens accepted in a request's last step are never cached (allocate_slots "
                       "caps at request.num_tokens); patch last_step_cache caches them in the engine")
 
+
 def probe_step_times() -> ProbeResult:
     """The three runner methods the diagnosis patch ``step_times`` times (``step_timer``) are where it expects
     them. Reports only: no engine a user starts has the patch."""
