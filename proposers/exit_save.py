@@ -4,6 +4,7 @@
 drafter before the interpreter exits, and the last save must still happen) and, from the main thread
 only (Python allows signal handlers nowhere else), chains a SIGTERM handler that calls it and then hands
 the signal to the handler that was there before. ``close`` must be idempotent and must not raise.
+``registered()`` names what this process saves at exit (the adapter warns when vLLM would not let it).
 """
 from __future__ import annotations
 
@@ -15,10 +16,17 @@ import threading
 from typing import Callable
 
 logger = logging.getLogger("freespec")
+_registered: list[str] = []
+
+
+def registered() -> tuple[str, ...]:
+    """What this process has asked to save at exit, in the order asked."""
+    return tuple(_registered)
 
 
 def save_at_exit(close: Callable[[], None], what: str) -> None:
     atexit.register(close)
+    _registered.append(what)
     if threading.current_thread() is not threading.main_thread():
         return
     try:

@@ -27,6 +27,7 @@ import time
 
 import numpy as np
 
+from freespec.proposers import exit_save
 from freespec.proposers.api import SHARED_SCOPE, Draft, EngineInfo, Row, StepContext
 from freespec.proposers.registry import load_proposer_class
 from freespec.proposers.state_dir import cap_total
@@ -89,6 +90,7 @@ class FreespecProposer:
                 state_max_bytes=adapter.state_max_bytes,
             )
         )
+        warn_if_stop_skips_saves(vllm_config)
         # Proposers that learn from the target's own predictions get them through this adapter.
         self.target_topk = TargetTopK(self.proposer.target_topk) if self.proposer.target_topk else None
         self.last = START  # the last step, as the next one measures it
@@ -277,6 +279,17 @@ class FreespecProposer:
             t = self.target_topk
             extra += f" target_topk steps={t.steps} mismatched={t.mismatched_steps} seconds={t.topk_seconds:.3f}"
         self.accounting.periodic(self.breaker, self.control, self.proposer, extra)
+
+
+def warn_if_stop_skips_saves(vllm_config) -> None:
+    """One warning where this process saves learned state at exit and vLLM stops with ``--shutdown-timeout
+    0`` (its default), which kills a served engine's worker at SIGTERM before that save (``freespec serve`` sets
+    a timeout; see ``vllm_cli``)."""
+    saving = exit_save.registered()
+    if saving and getattr(vllm_config, "shutdown_timeout", None) == 0:
+        logger.warning("freespec: %s saved at exit, but this vLLM stops with --shutdown-timeout 0, which kills a "
+                       "served worker before it saves: what is learned since the last save (save_every_s) is lost "
+                       "at each stop; serve with --shutdown-timeout 10 (freespec serve sets it)", " and ".join(saving))
 
 
 def tokenizer_fingerprint(tokenizer_path: str) -> str:

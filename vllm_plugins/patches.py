@@ -18,7 +18,7 @@ import logging
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import freespec.vllm_plugins.metrics as metrics
 import freespec.vllm_plugins.probes as probes
@@ -147,24 +147,28 @@ def is_freespec_spec(spec: Any) -> bool:
     return "plugin" in spec or (spec.get("method") == "custom_class" and spec.get("model") == ADAPTER_CLASS)
 
 
-def plugin_requested(argv: list[str] | None = None) -> bool:
-    """Whether a ``vllm serve`` command line (default: this process's) asks for a freespec plugin in
-    ``--speculative-config`` (JSON, or the dotted ``--speculative-config.plugin NAME``)."""
-    argv = sys.argv if argv is None else argv
+def json_flag_values(flag: str, argv: list[str]) -> Iterator[Any]:
+    """The JSON values a command line gives ``flag`` (``--flag JSON`` or ``--flag=JSON``; ``_`` for ``-`` too);
+    values that are not JSON are skipped."""
     for i, arg in enumerate(argv):
-        flag, eq, value = arg.partition("=")
-        if flag.replace("_", "-") == "--speculative-config.plugin":
-            return True
-        if flag.replace("_", "-") != "--speculative-config":
+        name, eq, value = arg.partition("=")
+        if name.replace("_", "-") != flag:
             continue
         if not eq:
             value = argv[i + 1] if i + 1 < len(argv) else ""
         try:
-            if is_freespec_spec(json.loads(value)):
-                return True
+            yield json.loads(value)
         except ValueError:
             continue
-    return False
+
+
+def plugin_requested(argv: list[str] | None = None) -> bool:
+    """Whether a ``vllm serve`` command line (default: this process's) asks for a freespec plugin in
+    ``--speculative-config`` (JSON, or the dotted ``--speculative-config.plugin NAME``)."""
+    argv = sys.argv if argv is None else argv
+    if any(arg.partition("=")[0].replace("_", "-") == "--speculative-config.plugin" for arg in argv):
+        return True
+    return any(is_freespec_spec(spec) for spec in json_flag_values("--speculative-config", argv))
 
 
 def uses_freespec(vllm_config) -> bool:

@@ -20,6 +20,13 @@ first imported; the general plugin does the same later, in the API server of a p
 freespec installs no command named ``vllm``: that file belongs to vLLM's
 distribution (both wheels' RECORDs would list it, and uninstalling one would
 delete the other's command).
+
+A plugin that keeps state on disk (``state_dir``, ``responses_path``, ``matrix_path``) saves it last when its
+worker exits. vLLM's default ``--shutdown-timeout 0`` kills the engine core and its worker the moment the server
+gets SIGTERM, before that save: everything learned since the last periodic save (``save_every_s``, 300 s by
+default) was lost at each stop (``integration_tests/test_stop_saves.py``). So ``freespec serve`` of
+such a plugin passes ``--shutdown-timeout STOP_GRACE_S`` where the command line gives none (requests in
+flight at a stop get that long to finish, then the worker exits and saves); an operator's own value is kept.
 """
 from __future__ import annotations
 
@@ -27,9 +34,10 @@ import importlib.metadata
 import os
 import sys
 import tempfile
+from typing import Any
 
 from freespec import settings
-from freespec.vllm_plugins.patches import disabled, plugin_requested
+from freespec.vllm_plugins.patches import disabled, json_flag_values, plugin_requested
 from freespec.vllm_plugins.version_gate import installed_distribution
 
 # Distributions that ship the ``vllm`` Python package under another name, and the local
@@ -82,6 +90,40 @@ def multiproc_metrics_dir() -> tempfile.TemporaryDirectory | None:
     return directory
 
 
+STOP_GRACE_S = 10  # seconds a stop waits for requests in flight before the worker exits and saves
+STATE_KEYS = ("state_dir", "responses_path", "matrix_path")  # the options that keep a plugin's state on disk
+
+
+def keeps_state(value: Any) -> bool:
+    """Whether a JSON value (a speculative or additional config) sets any of ``STATE_KEYS``, at any depth."""
+    if isinstance(value, dict):
+        return any((k in STATE_KEYS and v) or keeps_state(v) for k, v in value.items())
+    return isinstance(value, list) and any(keeps_state(v) for v in value)
+
+
+def with_stop_grace(args: list[str], supported: bool) -> list[str]:
+    """``args`` with ``--shutdown-timeout STOP_GRACE_S`` added where a freespec plugin keeps state on disk,
+    the command line sets no shutdown timeout, and vLLM has the flag (``supported``)."""
+    if not supported or any(a.partition("=")[0].replace("_", "-") == "--shutdown-timeout" for a in args):
+        return args
+    configs = [*json_flag_values("--speculative-config", args), *json_flag_values("--additional-config", args)]
+    dotted = [a.partition("=")[0].rpartition(".") for a in args if a.startswith("--speculative")]
+    if not any(keeps_state(c) for c in configs) and not any(
+            head.replace("_", "-") == "--speculative-config" and key.replace("-", "_") in STATE_KEYS
+            for head, _, key in dotted):
+        return args
+    print(f"freespec serve: --shutdown-timeout {STOP_GRACE_S}, so that the plugin's state is saved at a stop "
+          "(vLLM's default 0 kills its worker first); give --shutdown-timeout to choose", file=sys.stderr)
+    return [*args, "--shutdown-timeout", str(STOP_GRACE_S)]
+
+
+def shutdown_timeout_supported() -> bool:
+    """Whether this vLLM has ``--shutdown-timeout`` (``EngineArgs.shutdown_timeout``, vLLM 0.32)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    return hasattr(EngineArgs, "shutdown_timeout")
+
+
 def main(argv: list[str] | None = None) -> int | None:
     """Run vLLM's CLI with ``argv`` (default: this process's arguments), version lookup fixed first."""
     args = sys.argv[1:] if argv is None else argv
@@ -89,9 +131,10 @@ def main(argv: list[str] | None = None) -> int | None:
     serve_plugin = args[:1] == ["serve"] and plugin_requested(args)
     metrics_dir = multiproc_metrics_dir() if serve_plugin else None  # noqa: F841 (held until exit)
     apply_version_alias()
-    if argv is not None:
-        # vLLM's CLI reads sys.argv itself (its parser and several subcommands).
-        sys.argv = ["vllm", *argv]
+    if serve_plugin:
+        args = with_stop_grace(args, shutdown_timeout_supported())
+    # vLLM's CLI reads sys.argv itself (its parser and several subcommands).
+    sys.argv = ["vllm" if argv is not None else sys.argv[0], *args]
     from vllm.entrypoints.cli.main import main as vllm_main
 
     return vllm_main()
