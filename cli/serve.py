@@ -13,6 +13,8 @@ import argparse
 import json
 import sys
 
+from freespec.vllm_plugins.patches import flag_name
+
 COMMAND = "serve"
 
 
@@ -58,13 +60,13 @@ def with_state_dir(argv: list[str]) -> list[str]:
         raise ValueError("freespec serve: --state-dir needs a folder")
     for i, arg in enumerate(out):
         flag, eq, value = arg.partition("=")
-        if flag.replace("_", "-") == "--speculative-config" and (eq or i + 1 < len(out)):
+        if flag_name(flag) == "--speculative-config" and (eq or i + 1 < len(out)):
             at = i if eq else i + 1
             spec = json.loads(value if eq else out[at])
             if isinstance(spec, dict) and "plugin" in spec:
                 spec["state_dir"] = state_dir
                 out[at] = (flag + "=" if eq else "") + json.dumps(spec)
                 return out
-        if flag.replace("_", "-") == "--speculative-config.plugin":
+        if flag_name(flag) == "--speculative-config.plugin":
             return [*out, f"--speculative-config.state_dir={state_dir}"]
     raise ValueError("freespec serve: --state-dir needs a freespec --speculative-config ('{\"plugin\": ...}')")

@@ -147,13 +147,18 @@ def is_freespec_spec(spec: Any) -> bool:
     return "plugin" in spec or (spec.get("method") == "custom_class" and spec.get("model") == ADAPTER_CLASS)
 
 
+def flag_name(arg: str) -> str:
+    """A command-line word's flag as vLLM's parser reads it: before any ``=``, ``_`` read as ``-``."""
+    return arg.partition("=")[0].replace("_", "-")
+
+
 def json_flag_values(flag: str, argv: list[str]) -> Iterator[Any]:
     """The JSON values a command line gives ``flag`` (``--flag JSON`` or ``--flag=JSON``; ``_`` for ``-`` too);
     values that are not JSON are skipped."""
     for i, arg in enumerate(argv):
-        name, eq, value = arg.partition("=")
-        if name.replace("_", "-") != flag:
+        if flag_name(arg) != flag:
             continue
+        eq, value = arg.partition("=")[1:]
         if not eq:
             value = argv[i + 1] if i + 1 < len(argv) else ""
         try:
@@ -166,7 +171,7 @@ def plugin_requested(argv: list[str] | None = None) -> bool:
     """Whether a ``vllm serve`` command line (default: this process's) asks for a freespec plugin in
     ``--speculative-config`` (JSON, or the dotted ``--speculative-config.plugin NAME``)."""
     argv = sys.argv if argv is None else argv
-    if any(arg.partition("=")[0].replace("_", "-") == "--speculative-config.plugin" for arg in argv):
+    if any(flag_name(arg) == "--speculative-config.plugin" for arg in argv):
         return True
     return any(is_freespec_spec(spec) for spec in json_flag_values("--speculative-config", argv))
 

@@ -37,7 +37,7 @@ import tempfile
 from typing import Any
 
 from freespec import settings
-from freespec.vllm_plugins.patches import disabled, json_flag_values, plugin_requested
+from freespec.vllm_plugins.patches import disabled, flag_name, json_flag_values, plugin_requested
 from freespec.vllm_plugins.version_gate import installed_distribution
 
 # Distributions that ship the ``vllm`` Python package under another name, and the local
@@ -104,13 +104,12 @@ def keeps_state(value: Any) -> bool:
 def with_stop_grace(args: list[str], supported: bool) -> list[str]:
     """``args`` with ``--shutdown-timeout STOP_GRACE_S`` added where a freespec plugin keeps state on disk,
     the command line sets no shutdown timeout, and vLLM has the flag (``supported``)."""
-    if not supported or any(a.partition("=")[0].replace("_", "-") == "--shutdown-timeout" for a in args):
+    flags = {flag_name(a) for a in args if a.startswith("--")}
+    if not supported or "--shutdown-timeout" in flags:
         return args
     configs = [*json_flag_values("--speculative-config", args), *json_flag_values("--additional-config", args)]
-    dotted = [a.partition("=")[0].rpartition(".") for a in args if a.startswith("--speculative")]
-    if not any(keeps_state(c) for c in configs) and not any(
-            head.replace("_", "-") == "--speculative-config" and key.replace("-", "_") in STATE_KEYS
-            for head, _, key in dotted):
+    dotted = {"--speculative-config." + key.replace("_", "-") for key in STATE_KEYS}  # freespec serve --state-dir
+    if not any(keeps_state(c) for c in configs) and not flags & dotted:
         return args
     print(f"freespec serve: --shutdown-timeout {STOP_GRACE_S}, so that the plugin's state is saved at a stop "
           "(vLLM's default 0 kills its worker first); give --shutdown-timeout to choose", file=sys.stderr)
