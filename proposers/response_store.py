@@ -351,6 +351,11 @@ class ResponseStore:
         self._peer_errors: dict = {}  # peer path -> the last error logged for it
         self._closed = False
         self.saves = 0  # successful saves (tests, statistics)
+        # Changes to the content (adds, evictions, merges) and the count the last save asked for: a store
+        # that did not change is not written again (an idle server writes nothing, and its peers, which
+        # re-read a file whose mtime moved, read nothing); a failed save asks again (-1).
+        self._changes = 0
+        self._save_asked = -1
 
     # ---------------------------------------------------------------- bounds
     def max_bytes(self) -> int:
@@ -397,6 +402,7 @@ class ResponseStore:
                 self._tokens -= len(old.tokens)
             self._entries[digest] = _Entry(stamp, digest, arr)
             self._tokens += len(arr)
+            self._changes += 1
             while len(self._entries) > self.max_responses or self._tokens > self.max_tokens:
                 _, gone = self._entries.popitem(last=False)
                 self._tokens -= len(gone.tokens)
@@ -411,6 +417,7 @@ class ResponseStore:
             _, gone = self._entries.popitem(last=False)
             self._tokens -= len(gone.tokens)
             self._horizon = gone.key
+            self._changes += 1
             return len(gone.tokens)
 
     def _snapshot(self) -> Stored:
@@ -436,6 +443,7 @@ class ResponseStore:
         newest) and dropping what was evicted since; returns the responses the store did not hold, oldest
         first. Work: O(responses added or evicted since, plus those the merge adds)."""
         with self._lock:
+            before = (len(self._entries), self._tokens, self._horizon)
             recent = []  # added since the snapshot: every add is newer than all it held
             for e in reversed(self._entries.values()):
                 if e.key <= m.base_last:
@@ -460,7 +468,10 @@ class ResponseStore:
                 tokens -= len(gone.tokens)
                 horizon = gone.key
             self._entries, self._tokens, self._horizon, self._last_stamp = entries, tokens, horizon, last
-            return [e.tokens for e in m.added if entries.get(e.digest) is e]
+            added = [e.tokens for e in m.added if entries.get(e.digest) is e]
+            if added or (len(entries), tokens, horizon) != before:  # not a peer's file that held nothing new:
+                self._changes += 1  # two idle replicas would rewrite their files for each other every save
+            return added
 
     # ---------------------------------------------------------------- at start (I/O in the caller's thread)
     def load(self) -> list[np.ndarray]:
@@ -514,9 +525,12 @@ class ResponseStore:
     def save_async(self) -> None:
         """Ask the background thread to save the store as it is now; returns at once (no I/O here).
 
-        One slot: a request not yet started is replaced by this one. After ``close`` it does nothing.
+        One slot: a request not yet started is replaced by this one. After ``close``, and where nothing
+        changed since the last save asked for (and it did not fail), it does nothing.
         """
-        if not self._closed:
+        changes = self._changes
+        if not self._closed and changes != self._save_asked:
+            self._save_asked = changes
             self._work().request(snapshot=self._snapshot())
 
     def merge_async(self, paths: Sequence[str]) -> None:
@@ -590,6 +604,7 @@ class ResponseStore:
                         perms=self.perms)
         except Exception as e:  # noqa: BLE001 - a save never raises into the server; logged below
             kind = error_kind(e)
+            self._save_asked = -1  # the next save_async writes again, changed or not
             if final:
                 logger.error("freespec: the final save of the response store to %s failed (%s: %s); the responses "
                              "since its last successful save are lost", self.path, type(e).__name__, e)

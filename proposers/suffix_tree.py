@@ -126,8 +126,9 @@ class SuffixOptions(ProposerOptions):
         (), max_length=256, description="other replicas' responses files, merged in at start and every save_every_s"
     )
     save_every_s: float = Field(
-        300.0, ge=0.0, le=86_400.0,
-        description="seconds between saves to responses_path and checks of merge_from (0: only at start and exit)",
+        30.0, ge=0.0, le=86_400.0,
+        description="seconds between saves to responses_path (of responses that changed since) and checks of "
+        "merge_from (0: only at start and exit)",
     )
     max_saved_responses: int = Field(
         10_000, ge=1, le=1_048_576,

@@ -150,11 +150,38 @@ def test_background_failures_do_not_kill_the_thread(tmp_path, monkeypatch):
     p = make(matrix_path=path, save_every_s=1e-6)
     monkeypatch.setattr(p, "_write", broken)
     p._files._write = broken
-    for _ in range(3):
+    for i in range(3):
+        p.observe(scored({10 + i: [(2, 0.97)]}))  # a change each time: an unchanged matrix is not written again
         p.propose([row(0, 1)])
         assert p.wait_files(10)
     assert len(calls) == 3 and p._files.errors == 3 and p._files._thread.is_alive()
     assert np.all(p.ids[1] == -1)  # the proposer carried on
+
+
+def test_an_unchanged_matrix_is_not_copied_or_written_again(tmp_path, monkeypatch):
+    path = str(tmp_path / "m.npz")
+    writers = slow_write(monkeypatch, 0.0)
+    p = make(matrix_path=path, save_every_s=1e-6)
+    p.observe(scored({1: [(2, 0.97)]}))
+    p.propose([row(0, 1)])
+    assert p.wait_files(10) and len(writers) == 1
+    mtime = os.stat(path).st_mtime_ns
+    for _ in range(5):  # an idle server's ticks: the file (and its mtime, the peers' cue to read it) as it was
+        p.propose([row(0, 1)])
+        assert p.wait_files(10)
+    assert len(writers) == 1 and os.stat(path).st_mtime_ns == mtime
+    p.observe(scored({2: [(3, 0.97)]}))
+    p.propose([row(0, 1)])
+    assert p.wait_files(10) and len(writers) == 2
+    saved = load_matrix(path, vocab_size=VOCAB, candidates=8, tokenizer=FP)
+    assert saved.ids[2, 0] == 3
+    p._merge("echo.npz", saved)  # a peer's file that holds nothing newer: not a change
+    p.propose([row(0, 1)])
+    assert p.wait_files(10) and len(writers) == 2
+    saved.stamps[5], saved.ids[5, 0] = saved.stamps.max() + 1, 7  # one newer row: a change
+    p._merge("peer.npz", saved)
+    p.propose([row(0, 1)])
+    assert p.wait_files(10) and len(writers) == 3
 
 
 def test_a_save_that_keeps_failing_is_logged_once_though_each_names_another_temporary_file(

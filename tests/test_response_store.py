@@ -3,6 +3,7 @@ import hashlib
 import itertools
 import logging
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -172,6 +173,52 @@ def test_saves_requested_while_one_runs_are_coalesced_into_the_latest(tmp_path, 
     gate.set()
     assert s.wait_files(10)
     assert written == [1, 5]
+    s.close()
+
+
+def test_a_store_that_did_not_change_is_not_written_again_and_a_failed_save_is_retried(tmp_path, monkeypatch):
+    written, fail = [], []
+    real = rs.write_store
+
+    def recording(path, stored, **kw):
+        if fail:
+            raise OSError(28, "No space left on device")
+        written.append(len(stored.entries))
+        return real(path, stored, **kw)
+
+    peer = saved(tmp_path, [[7, 8]], name="peer.bin")
+    monkeypatch.setattr(rs, "write_store", recording)
+    s = store(tmp_path)
+    s.add([1])
+    s.save_async()
+    assert s.wait_files(10) and written == [1]
+    mtime = os.stat(s.path).st_mtime_ns
+    for _ in range(3):  # an idle server's ticks: nothing written, the file (and its mtime, peers' cue) as it was
+        s.save_async()
+        assert s.wait_files(10)
+    assert written == [1] and os.stat(s.path).st_mtime_ns == mtime
+    s.add([2])
+    fail.append(True)
+    s.save_async()  # fails: the next tick writes again though nothing changed since
+    assert s.wait_files(10) and written == [1]
+    fail.clear()
+    s.save_async()
+    assert s.wait_files(10) and written == [1, 2]
+    s.merge_async([peer])
+    assert not s.wait_files(10)  # the peer's store waits in its slot for the caller
+    assert as_lists(s.take_merged()) == [[7, 8]]
+    s.save_async()  # a merge is a change
+    assert s.wait_files(10) and written == [1, 2, 3]
+    s.evict_oldest()  # and so is an eviction
+    s.save_async()
+    assert s.wait_files(10) and written == [1, 2, 3, 2]
+    echo = str(tmp_path / "echo.bin")  # a peer that merged this store's file and learned nothing since
+    shutil.copyfile(s.path, echo)
+    s.merge_async([echo])
+    s.wait_files(10)
+    assert s.take_merged() == []
+    s.save_async()  # not a change: two idle replicas do not rewrite their files for each other
+    assert s.wait_files(10) and written == [1, 2, 3, 2]
     s.close()
 
 

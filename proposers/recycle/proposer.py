@@ -116,9 +116,9 @@ class RecycleOptions(ProposerOptions):
         description="matrix files of other replicas (or a merged one) to merge in at start and whenever they change",
     )
     save_every_s: float = Field(
-        300.0, ge=0.0, le=86_400.0,
-        description="seconds between saves to matrix_path and checks of merge_from (0: only at start/exit; "
-        "each save first copies the matrix on the engine's thread: docs/recycle.md)",
+        30.0, ge=0.0, le=86_400.0,
+        description="seconds between saves to matrix_path (of a matrix that changed since) and checks of merge_from "
+        "(0: only at start/exit; each save first copies the matrix on the engine's thread: docs/recycle.md)",
     )
 
     @field_validator("matrix_path", "merge_from")
@@ -192,6 +192,11 @@ class RecycleProposer(Proposer):
         self._perms: int | None = None
         self._files: FileWorker | None = None
         self._closed = False
+        # (updates, rows merged) when the last save was asked for: a matrix that did not change is neither copied
+        # nor written again (peers re-read a file whose mtime moved, so idle replicas would otherwise rewrite
+        # their files for each other every save_every_s); None after a failed save: ask again.
+        self._rows_merged = 0
+        self._save_asked: tuple[int, int] | None = None
 
     # The matrix's arrays, by their old names (the tree expansion and tests read them).
     @property
@@ -293,6 +298,7 @@ class RecycleProposer(Proposer):
     def _merge(self, path: str, peer: Matrix) -> None:
         taken = merge_into(self.matrix, peer)
         self._events["merge"] += 1
+        self._rows_merged += taken
         logger.info("freespec: recycle matrix merged %d rows from %s", taken, path)
 
     def _apply_merges(self) -> None:
@@ -352,6 +358,7 @@ class RecycleProposer(Proposer):
             self._events["save"] += 1
         except OSError as e:
             self._events["save_error"] += 1
+            self._save_asked = None
             why, kind = f"{type(e).__name__}: {e}", error_kind(e)
             if getattr(self, "_final", False):
                 logger.error("freespec: the final save of the recycle matrix to %s failed (%s); what it learned "
@@ -424,7 +431,11 @@ class RecycleProposer(Proposer):
                 # the peers are listed in the background (_changed_peers), never here: a state directory's
                 # folder may be on a network filesystem
                 peers = ("state_dir",) if self._perms is not None else self.options.merge_from
-                self._files.request(self.snapshot() if self._path else None, peers)
+                changed = (self.updates, self._rows_merged)
+                save = self._path is not None and changed != self._save_asked
+                if save:
+                    self._save_asked = changed
+                self._files.request(self.snapshot() if save else None, peers)
                 self._last_save = time.monotonic()
         return [Draft(d) for d in drafts]
 
