@@ -1,12 +1,22 @@
-"""A served engine saves what it learned when it is stopped: `freespec serve` of `hybrid` with a `state_dir`,
-periodic saves off, one answer, then SIGTERM (as a restart or a pod's stop sends it). With vLLM's default
-`--shutdown-timeout 0` the worker was killed before (or during) its final save: the responses were lost;
-`freespec serve` now passes a timeout (vllm_plugins/vllm_cli.py)."""
+"""A served engine saves what it learned when it is stopped, and when it falls idle.
+
+Stopped: `freespec serve` of `hybrid` with a `state_dir`, periodic saves off, one answer, then SIGTERM (as a
+restart or a pod's stop sends it). With vLLM's default `--shutdown-timeout 0` the worker was killed before (or
+during) its final save: the responses were lost; `freespec serve` now passes a timeout (vllm_plugins/vllm_cli.py).
+
+Idle: periodic saves run on engine steps, and vLLM tells the worker a request finished only at the next step,
+which an idle engine never takes; a server killed in a quiet spell lost its last answers however long ago they
+came (three answers, then 40 s idle: its file held none). The adapter's idle save (vllm_plugins/idle_save.py)
+writes them without a step."""
 from __future__ import annotations
+
+import time
+from pathlib import Path
 
 import pytest
 
 from freespec.bench.errors import BenchError
+from freespec.proposers import response_store
 from integration_tests.serving import chat, start_server
 
 pytestmark = pytest.mark.integration
@@ -33,3 +43,33 @@ def test_a_sigterm_stop_saves_the_state_dir(model_path, tmp_path):
     assert "--shutdown-timeout" in text, text[-3000:]
     saved = sorted(p.relative_to(state).parts[0] for p in state.rglob("*") if p.is_file() and p.stat().st_size)
     assert saved == ["recycle", "suffix"], f"saved at the stop: {saved}\n{text[-3000:]}"
+
+
+def responses_saved(state: Path) -> int:
+    """Responses in the suffix source's files of ``state`` (a store's count is in its header)."""
+    total = 0
+    for path in (state / "suffix").glob("*.bin"):
+        with open(path, "rb") as f:
+            total += response_store._HEADER.unpack(f.read(response_store.HEADER_BYTES))[5]
+    return total
+
+
+def test_an_idle_server_saves_its_last_answer_without_another_request_or_a_stop(model_path, tmp_path):
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    spec = {"plugin": "hybrid", "num_speculative_tokens": 4, "state_dir": str(state),
+            "suffix": {"save_every_s": 2}}
+    log = tmp_path / "server.log"
+    try:
+        server = start_server(model_path, spec, log)
+    except BenchError as e:
+        pytest.fail(str(e))
+    try:
+        assert chat(server, model_path, max_tokens=16)
+        deadline = time.monotonic() + 60  # idle_save.IDLE_S, then a save due within save_every_s
+        while responses_saved(state) == 0 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        saved = responses_saved(state)  # read while the server runs: no stop's final save counted
+    finally:
+        server.stop()
+    assert saved == 1, log.read_text(errors="replace")[-3000:]

@@ -120,6 +120,12 @@ class Proposer(ABC):
     def release(self, key: int) -> None:
         """The request ``key`` left the batch: drop what is kept for it."""
 
+    def idle(self) -> None:
+        """The engine has taken no step for a while (``vllm_plugins.idle_save.IDLE_S``): a proposer with saved
+        state keeps what it learned from requests not yet released (vLLM says a request finished only at the
+        next step) and saves when its save is due. Called from another thread while no step runs; no file
+        I/O here (a background thread's). Repeated while the engine stays idle."""
+
     def step_time_needed(self) -> Optional[tuple[float, str]]:
         """Seconds one step may legitimately take under this proposer's own options, and why; None: no claim.
 

@@ -390,6 +390,10 @@ class HybridProposer(Proposer):
                 total[event] = total.get(event, 0) + n
         return total
 
+    def idle(self) -> None:
+        for source in self.sources.values():
+            source.idle()
+
     def release(self, key: int) -> None:
         self._offered.pop(key, None)
         for source in self.sources.values():

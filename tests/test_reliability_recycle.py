@@ -184,6 +184,24 @@ def test_an_unchanged_matrix_is_not_copied_or_written_again(tmp_path, monkeypatc
     assert p.wait_files(10) and len(writers) == 3
 
 
+def test_an_idle_engine_saves_what_the_last_steps_learned_when_its_save_is_due(tmp_path, monkeypatch):
+    """An engine with no more requests takes no step, where the periodic save runs: idle() saves instead."""
+    path = str(tmp_path / "m.npz")
+    writers = slow_write(monkeypatch, 0.0)
+    p = make(matrix_path=path, save_every_s=0.5)
+    p.propose([row(0, 1)])
+    p.observe(scored({4: [(5, 0.9)]}))  # the last step's learning, then no more steps
+    p.idle()  # within save_every_s of the last tick: not yet
+    assert p.wait_files(10) and writers == []
+    time.sleep(0.55)
+    p.idle()
+    assert p.wait_files(10) and len(writers) == 1
+    assert load_matrix(path, vocab_size=VOCAB, candidates=8, tokenizer=FP).ids[4, 0] == 5
+    time.sleep(0.55)
+    p.idle()  # still idle, nothing new: not written again
+    assert p.wait_files(10) and len(writers) == 1
+
+
 def test_a_save_that_keeps_failing_is_logged_once_though_each_names_another_temporary_file(
     tmp_path, monkeypatch, caplog
 ):

@@ -1,6 +1,8 @@
 """The suffix source's learning across restarts and replicas (responses_path, merge_from)."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from pydantic import ValidationError
@@ -105,3 +107,40 @@ def test_requests_still_live_at_shutdown_are_saved_too(tmp_path):
     source.close()  # no release(5): the engine stopped first
     warm = started(path)
     assert [list(r) for r in warm.store.responses()] == [list(ANSWER)]
+
+
+def test_an_idle_engine_keeps_and_saves_the_requests_it_was_not_told_had_left(tmp_path):
+    """vLLM reports a request's departure only at the next step, which an idle engine never takes: idle()
+    keeps the live requests' outputs once a save is due and saves them; the release that comes with the next
+    step adds nothing again, and what a request answers after idle() is stored apart."""
+    path = tmp_path / "responses.bin"
+    source = started(path, save_every_s=0.5)
+    seq = PROMPT
+    for token in ANSWER:
+        seq = np.append(seq, token).astype(np.int32)
+        source.candidates([Row(key=5, tokens=seq, num_new=1)])
+    source.idle()  # no save due yet (the last came within save_every_s): nothing kept
+    assert len(source.store) == 0
+    time.sleep(0.55)
+    source.idle()
+    assert source.store.wait_files(10)
+    assert [list(r) for r in started(path).store.responses()] == [list(ANSWER)]
+    more = np.arange(600, 604, dtype=np.int32)
+    for token in more:  # the request went on after all (a step longer than the idle time)
+        seq = np.append(seq, token).astype(np.int32)
+        source.candidates([Row(key=5, tokens=seq, num_new=1)])
+    source.release(5)
+    source.close()
+    assert [list(r) for r in started(path).store.responses()] == [list(ANSWER), list(more)]
+
+
+def test_idle_without_a_file_or_with_periodic_saves_off_keeps_nothing(tmp_path):
+    plain = SuffixTreeProposer(SuffixOptions(), 8)
+    plain.bind(INFO)
+    plain.idle()  # no store: nothing to do, nothing raised
+    path = tmp_path / "responses.bin"
+    source = started(path, save_every_s=0)  # saves only at start and exit
+    source.candidates([Row(key=5, tokens=np.append(PROMPT, ANSWER[:3]).astype(np.int32), num_new=3)])
+    time.sleep(0.01)
+    source.idle()
+    assert len(source.store) == 0 and not path.exists()

@@ -38,6 +38,7 @@ from freespec.vllm_plugins.accounting import (
 )
 from freespec.vllm_plugins.breaker import CircuitBreaker, step_budget_s
 from freespec.vllm_plugins.frontend import ADDITIONAL_CONFIG_KEY, check_additional_config
+from freespec.vllm_plugins.idle_save import IdleSave
 from freespec.vllm_plugins.patches import install_in_worker
 from freespec.vllm_plugins.ranks import draft_rank
 from freespec.vllm_plugins.request_ids import BatchRequestIds
@@ -63,6 +64,7 @@ class FreespecProposer:
         where = draft_rank(vllm_config)
         self.drafting = where.drafts
         self.breaker: CircuitBreaker | None = None
+        self.idle_save: IdleSave | None = None
         if not self.drafting:
             self.proposer = None
             logger.info(
@@ -80,6 +82,7 @@ class FreespecProposer:
         if adapter.state_dir is not None:  # at start, before this process's sources load and write their files
             cap_total(adapter.state_dir, adapter.state_dir_max_bytes)
         model_config = vllm_config.model_config
+        saving = len(exit_save.registered())
         self.proposer.bind(
             EngineInfo(
                 vocab_size=self.vocab_size,
@@ -91,6 +94,9 @@ class FreespecProposer:
             )
         )
         warn_if_stop_skips_saves(vllm_config)
+        # What the last requests before a quiet spell taught is saved without a next step (idle_save).
+        if len(exit_save.registered()) > saving:  # this plugin saves learned state
+            self.idle_save = IdleSave(self.proposer)
         # Proposers that learn from the target's own predictions get them through this adapter.
         self.target_topk = TargetTopK(self.proposer.target_topk) if self.proposer.target_topk else None
         self.last = START  # the last step, as the next one measures it
@@ -109,12 +115,19 @@ class FreespecProposer:
             self.target_topk.install(target_model)
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None, **_):
-        n_rows = len(sampled_token_ids)
         if not self.drafting:  # vLLM ignores this rank's drafts
-            return [[] for _ in range(n_rows)]
+            return [[] for _ in range(len(sampled_token_ids))]
+        caller = sys._getframe(1)  # vLLM's, where the batch's request ids are read (request_ids)
+        if self.idle_save is None:
+            return self._propose(caller, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+        with self.idle_save.step():
+            return self._propose(caller, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+
+    def _propose(self, caller, sampled_token_ids, num_tokens_no_spec, token_ids_cpu):
+        n_rows = len(sampled_token_ids)
         lengths = np.asarray(num_tokens_no_spec[:n_rows])
         views = [(token_ids_cpu[i, : lengths[i]], len(sampled_token_ids[i])) for i in range(n_rows)]
-        ids = self.request_ids.read(sys._getframe(1), token_ids_cpu, n_rows)
+        ids = self.request_ids.read(caller, token_ids_cpu, n_rows)
         self.stats.steps_without_ids += ids is None
         keys, departed = self.tracker.update(views, ids)
         last, given = self.last, self.last.given()

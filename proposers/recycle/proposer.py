@@ -424,20 +424,29 @@ class RecycleProposer(Proposer):
                 drafts[i] = [int(t) for t in tokens[j, nodes]]
                 _, buckets = EdgeAcceptance.cells(self.ranks[nodes], edge_probs[j, nodes])
                 self._chains[key] = (self.ranks[nodes].astype(np.int64), buckets)
-        if self._files is not None:
-            self._apply_merges()
-            if time.monotonic() - self._last_save >= self.options.save_every_s:
-                # A copy of the matrix (milliseconds); the write, its fsync and the peers' reads are the thread's.
-                # the peers are listed in the background (_changed_peers), never here: a state directory's
-                # folder may be on a network filesystem
-                peers = ("state_dir",) if self._perms is not None else self.options.merge_from
-                changed = (self.updates, self._rows_merged)
-                save = self._path is not None and changed != self._save_asked
-                if save:
-                    self._save_asked = changed
-                self._files.request(self.snapshot() if save else None, peers)
-                self._last_save = time.monotonic()
+        self._files_tick()
         return [Draft(d) for d in drafts]
+
+    def idle(self) -> None:
+        """The engine is idle (``Proposer.idle``): what the last steps learned is saved when its save is due."""
+        self._files_tick()
+
+    def _files_tick(self) -> None:
+        """Apply what the background thread merged; every ``save_every_s`` hand it a copy of the matrix when
+        it changed (milliseconds here; the write, its fsync and the peers' reads are the thread's) and ask
+        for the peers' changed files (listed in the background, never here: a state directory's folder may
+        be on a network filesystem)."""
+        if self._files is None:
+            return
+        self._apply_merges()
+        if time.monotonic() - self._last_save >= self.options.save_every_s:
+            peers = ("state_dir",) if self._perms is not None else self.options.merge_from
+            changed = (self.updates, self._rows_merged)
+            save = self._path is not None and changed != self._save_asked
+            if save:
+                self._save_asked = changed
+            self._files.request(self.snapshot() if save else None, peers)
+            self._last_save = time.monotonic()
 
     def _top1_path(self, tokens: np.ndarray) -> np.ndarray:
         """The rank-0 chain's nodes, cut before the first node whose token is unknown."""
