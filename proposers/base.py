@@ -120,11 +120,13 @@ class Proposer(ABC):
     def release(self, key: int) -> None:
         """The request ``key`` left the batch: drop what is kept for it."""
 
-    def idle(self) -> None:
+    def idle(self) -> bool:
         """The engine has taken no step for a while (``vllm_plugins.idle_save.IDLE_S``): a proposer with saved
         state keeps what it learned from requests not yet released (vLLM says a request finished only at the
-        next step) and saves when its save is due. Called from another thread while no step runs; no file
-        I/O here (a background thread's). Repeated while the engine stays idle."""
+        next step) and saves when its save is due. Called from another thread while no step runs, again while
+        the engine stays idle, and at once while it returns True (more bounded work waits: a replica's file
+        merged in a step's worth at a time); a step waits for the call in progress. No file I/O here."""
+        return False
 
     def step_time_needed(self) -> Optional[tuple[float, str]]:
         """Seconds one step may legitimately take under this proposer's own options, and why; None: no claim.

@@ -390,9 +390,8 @@ class HybridProposer(Proposer):
                 total[event] = total.get(event, 0) + n
         return total
 
-    def idle(self) -> None:
-        for source in self.sources.values():
-            source.idle()
+    def idle(self) -> bool:
+        return any([source.idle() for source in self.sources.values()])  # every source's, not the first's
 
     def release(self, key: int) -> None:
         self._offered.pop(key, None)

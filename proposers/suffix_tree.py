@@ -370,17 +370,19 @@ class SuffixTreeProposer(Proposer):
             if peers:
                 self.store.merge_async(peers)
 
-    def idle(self) -> None:
+    def idle(self) -> bool:
         """The engine is idle (``Proposer.idle``): when a save is due, the outputs of requests not yet released
-        go to the store first, then the save tick runs (merging the replicas' files in too). A request that goes
-        on after all (a step longer than the idle time) has the rest of its output stored apart at release."""
+        go to the store first, then the save tick runs (merging the replicas' files in too, ``SEED_PER_STEP``
+        responses a call: True while more wait). A request that goes on after all (a step longer than the idle
+        time) has the rest of its output stored apart at release."""
         if self.store is None:
-            return
+            return False
         o = self.options
         if o.save_every_s and time.monotonic() - self._last_save >= o.save_every_s:
             for st in self._live.values():
                 self._keep(st)
         self._files_tick()
+        return bool(self._to_seed)
 
     def file_events(self) -> dict[str, int]:
         return {} if self.store is None else {"save": self.store.saves, "merge": self._merges}

@@ -15,9 +15,10 @@ IDLE = 0.2
 
 
 class Recording:
-    def __init__(self, fail: bool = False) -> None:
+    def __init__(self, fail: bool = False, more: int = 0) -> None:
         self.calls: list[float] = []
         self.fail = fail
+        self.more = more  # calls that say more work waits
         self.in_step = False
         self.overlapped = False
 
@@ -26,6 +27,8 @@ class Recording:
         self.calls.append(time.monotonic())
         if self.fail:
             raise OSError("no")
+        self.more -= 1
+        return self.more >= 0
 
 
 def wait_for(predicate, timeout: float = 5.0) -> bool:
@@ -57,6 +60,21 @@ def test_idle_is_called_after_a_quiet_spell_and_again_only_a_spell_later(saves):
     assert wait_for(lambda: len(p.calls) >= 2)
     assert p.calls[0] - start >= IDLE
     assert p.calls[1] - p.calls[0] >= IDLE
+
+
+def test_more_work_is_called_for_at_once_and_a_step_may_come_in_between(saves):
+    p = Recording(more=3)
+    s = saves(p)
+    assert wait_for(lambda: len(p.calls) >= 4)
+    assert p.calls[3] - p.calls[0] < IDLE / 2  # the four calls back to back, not a quiet spell apart
+    time.sleep(IDLE / 2)
+    assert len(p.calls) == 4  # the fourth said no more: the next waits for a spell
+    p.more = 1_000_000  # a proposer with endless work still lets a step in
+    assert wait_for(lambda: len(p.calls) > 10)
+    with s.step():
+        taken = len(p.calls)
+        time.sleep(0.05)
+        assert len(p.calls) == taken
 
 
 def test_steps_keep_it_from_running_and_it_never_runs_during_one(saves):

@@ -144,3 +144,19 @@ def test_idle_without_a_file_or_with_periodic_saves_off_keeps_nothing(tmp_path):
     time.sleep(0.01)
     source.idle()
     assert len(source.store) == 0 and not path.exists()
+
+
+def test_an_idle_replica_merges_a_peers_new_responses_a_step_at_a_time_saying_while_more_wait(tmp_path):
+    a, b = tmp_path / "a.bin", tmp_path / "b.bin"
+    replica_b = started(b, merge_from=(str(a),), save_every_s=0.5)
+    replica_a = started(a)
+    for key in range(100):
+        serve(replica_a, key, PROMPT, np.array([500 + key, 7, 8, 9], dtype=np.int32))
+    replica_a.close()
+    time.sleep(0.55)
+    assert replica_b.idle() is False  # the save tick asks the background thread for the peer's file
+    assert replica_b.store.wait_files(10) is False  # read, checked and merged: it waits to be taken
+    said = [replica_b.idle() for _ in range(5)]
+    assert said == [True, True, True, False, False]  # 100 responses, SEED_PER_STEP (32) a call
+    assert replica_b._seeded == 100
+    assert first_draft(replica_b, np.array([1, 2, 599, 7], dtype=np.int32))[:2] == [8, 9]

@@ -8,7 +8,8 @@ next step. An engine with no more requests takes no step, so without this a serv
 ``bind`` registered a save with ``proposers.exit_save``). Every ``IDLE_S`` without a step it calls the proposer's ``idle()``
 (``proposers.base.Proposer.idle``: keep the outputs of requests not yet released, save when a save is due),
 holding the step lock so no step runs at the same time, and inside ``exit_save.between_saves`` so no final
-save does. ``idle()`` does no file I/O (the proposers' file threads write), so the first step after a quiet
+save does; at once again while it says more work waits (a replica's responses, merged a step's worth a call),
+releasing the lock between calls so a step can come in. ``idle()`` does no file I/O (the proposers' file threads write), so the first step after a quiet
 spell waits at most for an in-memory copy. A failing ``idle()`` is logged once and never stops the server.
 
 Why not sooner than ``IDLE_S``: a gap between two steps is also a long step (a big prefill on a CPU), and
@@ -59,24 +60,27 @@ class IdleSave:
 
     def _run(self) -> None:
         while not self._stop.wait(self.idle_s / 4):
-            if not self._quiet() or not self._lock.acquire(blocking=False):
-                continue  # a step ran lately or runs now: not idle
-            try:
-                if self._quiet() and not self._stop.is_set():
-                    self._idle()
+            # a step that ran lately or runs now (the lock taken): not idle
+            while self._quiet() and self._lock.acquire(blocking=False):
+                try:
+                    more = self._quiet() and not self._stop.is_set() and self._idle()
+                finally:
+                    self._lock.release()  # between two calls a step may come in
+                if not more:
                     self._last_idle = time.monotonic()
-            finally:
-                self._lock.release()
+                    break
 
-    def _idle(self) -> None:
+    def _idle(self) -> bool:
+        """One call of the proposer's ``idle()``; True when it has more work waiting."""
         with exit_save.between_saves() as open_:
             if not open_:  # the final save has begun (or is done): nothing more to keep
                 self._stop.set()
-                return
+                return False
             self.calls += 1
             try:
-                self.proposer.idle()
+                return bool(self.proposer.idle())
             except Exception:
                 self.errors += 1
                 if self.errors == 1:
                     logger.exception("freespec: the idle save failed; the next save tries again (logged once)")
+                return False

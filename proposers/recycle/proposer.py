@@ -427,9 +427,11 @@ class RecycleProposer(Proposer):
         self._files_tick()
         return [Draft(d) for d in drafts]
 
-    def idle(self) -> None:
-        """The engine is idle (``Proposer.idle``): what the last steps learned is saved when its save is due."""
+    def idle(self) -> bool:
+        """The engine is idle (``Proposer.idle``): what the last steps learned is saved when its save is due
+        (a peer's matrix is merged whole, in one vectorised copy)."""
         self._files_tick()
+        return False
 
     def _files_tick(self) -> None:
         """Apply what the background thread merged; every ``save_every_s`` hand it a copy of the matrix when
