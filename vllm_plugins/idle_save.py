@@ -5,12 +5,13 @@ next step. An engine with no more requests takes no step, so without this a serv
 (a pod evicted at night, a crash) lost what its last requests taught, however long ago they finished.
 
 ``IdleSave`` runs one daemon thread per adapter, only for a plugin that saves learned state at exit (its
-``bind`` registered a save with ``proposers.exit_save``). Every ``IDLE_S`` without a step it calls the proposer's ``idle()``
-(``proposers.base.Proposer.idle``: keep the outputs of requests not yet released, save when a save is due),
-holding the step lock so no step runs at the same time, and inside ``exit_save.between_saves`` so no final
-save does; at once again while it says more work waits (a replica's responses, merged a step's worth a call),
-releasing the lock between calls so a step can come in. ``idle()`` does no file I/O (the proposers' file threads write), so the first step after a quiet
-spell waits at most for an in-memory copy. A failing ``idle()`` is logged once and never stops the server.
+``bind`` registered a save with ``proposers.exit_save``). Every ``IDLE_S`` without a step it calls the
+proposer's ``idle()`` (``proposers.base.Proposer.idle``: keep the outputs of requests not yet released, save
+when a save is due), holding the step lock so no step runs at the same time, and inside
+``exit_save.between_saves`` so no final save does; at once again while it says more work waits (a replica's
+responses, merged a step's worth a call), releasing the lock between calls so a step can come in. ``idle()``
+does no file I/O (the proposers' file threads write), so the first step after a quiet spell waits at most for
+an in-memory copy. A failing ``idle()`` is logged once and never stops the server.
 
 Why not sooner than ``IDLE_S``: a gap between two steps is also a long step (a big prefill on a CPU), and
 ``idle()`` cuts what a live request has answered so far into its own stored response.
