@@ -24,16 +24,21 @@ pytestmark = pytest.mark.integration
 HOUR = 3600  # save_every_s: no periodic save within the test, so only the final one can write
 
 
-def test_a_sigterm_stop_saves_the_state_dir(model_path, tmp_path):
+def hybrid_server(model_path: str, tmp_path: Path, **sources):
+    """`freespec serve` of `hybrid` with a new state directory: the server, the folder and the log's path."""
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
-    spec = {"plugin": "hybrid", "num_speculative_tokens": 4, "state_dir": str(state),
-            "suffix": {"save_every_s": HOUR}, "recycle": {"save_every_s": HOUR}}
+    spec = {"plugin": "hybrid", "num_speculative_tokens": 4, "state_dir": str(state), **sources}
     log = tmp_path / "server.log"
     try:
-        server = start_server(model_path, spec, log)
+        return start_server(model_path, spec, log), state, log
     except BenchError as e:
         pytest.fail(str(e))
+
+
+def test_a_sigterm_stop_saves_the_state_dir(model_path, tmp_path):
+    server, state, log = hybrid_server(model_path, tmp_path, suffix={"save_every_s": HOUR},
+                                       recycle={"save_every_s": HOUR})
     try:
         assert chat(server, model_path, max_tokens=16)
         assert not [p for p in state.rglob("*") if p.is_file()], "a save before the stop: the test proves nothing"
@@ -55,15 +60,7 @@ def responses_saved(state: Path) -> int:
 
 
 def test_an_idle_server_saves_its_last_answer_without_another_request_or_a_stop(model_path, tmp_path):
-    state = tmp_path / "state"
-    state.mkdir(mode=0o700)
-    spec = {"plugin": "hybrid", "num_speculative_tokens": 4, "state_dir": str(state),
-            "suffix": {"save_every_s": 2}}
-    log = tmp_path / "server.log"
-    try:
-        server = start_server(model_path, spec, log)
-    except BenchError as e:
-        pytest.fail(str(e))
+    server, state, log = hybrid_server(model_path, tmp_path, suffix={"save_every_s": 2})
     try:
         assert chat(server, model_path, max_tokens=16)
         deadline = time.monotonic() + 60  # idle_save.IDLE_S, then a save due within save_every_s
