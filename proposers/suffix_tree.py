@@ -344,9 +344,10 @@ class SuffixTreeProposer(Proposer):
             del self._caches[scope]
             self._cached.pop(scope, None)
 
-    def _files_tick(self) -> None:
+    def _files_tick(self, keep_live: bool = False) -> None:
         """Every ``save_every_s``: merge what the background thread read from the replicas, ask for a save
-        and for the replicas' changed files (no file I/O in this thread)."""
+        (``keep_live``: of the live requests' outputs too) and for the replicas' changed files (no file I/O in
+        this thread)."""
         o = self.options
         n = 0
         merged = self.store.take_merged()
@@ -359,6 +360,8 @@ class SuffixTreeProposer(Proposer):
             n += 1
         if o.save_every_s and time.monotonic() - self._last_save >= o.save_every_s:
             self._last_save = time.monotonic()
+            if keep_live:
+                self._keep_live()
             self.store.save_async()
             if self.scoped is not None:
                 purged, merged = self.scoped.tick()
@@ -377,11 +380,7 @@ class SuffixTreeProposer(Proposer):
         time) has the rest of its output stored apart at release."""
         if self.store is None:
             return False
-        o = self.options
-        if o.save_every_s and time.monotonic() - self._last_save >= o.save_every_s:
-            for st in self._live.values():
-                self._keep(st)
-        self._files_tick()
+        self._files_tick(keep_live=True)
         return bool(self._to_seed)
 
     def file_events(self) -> dict[str, int]:
@@ -393,11 +392,16 @@ class SuffixTreeProposer(Proposer):
         last ones before a shutdown."""
         if self.store is None:
             return
-        for st in list(self._live.values()):
-            self._keep(st)
+        self._keep_live()
         self.store.close()
         if self.scoped is not None:
             self.scoped.close()
+
+    def _keep_live(self) -> None:
+        """Requests not yet released keep what they answered so far (the engine tells the adapter a request
+        left only at its next step)."""
+        for st in list(self._live.values()):
+            self._keep(st)
 
     def _keep(self, st: _Live) -> None:
         # The shared scope's responses go to its file; a salted scope's only to its own, in a state directory.

@@ -22,7 +22,7 @@ class Recording:
         self.in_step = False
         self.overlapped = False
 
-    def idle(self) -> None:
+    def idle(self) -> bool:
         self.overlapped |= self.in_step
         self.calls.append(time.monotonic())
         if self.fail:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from contextlib import nullcontext
 
 import numpy as np
 
@@ -118,9 +119,7 @@ class FreespecProposer:
         if not self.drafting:  # vLLM ignores this rank's drafts
             return [[] for _ in range(len(sampled_token_ids))]
         caller = sys._getframe(1)  # vLLM's, where the batch's request ids are read (request_ids)
-        if self.idle_save is None:
-            return self._propose(caller, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
-        with self.idle_save.step():
+        with self.idle_save.step() if self.idle_save is not None else nullcontext():
             return self._propose(caller, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
 
     def _propose(self, caller, sampled_token_ids, num_tokens_no_spec, token_ids_cpu):

@@ -24,9 +24,9 @@ delete the other's command).
 A plugin that keeps state on disk (``state_dir``, ``responses_path``, ``matrix_path``) saves it last when its
 worker exits. vLLM's default ``--shutdown-timeout 0`` kills the engine core and its worker the moment the server
 gets SIGTERM, before that save: everything learned since the last save (every ``save_every_s``, and once an
-idle engine's save is due) is lost at each stop (``integration_tests/test_stop_saves.py``).
-So ``freespec serve`` of such a plugin passes ``--shutdown-timeout STOP_GRACE_S`` where the command line gives none (requests in
-flight at a stop get that long to finish, then the worker exits and saves); an operator's own value is kept.
+idle engine's save is due) is lost at each stop (``integration_tests/test_stop_saves.py``). So ``freespec
+serve`` of such a plugin passes ``--shutdown-timeout STOP_GRACE_S`` where the command line gives none (requests
+in flight at a stop get that long to finish, then the worker exits and saves); an operator's own value is kept.
 """
 from __future__ import annotations
 
