@@ -2,7 +2,8 @@
 
 Drafting is arctic-inference's ``SuffixDecodingCache`` (the library behind vLLM's ``suffix`` method,
 Oliaro et al., 2024): one suffix tree per live request over its prompt and output, and one global tree
-over the outputs of recent requests (``max_cached_requests``, evicted oldest first). One cache per scope
+over the outputs of recent requests (``max_cached_requests``, evicted oldest first), each led by its
+prompt's last ``prompt_tail`` tokens (vLLM's: outputs only). One cache per scope
 (``Row.scope``, docs/security.md): a request's output, live or departed, enters only its scope's global
 tree, and it drafts only from that one; a row without a scope (None) drafts from its own tree alone. Each step the
 last ``max_tree_depth`` tokens are matched in both trees and the more frequent continuation is
@@ -98,9 +99,15 @@ class SuffixOptions(ProposerOptions):
     max_cached_requests: int = Field(
         10_000, ge=0, le=1_000_000, description="outputs of departed requests kept in the global tree (0: none)"
     )
+    prompt_tail: int = Field(
+        16, ge=0, le=256,
+        description="the last prompt tokens learned with each output, so that a prompt answered before has its "
+        "answer matched from the first token (0: outputs only, as vLLM's suffix)",
+    )
     max_cached_tokens: int = Field(
         2_000_000, ge=1, le=268_435_456,
-        description="output tokens of departed requests kept in the global tree, oldest evicted first (about "
+        description="tokens of departed requests (outputs, prompt tails) kept in the global tree, oldest evicted "
+        "first (about "
         "260 bytes a token in memory at max_tree_depth 24: 0.5 GiB at the default)",
     )
     # Longer than vLLM's `suffix` defaults (1 and 0.1): the goodput bar cuts each chain by its tokens' learned
@@ -157,7 +164,7 @@ class _Live:
 
     def __init__(self, fed: int, keep_output: bool, scope) -> None:
         self.scope = scope  # the cache it lives in (NO_SCOPE: one that holds no outputs)
-        self.start = fed  # prompt tokens (the rest goes to the global tree as the output)
+        self.start = fed  # prompt tokens less its tail (the rest goes to the global tree as the output)
         self.fed = fed  # tokens of the request given to the cache so far
         self.chain: Optional[list[int]] = None  # last offered chain, scored against what the target produced
         self.cells: Optional[list[int]] = None
@@ -440,7 +447,11 @@ class SuffixTreeProposer(Proposer):
             return st
         tokens = np.ascontiguousarray(row.tokens, dtype=np.int32)
         if st is None:
-            start = max(0, n - row.num_new)
+            # The prompt's last ``prompt_tail`` tokens are fed as if they began the output, so they enter the
+            # global tree (and the stored response) ahead of it: the first tokens of an answer to a prompt
+            # seen before are then matched by the prompt's end, not guessed from the answers' most frequent
+            # opening (a replay of repeated agent turns: results/prompt-tail-replay).
+            start = max(0, n - row.num_new - self.options.prompt_tail)
             scope = NO_SCOPE if row.scope is None else row.scope
             self._cache_of(scope).start_request(row.key, tokens[:start])
             st = self._live[row.key] = _Live(start, self.store is not None, scope)

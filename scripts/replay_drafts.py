@@ -16,6 +16,7 @@ the JSON lines `--generate` writes (token ids as the engine produced them):
     python scripts/replay_drafts.py greedy.jsonl vllm-suffix --memory
     python scripts/replay_drafts.py greedy.jsonl hybrid '{"sources": ["suffix"]}' --memory --token-cost 0.05
     python scripts/replay_drafts.py greedy.jsonl hybrid --memory --cost 0.1 --policy-bar   # the policy's bar
+    python scripts/replay_drafts.py greedy.jsonl hybrid --memory --passes 2   # pass 2: the same traffic again
     python scripts/replay_drafts.py bench_results/RUN/results.json retrieval '{"datastore": "DIR"}'
 
 `--time` prints the proposer's time per step, each step started with the CPU's caches flushed (`--evict-mb`), as
@@ -268,6 +269,9 @@ def main() -> int:
                    help="with --time: read this many MiB before each step, so it starts with cold caches as after a "
                    "forward pass (0: warm caches; default 256)")
     p.add_argument("--limit", type=int, default=None, help="replay only the first N outputs")
+    p.add_argument("--passes", type=int, default=1,
+                   help="with --memory: replay all outputs this many times through the one proposer, reported per "
+                   "pass (repeated traffic: a later pass drafts from what the earlier ones taught)")
     p.add_argument("--generate", action="store_true", help="write greedy outputs to GREEDY instead of replaying")
     p.add_argument("--questions", default=None, help="with --generate: the question file (as freespec bench's)")
     p.add_argument("--model", default=None, help="with --generate: the model (default: the SmolLM2 fixture)")
@@ -301,13 +305,17 @@ def main() -> int:
         proposer.bind(EngineInfo(vocab_size=vocab, model=model or ""))
         return AtPolicyBar(proposer, args.cost) if args.policy_bar else AtBar(proposer, args.token_cost)
 
+    if args.passes < 1 or (args.passes > 1 and not args.memory):
+        p.error("--passes is at least 1, and more than 1 needs --memory (one proposer that remembers)")
     if args.adapter and (args.plugin == "vllm-suffix" or not args.memory):
         p.error("--adapter runs a freespec plugin, with --memory (one adapter, as one server)")
     shared = make() if args.memory else None
     times = [] if args.time else None
     evict = np.ones(args.evict_mb * 2**20 // 8) if args.time and args.evict_mb > 0 else None
     totals: dict[str, list[float]] = {}  # category -> tokens, forwards, modeled steps, drafting steps, drafted, accepted
-    for key, (category, prompt, output) in enumerate(data):
+    runs = [(f"{c} pass {n + 1}" if args.passes > 1 else c, prompt, output)
+            for n in range(args.passes) for c, prompt, output in data]
+    for key, (category, prompt, output) in enumerate(runs):
         proposer = shared or make()
         if isinstance(proposer, CopyCeiling):
             proposer.expect(prompt, output)

@@ -336,7 +336,9 @@ def test_a_running_replica_merges_a_tenants_responses_another_saved_since_it_sta
     x = scope_of("tenant-x") if salted else ""  # the shared scope's peers are listed in the background too
     answer = np.arange(700, 720, dtype=np.int32)
     context = np.concatenate([[9, 9], answer[:6]]).astype(np.int32)
-    running = scoped_source(info, "host-b.1.1", monkeypatch, save_every_s=0.01)
+    # prompt_tail 0: request 5 asks request 6's prompt, and with its tail learned its one-token answer would
+    # be the match (the tail's own test: test_suffix_source.py)
+    running = scoped_source(info, "host-b.1.1", monkeypatch, save_every_s=0.01, prompt_tail=0)
     assert running.propose([Row(5, context, 1, x)])[0] == []
     running.release(5)
     other = scoped_source(info, "host-a.1.1", monkeypatch)

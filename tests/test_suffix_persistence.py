@@ -27,6 +27,11 @@ def serve(proposer: SuffixTreeProposer, key: int, prompt: np.ndarray, output: np
     proposer.release(key)
 
 
+def learned(answer: np.ndarray, prompt: np.ndarray = PROMPT) -> list[int]:
+    """What a response is kept as: the prompt's last ``prompt_tail`` tokens, then the answer."""
+    return list(prompt[max(0, len(prompt) - SuffixOptions().prompt_tail):]) + list(answer)
+
+
 def first_draft(proposer: SuffixTreeProposer, context: np.ndarray) -> list[int]:
     found = proposer.candidates([Row(key=99, tokens=context, num_new=len(context))])[0]
     return [] if found is None else [int(t) for t in found.chains[0] if t >= 0]
@@ -91,7 +96,7 @@ def test_the_saved_store_keeps_only_the_newest_responses_within_its_bounds(tmp_p
     for key, answer in enumerate(answers, start=1):
         serve(source, key, PROMPT, answer)
     source.close()
-    assert [list(r) for r in source.store.responses()] == [list(a) for a in answers[-2:]]
+    assert [list(r) for r in source.store.responses()] == [learned(a) for a in answers[-2:]]
     reloaded = started(path, max_saved_responses=2)
     assert len(reloaded.store) == 2
 
@@ -106,7 +111,7 @@ def test_requests_still_live_at_shutdown_are_saved_too(tmp_path):
         source.candidates([Row(key=5, tokens=seq, num_new=1)])
     source.close()  # no release(5): the engine stopped first
     warm = started(path)
-    assert [list(r) for r in warm.store.responses()] == [list(ANSWER)]
+    assert [list(r) for r in warm.store.responses()] == [learned(ANSWER)]
 
 
 def test_an_idle_engine_keeps_and_saves_the_requests_it_was_not_told_had_left(tmp_path):
@@ -124,14 +129,14 @@ def test_an_idle_engine_keeps_and_saves_the_requests_it_was_not_told_had_left(tm
     time.sleep(0.55)
     source.idle()
     assert source.store.wait_files(10)
-    assert [list(r) for r in started(path).store.responses()] == [list(ANSWER)]
+    assert [list(r) for r in started(path).store.responses()] == [learned(ANSWER)]
     more = np.arange(600, 604, dtype=np.int32)
     for token in more:  # the request went on after all (a step longer than the idle time)
         seq = np.append(seq, token).astype(np.int32)
         source.candidates([Row(key=5, tokens=seq, num_new=1)])
     source.release(5)
     source.close()
-    assert [list(r) for r in started(path).store.responses()] == [list(ANSWER), list(more)]
+    assert [list(r) for r in started(path).store.responses()] == [learned(ANSWER), list(more)]
 
 
 def test_idle_without_a_file_or_with_periodic_saves_off_keeps_nothing(tmp_path):

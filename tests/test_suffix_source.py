@@ -120,15 +120,15 @@ def test_a_short_match_drafts_longer_than_vllms_defaults_and_the_bar_still_cuts_
 
 
 def test_global_cache_is_bounded_by_max_cached_tokens_oldest_first():
-    p = make(min_token_gain=0.0, max_cached_tokens=25)
-    for key in range(5):  # five departed requests, 10 output tokens each (a 3-token prompt)
+    p = make(min_token_gain=0.0, max_cached_tokens=30)
+    for key in range(5):  # five departed requests, each 13 tokens held: a 3-token prompt's tail, 10 output tokens
         tokens = [key, 1, 2]
         for t in range(10):
             tokens.append(100 * (key + 1) + t)
             p.propose([row(key, tokens)])
         p.release(key)
-    assert sorted(p.cache.cached_requests) == [3, 4]  # 20 tokens held; a third response would make 30
-    assert p._cached_tokens == 20
+    assert sorted(p.cache.cached_requests) == [3, 4]  # 26 tokens held; a third response would make 39
+    assert p._cached_tokens == 26
     assert p.propose([row(9, [7, 7, 500, 501, 502])])[0][:2] == [503, 504]  # the newest still drafts
     assert p.propose([row(8, [7, 7, 100, 101, 102])])[0] == []  # the oldest was evicted
 
@@ -150,7 +150,8 @@ def test_the_token_count_forgets_responses_evicted_by_count():
         p.propose([row(key, [key, 50 + key, 60 + key, 70 + key])])
         p.release(key)
     assert len(p.cache.cached_requests) == 2
-    assert p._cached == {"": {3: 2, 4: 2}} and p._cached_tokens == 4  # 2 output tokens each (the first row's last token, then one)
+    # 4 tokens each: the 2-token prompt's tail, then 2 output tokens (the first row's last token, then one)
+    assert p._cached == {"": {3: 4, 4: 4}} and p._cached_tokens == 8
 
 
 def test_a_key_that_serves_a_new_request_counts_once_toward_the_bound():
@@ -181,3 +182,25 @@ def test_calibration_cells_are_the_probability_match_and_depth_buckets():
     calibration = TokenCalibration()
     low, high = calibration.estimate(TokenCalibration.cells([0.1, 1.0], 5))
     assert low == pytest.approx(0.15) and high == pytest.approx(0.9)
+
+
+def serve_answer(p, key, prompt, answer):
+    tokens = list(prompt)
+    for t in answer:  # the first step after the prefill brings the prompt and one sampled token
+        tokens.append(t)
+        p.propose([row(key, tokens)], StepContext(token_cost=0.0))
+    p.release(key)
+
+
+@pytest.mark.parametrize("tail", [16, 0])
+def test_a_prompt_answered_before_has_that_answer_drafted_from_its_first_token(tail):
+    # Both answers open with 7, the first one twice as often: from its first token the output alone matches
+    # [7] and drafts the frequent answer; with the prompt's tail learned, [..., 50, 7] is this prompt's own.
+    p = make(min_token_gain=0.0, prompt_tail=tail)
+    often, repeated = [7] + list(range(100, 110)), [7] + list(range(200, 210))
+    serve_answer(p, 0, [1, 2, 3, 40], often)
+    serve_answer(p, 1, [1, 2, 3, 41], often)
+    serve_answer(p, 2, [1, 2, 3, 50], repeated)
+    draft = p.propose([row(3, [1, 2, 3, 50, 7])], StepContext(token_cost=0.0))[0]
+    assert draft[:4] == ([200, 201, 202, 203] if tail else [100, 101, 102, 103])
+    assert p._cached_tokens == 3 * (11 + min(tail, 4))  # the tail counts toward max_cached_tokens
