@@ -2,13 +2,14 @@
 
     freespec responses build --model MODEL --prompts PATH [PATH ...] --out FILE
                              [--roles user] [--limit 2000] [--max-tokens 256] [--exclude PATH ...]
-                             [--dtype auto] [--max-model-len 4096] [--force]
+                             [--dtype auto] [--max-model-len 4096] [--prompt-tail 16] [--force]
 
 ``build`` reads prompts from ``.jsonl`` / ``.json`` / ``.txt`` files (the formats of ``freespec datastore
 build``; a chat record gives its ``--roles`` messages, by default the user's), keeps the first ``--limit``
 distinct ones of at least 20 characters (and none sharing a run of 12 words with an ``--exclude`` file),
-answers each greedily with the model (an offline vLLM, batched, with a progress bar) and writes the answers
-as a response store file (its path the last line of stdout). A server loads it with ``"suffix": {"responses_path": FILE}`` (docs/hybrid.md) and
+answers each greedily with the model (an offline vLLM, batched, with a progress bar) and writes the answers,
+each after its templated prompt's last ``--prompt-tail`` tokens as a server learns them (the suffix source's
+``prompt_tail``), as a response store file (its path the last line of stdout). A server loads it with ``"suffix": {"responses_path": FILE}`` (docs/hybrid.md) and
 drafts from those answers from its first request; it then adds its own responses to the same file.
 Bounds: at most ``--limit`` answers (10,000 at most, the server's default ``max_saved_responses``) of at most
 ``--max-tokens`` tokens each, the newest 2,000,000 tokens kept (its default ``max_saved_tokens``); 4 bytes a
@@ -23,12 +24,13 @@ from pathlib import Path
 
 from freespec.cli.arguments import int_in
 from freespec.safe_files import printable
-from freespec.proposers.suffix_tree import SuffixOptions
+from freespec.proposers.suffix_tree import SuffixOptions, with_prompt_tail
 
 MIN_PROMPT_CHARS = 20
 # The suffix source's default bounds on its responses file: a file beyond them is refused at load.
 MAX_RESPONSES = SuffixOptions.model_fields["max_saved_responses"].default
 MAX_STORE_TOKENS = SuffixOptions.model_fields["max_saved_tokens"].default
+PROMPT_TAIL = SuffixOptions.model_fields["prompt_tail"].default
 
 
 def _log(message: str) -> None:
@@ -64,6 +66,9 @@ def add_parser(subparsers) -> None:
     build.add_argument("--memory", type=float, default=None, metavar="SHARE",
                        help="vLLM's --gpu-memory-utilization (default: as freespec bench, on a CPU build 0.3 of RAM "
                             "or what a larger model needs, vLLM's own on a GPU)")
+    build.add_argument("--prompt-tail", type=int_in(0, 256), default=PROMPT_TAIL, metavar="N",
+                       help=f"the prompt's last N tokens kept before each answer, as the server's suffix source "
+                       f"learns them (its prompt_tail; default {PROMPT_TAIL}; 0: answers only)")
     build.add_argument("--force", action="store_true", help="replace --out if it exists")
     build.set_defaults(func=run_build)
 
@@ -117,8 +122,8 @@ def run_build(args: argparse.Namespace) -> int:
                              memory=default_memory_share(args.memory, cpu, model, args.dtype))
     store = ResponseStore(str(out), fingerprint=answers.fingerprint, vocab_size=answers.vocab_size,
                           max_responses=MAX_RESPONSES, max_tokens=MAX_STORE_TOKENS)
-    for tokens in answers.outputs:
-        store.add(tokens)
+    for prompt, output in zip(answers.prompts, answers.outputs):
+        store.add(with_prompt_tail(prompt, output, args.prompt_tail))
     store.save()  # with --force, the old file is replaced atomically, not merged
     _log(f"{out}: {len(store):,} responses, {store.num_tokens:,} tokens; serve with "
          f"'\"suffix\": {{\"responses_path\": \"{out}\"}}' (hybrid)")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from integration_tests.conftest import DRAFT_EVERY_STEP, K, spec_bench_prompts
-from freespec.proposers.suffix_tree import available
+from freespec.proposers.suffix_tree import SuffixOptions, available
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(not available()[0], reason="the suffix source needs arctic-inference")]
@@ -58,7 +58,7 @@ def test_responses_are_saved_at_exit_and_a_restart_drafts_from_them(cold_run, en
     assert again > cold + 0.2, f"accepted per output token: cold start {cold:.3f}, warm start {again:.3f}"
 
 
-def test_a_file_from_responses_build_starts_a_server_warm(cold_run, engines, tmp_path):
+def test_a_file_from_responses_build_starts_a_server_warm(cold_run, engines, tmp_path, responses_file):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"messages": [{"role": "user", "content": p}]}) + "\n" for p in PROMPTS))
     built = engines.workdir / "built-responses.bin"
@@ -80,3 +80,20 @@ def test_a_file_from_responses_build_starts_a_server_warm(cold_run, engines, tmp
     assert warm["pass"]["token_ids"] == cold_run[0]["pass"]["token_ids"]
     cold, again = accepted_per_token(cold_run[0]["pass"]), accepted_per_token(warm["pass"])
     assert again > cold + 0.2, f"accepted per output token: cold start {cold:.3f}, built warm start {again:.3f}"
+    # Each held as the engine learned it: the prompt's last prompt_tail tokens, then the answer (the engine's
+    # file lacks each answer's last step: a request's last tokens reach the drafter only if it steps again).
+    saved, built_ = stored(responses_file, engines.model), stored(str(built), engines.model)
+    tail = SuffixOptions().prompt_tail
+    assert len(built_) == len(PROMPTS)  # (the engines' file: the cold run's and the warm run's, a step apart)
+    assert all(any(len(r) > tail and b[:len(r)] == r for r in saved) for b in built_), (saved, built_)
+
+
+def stored(path: str, model: str) -> list[list[int]]:
+    from freespec.proposers.response_store import MAX_RESPONSES, MAX_TOKENS, read_store
+    from freespec.vllm_plugins.adapter import tokenizer_fingerprint
+    from transformers import AutoConfig
+
+    found = read_store(path, fingerprint=tokenizer_fingerprint(model),
+                       vocab_size=AutoConfig.from_pretrained(model).vocab_size, max_responses=MAX_RESPONSES,
+                       max_tokens=MAX_TOKENS)
+    return [e.tokens.tolist() for e in found.entries]

@@ -3,7 +3,9 @@
 Drafting is arctic-inference's ``SuffixDecodingCache`` (the library behind vLLM's ``suffix`` method,
 Oliaro et al., 2024): one suffix tree per live request over its prompt and output, and one global tree
 over the outputs of recent requests (``max_cached_requests``, evicted oldest first), each led by its
-prompt's last ``prompt_tail`` tokens (vLLM's: outputs only). One cache per scope
+prompt's last ``prompt_tail`` tokens (vLLM's: outputs only). Those sequences are also kept whole
+(``KnownAnswers``): a request that begins as one of them did (the same prompt tail and first token) is
+drafted that answer, token for token, while it repeats it; elsewhere the trees draft. One cache per scope
 (``Row.scope``, docs/security.md): a request's output, live or departed, enters only its scope's global
 tree, and it drafts only from that one; a row without a scope (None) drafts from its own tree alone. Each step the
 last ``max_tree_depth`` tokens are matched in both trees and the more frequent continuation is
@@ -32,9 +34,9 @@ Memory: per live request a tree over its sequence (O(tokens), path-compressed, d
 ``max_cached_tokens`` of their tokens, all scopes together (the least recently used scope's oldest output is
 evicted first; a scope with no live request and no output held is dropped; arctic bounds only the count; a response's length is bounded by the
 model's context, so the count alone allows 10,000 x max_model_len tokens); docs/hybrid.md gives the bytes a
-held token takes. ``state_bytes`` asks the trees (arctic's own estimate). With ``responses_path``: each live
-request's output once more
-(4 bytes a token) and the store (``ResponseStore.max_bytes``: 15 MB at the defaults, twice that while saving).
+held token takes. With ``prompt_tail``: the same sequences whole in ``KnownAnswers`` (4 bytes a token, the same
+bounds: 8 MB at the defaults) and each live request's once more. ``state_bytes`` asks the trees (arctic's own
+estimate) and adds those. With ``responses_path``: each live request's output once more (4 bytes a token) and the store (``ResponseStore.max_bytes``: 15 MB at the defaults, twice that while saving).
 """
 from __future__ import annotations
 
@@ -51,6 +53,7 @@ from typing import Optional, Sequence
 import numpy as np
 from freespec.proposers.api import SHARED_SCOPE, Draft, EngineInfo, Row, StepContext
 from freespec.proposers.base import Proposer, ProposerOptions
+from freespec.proposers.known_answers import Follow, KnownAnswers
 from freespec.option_checks import check_path_options
 from freespec.scorers.acceptance import matched_prefix
 from freespec.scorers.calibration import TokenCalibration
@@ -94,6 +97,12 @@ def available() -> tuple[bool, str]:
     return True, ""
 
 
+def with_prompt_tail(prompt: Sequence[int], output: Sequence[int], tail: int) -> list[int]:
+    """A response as the source learns and stores it: its prompt's last ``tail`` tokens, then the output (what a
+    warm-start file, ``freespec responses build``, must hold to match what a server saves)."""
+    return [int(t) for t in prompt[max(0, len(prompt) - tail):]] + [int(t) for t in output]
+
+
 class SuffixOptions(ProposerOptions):
     max_tree_depth: int = Field(24, ge=1, le=256, description="longest context matched, and depth of the trees")
     max_cached_requests: int = Field(
@@ -101,14 +110,14 @@ class SuffixOptions(ProposerOptions):
     )
     prompt_tail: int = Field(
         16, ge=0, le=256,
-        description="the last prompt tokens learned with each output, so that a prompt answered before has its "
-        "answer matched from the first token (0: outputs only, as vLLM's suffix)",
+        description="the last prompt tokens learned with each output: a prompt answered before is drafted that "
+        "answer, from its first token and whole while the new one repeats it (0: outputs only, as vLLM's suffix)",
     )
     max_cached_tokens: int = Field(
         2_000_000, ge=1, le=268_435_456,
         description="tokens of departed requests (outputs, prompt tails) kept in the global tree, oldest evicted "
-        "first (about "
-        "260 bytes a token in memory at max_tree_depth 24: 0.5 GiB at the default)",
+        "first, and as many again kept whole (about 264 bytes a token in memory at max_tree_depth 24: 0.5 GiB at "
+        "the default)",
     )
     # Longer than vLLM's `suffix` defaults (1 and 0.1): the goodput bar cuts each chain by its tokens' learned
     # chances, so the tree may offer more (docs/hybrid.md).
@@ -160,7 +169,7 @@ class SuffixOptions(ProposerOptions):
 
 
 class _Live:
-    __slots__ = ("cells", "chain", "fed", "output", "scope", "start")
+    __slots__ = ("answer", "by_known", "cells", "chain", "fed", "follow", "looked", "output", "scope", "start")
 
     def __init__(self, fed: int, keep_output: bool, scope) -> None:
         self.scope = scope  # the cache it lives in (NO_SCOPE: one that holds no outputs)
@@ -170,6 +179,10 @@ class _Live:
         self.cells: Optional[list[int]] = None
         # the output so far, in pieces, when responses are persisted (4 bytes a token, freed at release)
         self.output: Optional[list[np.ndarray]] = [] if keep_output else None
+        self.answer: list[np.ndarray] = []  # the learned sequence (prompt tail, output), for KnownAnswers
+        self.follow: Optional[Follow] = None  # earlier answers it still repeats
+        self.looked = False  # whether they were looked up (once, when the key's tokens are in)
+        self.by_known = False  # whether ``chain`` came from an earlier answer (its own calibration)
 
 
 class SuffixTreeProposer(Proposer):
@@ -190,6 +203,10 @@ class SuffixTreeProposer(Proposer):
         # NO_SCOPE: the rows of no scope, whose cache keeps no outputs
         self._caches: OrderedDict = OrderedDict()
         self.calibration = TokenCalibration()
+        # Prompts answered before (``prompt_tail`` > 0): their answers whole, and how often following one pays.
+        self.known = (KnownAnswers(options.prompt_tail + 1, options.max_cached_requests, options.max_cached_tokens)
+                      if options.prompt_tail > 0 else None)
+        self.known_calibration = TokenCalibration()
         self._live: dict[int, _Live] = {}
         self.store = None  # ResponseStore, when responses are persisted (bind)
         self.scoped = None  # ScopedResponses: the salted scopes' responses, in a state directory (bind)
@@ -297,6 +314,8 @@ class SuffixTreeProposer(Proposer):
             cache.add_active_response(key, np.array(tokens, dtype=np.int32))  # a writable copy
             cache.stop_request(key)
             self._account(scope, key, len(tokens))
+            if self.known is not None:
+                self.known.add(scope, tokens)
             for other in self._output_sharers:
                 other.keep_output(scope, tokens)
 
@@ -309,6 +328,8 @@ class SuffixTreeProposer(Proposer):
             if cache is not None and key in cache.cached_requests and key not in cache.active_requests:
                 cache.evict_cached_response(key)
         self._drop_if_empty(scope)
+        if self.known is not None:
+            self.known.forget(scope)
         for other in self._output_sharers:
             other.forget_scope(scope)
         logger.info("freespec: suffix forgot a purged scope's responses")
@@ -430,13 +451,16 @@ class SuffixTreeProposer(Proposer):
         if st is not None:
             self._caches[st.scope].stop_request(key)
             self._account(st.scope, key, st.fed - st.start)
+            if self.known is not None and st.scope is not NO_SCOPE and st.answer:
+                self.known.add(st.scope, np.concatenate(st.answer))
             if self.store is not None:
                 self._keep(st)
 
     def state_bytes(self) -> int:
         trees = [t for cache in self._caches.values()
                  for t in (getattr(cache, "_global_tree", None), *getattr(cache, "_local_trees", {}).values())]
-        return sum(int(t.estimate_memory()) for t in trees if t is not None and hasattr(t, "estimate_memory"))
+        held = 0 if self.known is None else 4 * self.known.tokens
+        return held + sum(int(t.estimate_memory()) for t in trees if t is not None and hasattr(t, "estimate_memory"))
 
     # -- drafting --------------------------------------------------------
     def _update(self, row: Row) -> Optional[_Live]:
@@ -458,14 +482,29 @@ class SuffixTreeProposer(Proposer):
         if st.chain is not None:
             produced = tokens[st.fed : min(n, st.fed + len(st.chain))].tolist()
             matched, compared = matched_prefix(st.chain, produced)
-            self.calibration.observe(st.cells, matched, compared)
+            (self.known_calibration if st.by_known else self.calibration).observe(st.cells, matched, compared)
             st.chain = st.cells = None
         if n > st.fed:
             self._caches[st.scope].add_active_response(row.key, tokens[st.fed : n])
             if st.output is not None:
                 st.output.append(tokens[st.fed : n].copy())
+            if self.known is not None and st.scope is not NO_SCOPE:
+                st.answer.append(tokens[st.fed : n].copy())
+                self._follow(st, tokens[st.start : n])
             st.fed = n
         return st
+
+    def _follow(self, st: _Live, sequence: np.ndarray) -> None:
+        """Look up the earlier answers the request began like (once its key's tokens are in), then keep those it
+        still repeats."""
+        if st.follow is None and not st.looked and len(sequence) >= self.known.key_tokens:
+            st.looked = True
+            found = self.known.find(st.scope, sequence)
+            st.follow = Follow(found) if found else None
+        if st.follow is not None:
+            st.follow.advance(sequence)
+            if not st.follow.candidates:
+                st.follow = None
 
     def chain(self, row: Row, bar: Optional[float] = None) -> tuple[list[int], list[float]]:
         """The tree's draft for ``row`` and each token's learned chance of acceptance (given the ones before).
@@ -478,6 +517,12 @@ class SuffixTreeProposer(Proposer):
         st = self._update(row)
         if st is None or row.num_new == 0:
             return [], []
+        ahead = None if st.follow is None else st.follow.ahead(self.k)
+        st.by_known = ahead is not None
+        if ahead is not None:  # a prompt answered before, and the answer so far the same: that answer goes on
+            tokens = ahead.tolist()
+            st.chain, st.cells = tokens, TokenCalibration.cells([1.0] * len(tokens), st.follow.seen)
+            return tokens, self.known_calibration.estimate(st.cells)
         o = self.options
         factor = o.max_spec_factor
         if bar is not None and bar > 0:

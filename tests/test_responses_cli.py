@@ -79,3 +79,27 @@ def test_store_save_writes_a_file_a_server_reads_and_raises_on_failure(tmp_path)
     (tmp_path / "removed").rmdir()
     with pytest.raises(OSError):
         gone.save()
+
+
+@pytest.mark.parametrize("tail", [None, 0, 3])
+def test_each_answer_is_stored_after_its_prompts_tail_as_a_server_learns_it(tmp_path, monkeypatch, tail):
+    from freespec.proposers.suffix_tree import SuffixOptions
+    from freespec.vllm_plugins import offline_answers
+
+    answers = offline_answers.Answers(outputs=[[70, 71], [80]], prompts=[list(range(1, 21)), [5, 6]],
+                                      vocab_size=100, fingerprint="sha256:v")
+    monkeypatch.setattr(offline_answers, "greedy_answers", lambda *a, **k: answers)
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    out = tmp_path / "r.bin"
+    args = ["responses", "build", "--model", str(tmp_path / "model"), "--prompts", prompts_file(tmp_path, [LONG]),
+            "--out", str(out)] + ([] if tail is None else ["--prompt-tail", str(tail)])
+    assert main(args) == 0
+    n = SuffixOptions().prompt_tail if tail is None else tail
+    back = read_store(str(out), fingerprint="sha256:v", vocab_size=100, max_responses=10, max_tokens=100)
+    assert [e.tokens.tolist() for e in back.entries] == [list(range(21 - n, 21)) + [70, 71], [5, 6][2 - min(n, 2):] + [80]]
+
+
+def test_a_prompt_tail_beyond_the_sources_bound_is_refused():
+    with pytest.raises(SystemExit):
+        main(["responses", "build", "--model", "m", "--prompts", "p.jsonl", "--out", "r.bin", "--prompt-tail", "257"])

@@ -204,3 +204,42 @@ def test_a_prompt_answered_before_has_that_answer_drafted_from_its_first_token(t
     draft = p.propose([row(3, [1, 2, 3, 50, 7])], StepContext(token_cost=0.0))[0]
     assert draft[:4] == ([200, 201, 202, 203] if tail else [100, 101, 102, 103])
     assert p._cached_tokens == 3 * (11 + min(tail, 4))  # the tail counts toward max_cached_tokens
+
+
+@pytest.mark.parametrize("tail", [4, 0])
+def test_a_repeated_answer_is_followed_where_the_tree_would_take_a_more_frequent_continuation(tail):
+    # max_tree_depth 2: after [5, 6] the tree has seen 100 twice and 200 once; the repeated prompt's answer
+    # went on with 200, and the request, asking it again, has repeated that answer so far.
+    p = make(min_token_gain=0.0, prompt_tail=tail, max_tree_depth=2)
+    answer = [7, 5, 6, 200, 201, 202, 203, 204]
+    serve_answer(p, 0, [1, 2, 3, 40], [9, 5, 6, 100, 101, 102, 103, 104])
+    serve_answer(p, 1, [1, 2, 3, 41], [9, 5, 6, 100, 101, 102, 103, 104])
+    serve_answer(p, 2, [1, 2, 3, 50], answer)
+    tokens = [1, 2, 3, 50, 7]
+    for t in answer[1:3]:
+        p.propose([row(3, tokens)], StepContext(token_cost=0.0))
+        tokens.append(t)
+    draft = p.propose([row(3, tokens)], StepContext(token_cost=0.0))[0]
+    assert draft[:4] == [200, 201, 202, 203] if tail else draft[:1] == [100]  # the tree: 2-token paths
+    # another scope never follows this one's answers
+    other = p.propose([Row(4, np.asarray(tokens, dtype=np.int32), 1, "tenant-b")], StepContext(token_cost=0.0))[0]
+    assert other == []
+
+
+def test_answers_loaded_from_a_file_are_followed_and_a_purged_scope_is_not():
+    p = make(min_token_gain=0.0, max_tree_depth=2, prompt_tail=4)  # the key: 4 prompt tokens and the first
+
+    def asked_again(key):  # the prompt [.., 1, 2, 3, 50] again, its answer so far [7, 5, 6]
+        tokens = [9, 1, 2, 3, 50, 7]
+        for t in (5, 6):
+            p.propose([Row(key, np.asarray(tokens, dtype=np.int32), 1, "tenant-a")], StepContext(token_cost=0.0))
+            tokens.append(t)
+        draft = p.propose([Row(key, np.asarray(tokens, dtype=np.int32), 1, "tenant-a")], StepContext(token_cost=0.0))
+        p.release(key)
+        return draft[0]
+
+    p._seed([np.array([1, 2, 3, 50, 7, 5, 6, 200, 201, 202], dtype=np.int32)], "tenant-a")
+    assert asked_again(1)[:3] == [200, 201, 202]
+    p._forget("tenant-a")
+    assert p.known.tokens == 0
+    assert asked_again(2)[:3] != [200, 201, 202]

@@ -17,10 +17,11 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Answers:
-    """The answers (output token ids, in the order of the prompts that fit) and what a response store file must
-    record."""
+    """The answers (output token ids, in the order of the prompts that fit), their prompts' token ids (the chat
+    template applied, as the engine saw them) and what a response store file must record."""
 
     outputs: list[list[int]]
+    prompts: list[list[int]]
     vocab_size: int
     fingerprint: str
 
@@ -66,6 +67,7 @@ def greedy_answers(
     model_config = llm.llm_engine.model_config
     return Answers(
         outputs=[list(o.outputs[0].token_ids) for o in outs],
+        prompts=[list(o.prompt_token_ids) for o in outs],
         vocab_size=int(model_config.get_vocab_size()),
         fingerprint=tokenizer_fingerprint(model_config.tokenizer),
     )
