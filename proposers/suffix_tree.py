@@ -36,7 +36,8 @@ evicted first; a scope with no live request and no output held is dropped; arcti
 model's context, so the count alone allows 10,000 x max_model_len tokens); docs/hybrid.md gives the bytes a
 held token takes. With ``prompt_tail``: the same sequences whole in ``KnownAnswers`` (4 bytes a token, the same
 bounds: 8 MB at the defaults) and each live request's once more. ``state_bytes`` asks the trees (arctic's own
-estimate) and adds those. With ``responses_path``: each live request's output once more (4 bytes a token) and the store (``ResponseStore.max_bytes``: 15 MB at the defaults, twice that while saving).
+estimate) and adds those. With ``responses_path``: each live request's output once more (4 bytes a token) and
+the store (``ResponseStore.max_bytes``: 15 MB at the defaults, twice that while saving).
 """
 from __future__ import annotations
 
