@@ -35,9 +35,9 @@ Memory: per live request a tree over its sequence (O(tokens), path-compressed, d
 evicted first; a scope with no live request and no output held is dropped; arctic bounds only the count; a response's length is bounded by the
 model's context, so the count alone allows 10,000 x max_model_len tokens); docs/hybrid.md gives the bytes a
 held token takes. With ``prompt_tail``: the same sequences whole in ``KnownAnswers`` (4 bytes a token, the same
-bounds: 8 MB at the defaults) and each live request's once more. ``state_bytes`` asks the trees (arctic's own
-estimate) and adds those. With ``responses_path``: each live request's output once more (4 bytes a token) and
-the store (``ResponseStore.max_bytes``: 15 MB at the defaults, twice that while saving).
+bounds: 8 MB at the defaults); ``state_bytes`` asks the trees (arctic's own estimate) and adds those. With
+``prompt_tail`` or ``responses_path``: each live request's sequence once more (4 bytes a token); with
+``responses_path`` the store (``ResponseStore.max_bytes``: 15 MB at the defaults, twice that while saving).
 """
 from __future__ import annotations
 
@@ -170,17 +170,18 @@ class SuffixOptions(ProposerOptions):
 
 
 class _Live:
-    __slots__ = ("answer", "by_known", "cells", "chain", "fed", "follow", "looked", "output", "scope", "start")
+    __slots__ = ("by_known", "cells", "chain", "fed", "follow", "kept", "looked", "pieces", "scope", "start")
 
-    def __init__(self, fed: int, keep_output: bool, scope) -> None:
+    def __init__(self, fed: int, keep: bool, scope) -> None:
         self.scope = scope  # the cache it lives in (NO_SCOPE: one that holds no outputs)
         self.start = fed  # prompt tokens less its tail (the rest goes to the global tree as the output)
         self.fed = fed  # tokens of the request given to the cache so far
         self.chain: Optional[list[int]] = None  # last offered chain, scored against what the target produced
         self.cells: Optional[list[int]] = None
-        # the output so far, in pieces, when responses are persisted (4 bytes a token, freed at release)
-        self.output: Optional[list[np.ndarray]] = [] if keep_output else None
-        self.answer: list[np.ndarray] = []  # the learned sequence (prompt tail, output), for KnownAnswers
+        # the learned sequence so far (prompt tail, output), in pieces, when responses are persisted or kept
+        # whole (4 bytes a token, freed at release); ``kept``: the pieces already given to the store
+        self.pieces: Optional[list[np.ndarray]] = [] if keep else None
+        self.kept = 0
         self.follow: Optional[Follow] = None  # earlier answers it still repeats
         self.looked = False  # whether they were looked up (once, when the key's tokens are in)
         self.by_known = False  # whether ``chain`` came from an earlier answer (its own calibration)
@@ -434,16 +435,16 @@ class SuffixTreeProposer(Proposer):
 
     def _keep(self, st: _Live) -> None:
         # The shared scope's responses go to its file; a salted scope's only to its own, in a state directory.
-        if st.output and (st.scope == SHARED_SCOPE or (self.scoped is not None and st.scope is not NO_SCOPE)):
+        new, st.kept = st.pieces[st.kept :], len(st.pieces)
+        if new and (st.scope == SHARED_SCOPE or (self.scoped is not None and st.scope is not NO_SCOPE)):
             try:
-                tokens = np.concatenate(st.output)
+                tokens = np.concatenate(new)
                 if st.scope == SHARED_SCOPE:
                     self.store.add(tokens)
                 else:
                     self.scoped.add(st.scope, tokens)
             except ValueError as e:  # ids outside the vocabulary: not kept
                 logger.debug("freespec: suffix response not stored: %s", e)
-            st.output = []
 
     def release(self, key: int) -> None:
         """The request left: its prompt tree goes; its output stays in the global tree (evicted FIFO), and in
@@ -452,8 +453,8 @@ class SuffixTreeProposer(Proposer):
         if st is not None:
             self._caches[st.scope].stop_request(key)
             self._account(st.scope, key, st.fed - st.start)
-            if self.known is not None and st.scope is not NO_SCOPE and st.answer:
-                self.known.add(st.scope, np.concatenate(st.answer))
+            if self.known is not None and st.scope is not NO_SCOPE and st.pieces:
+                self.known.add(st.scope, np.concatenate(st.pieces))
             if self.store is not None:
                 self._keep(st)
 
@@ -479,7 +480,8 @@ class SuffixTreeProposer(Proposer):
             start = max(0, n - row.num_new - self.options.prompt_tail)
             scope = NO_SCOPE if row.scope is None else row.scope
             self._cache_of(scope).start_request(row.key, tokens[:start])
-            st = self._live[row.key] = _Live(start, self.store is not None, scope)
+            keep = self.store is not None or (self.known is not None and scope is not NO_SCOPE)
+            st = self._live[row.key] = _Live(start, keep, scope)
         if st.chain is not None:
             produced = tokens[st.fed : min(n, st.fed + len(st.chain))].tolist()
             matched, compared = matched_prefix(st.chain, produced)
@@ -487,10 +489,9 @@ class SuffixTreeProposer(Proposer):
             st.chain = st.cells = None
         if n > st.fed:
             self._caches[st.scope].add_active_response(row.key, tokens[st.fed : n])
-            if st.output is not None:
-                st.output.append(tokens[st.fed : n].copy())
+            if st.pieces is not None:
+                st.pieces.append(tokens[st.fed : n].copy())
             if self.known is not None and st.scope is not NO_SCOPE:
-                st.answer.append(tokens[st.fed : n].copy())
                 self._follow(st, tokens[st.start : n])
             st.fed = n
         return st
