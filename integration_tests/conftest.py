@@ -36,6 +36,17 @@ CODE_DOCUMENTS = [CODE.replace("def total(", "def column_sum("), CODE] * 4
 DRAFT_EVERY_STEP = {"policy": "fixed", "step_aside": False}
 
 
+def stored(path, identity: tuple[str, int]) -> list[list[int]]:
+    """The responses a response store file holds, for a tokenizer ``identity`` (fingerprint, vocabulary size);
+    the whole file is checked as a replica reads it."""
+    from freespec.proposers.response_store import MAX_RESPONSES, MAX_TOKENS, read_store
+
+    fingerprint, vocab = identity
+    found = read_store(str(path), fingerprint=fingerprint, vocab_size=vocab, max_responses=MAX_RESPONSES,
+                       max_tokens=MAX_TOKENS)
+    return [e.tokens.tolist() for e in found.entries]
+
+
 def spec_bench_prompts(per_category: int = 1, limit: int = 12, skip: int = 0) -> list[str]:
     """Questions ``skip`` .. ``skip + per_category - 1`` of each Spec-Bench category, in file order (deterministic)."""
     if not QUESTIONS.exists():

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from integration_tests.conftest import DRAFT_EVERY_STEP, K, spec_bench_prompts
+from integration_tests.conftest import DRAFT_EVERY_STEP, K, spec_bench_prompts, stored
 from freespec.proposers.suffix_tree import SuffixOptions, available
 
 pytestmark = [pytest.mark.integration,
@@ -82,18 +82,12 @@ def test_a_file_from_responses_build_starts_a_server_warm(cold_run, engines, tmp
     assert again > cold + 0.2, f"accepted per output token: cold start {cold:.3f}, built warm start {again:.3f}"
     # Each held as the engine learned it: the prompt's last prompt_tail tokens, then the answer (the engine's
     # file lacks each answer's last step: a request's last tokens reach the drafter only if it steps again).
-    saved, built_ = stored(responses_file, engines.model), stored(str(built), engines.model)
+    from freespec.vllm_plugins.adapter import tokenizer_fingerprint
+    from transformers import AutoConfig
+
+    identity = (tokenizer_fingerprint(engines.model), AutoConfig.from_pretrained(engines.model).vocab_size)
+    saved, built_ = stored(responses_file, identity), stored(built, identity)
     tail = SuffixOptions().prompt_tail
     assert len(built_) == len(PROMPTS)  # (the engines' file: the cold run's and the warm run's, a step apart)
     assert all(any(len(r) > tail and b[:len(r)] == r for r in saved) for b in built_), (saved, built_)
 
-
-def stored(path: str, model: str) -> list[list[int]]:
-    from freespec.proposers.response_store import MAX_RESPONSES, MAX_TOKENS, read_store
-    from freespec.vllm_plugins.adapter import tokenizer_fingerprint
-    from transformers import AutoConfig
-
-    found = read_store(path, fingerprint=tokenizer_fingerprint(model),
-                       vocab_size=AutoConfig.from_pretrained(model).vocab_size, max_responses=MAX_RESPONSES,
-                       max_tokens=MAX_TOKENS)
-    return [e.tokens.tolist() for e in found.entries]

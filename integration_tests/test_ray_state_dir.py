@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from integration_tests.conftest import DRAFT_EVERY_STEP, K, spec_bench_prompts
+from integration_tests.conftest import DRAFT_EVERY_STEP, K, spec_bench_prompts, stored
 from integration_tests.ray_replicas import (
     Replica,
     accepted_per_token,
@@ -86,16 +86,6 @@ def writer_files(folder: Path, ext: str) -> dict[str, Path]:
         return {}
     return {p.name[: -len(ext) - 1]: p for p in folder.iterdir()
             if p.name.endswith("." + ext) and not p.name.startswith(".") and p.is_file()}
-
-
-def stored(path: Path, identity: tuple[str, int]) -> list[list[int]]:
-    """The responses a writer's file holds (the whole file is checked as a replica reads it)."""
-    from freespec.proposers.response_store import MAX_RESPONSES, MAX_TOKENS, read_store
-
-    fingerprint, vocab = identity
-    found = read_store(str(path), fingerprint=fingerprint, vocab_size=vocab, max_responses=MAX_RESPONSES,
-                       max_tokens=MAX_TOKENS)
-    return [e.tokens.tolist() for e in found.entries]
 
 
 def holds(responses: list[list[int]], output: list[int]) -> bool:

@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from freespec.proposers.base import EngineInfo, Row
-from freespec.proposers.suffix_tree import SuffixOptions, SuffixTreeProposer, available
+from freespec.proposers.suffix_tree import SuffixOptions, SuffixTreeProposer, available, with_prompt_tail
 
 pytestmark = pytest.mark.skipif(not available()[0], reason="needs arctic-inference")
 
@@ -29,7 +29,7 @@ def serve(proposer: SuffixTreeProposer, key: int, prompt: np.ndarray, output: np
 
 def learned(answer: np.ndarray, prompt: np.ndarray = PROMPT) -> list[int]:
     """What a response is kept as: the prompt's last ``prompt_tail`` tokens, then the answer."""
-    return list(prompt[max(0, len(prompt) - SuffixOptions().prompt_tail):]) + list(answer)
+    return with_prompt_tail(prompt, answer, SuffixOptions().prompt_tail)
 
 
 def first_draft(proposer: SuffixTreeProposer, context: np.ndarray) -> list[int]:
