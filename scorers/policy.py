@@ -34,7 +34,7 @@ from freespec.scorers.padding import context_padding
 from freespec.scorers.tuning import (
     BANDWIDTH_OCTAVES, EXACT_ROWS, EXACT_SIZES, EXPLORE_EVERY, GOODPUT_HALFLIFE_STEPS, HALFLIFE_STEPS, MIN_LOCAL_WEIGHT,
     MIN_SPREAD, MIN_STEPS, PAD_EXPLORE_EVERY, PAD_MARGIN, PAD_MIN_STEPS, PAD_REFRESH_EVERY, ROWS_BANDWIDTH_OCTAVES,
-    ROWS_GROUPS_PER_OCTAVE, ROWS_REACH_OCTAVES, SIZE_BUCKETS_PER_OCTAVE,
+    ROWS_GROUPS_PER_OCTAVE, ROWS_REACH_OCTAVES, SIZE_BUCKETS_PER_OCTAVE, SLOPE_ERRORS,
 )
 
 # Why the fit is local. Step time is not one line: a CPU or GPU is memory-bound at a few tokens a step and
@@ -78,7 +78,7 @@ class StepTimeModel:
     number of requests.
 
     Steps are grouped by their number of requests (``rows_group``) and, within a group, bucketed by size;
-    each bucket keeps exponentially weighted least-squares sums (weight, sum T, sum y, sum T^2, sum T*y),
+    each bucket keeps exponentially weighted least-squares sums (weight, sum T, sum y, sum T^2, sum T*y, sum y^2),
     decayed by the number of steps observed since (half-life ``HALFLIFE_STEPS``), so memory is bounded by the
     number of groups (8, then 4 per octave of requests) times buckets (about 100).
     """
@@ -95,11 +95,11 @@ class StepTimeModel:
     def observe(self, tokens: float, seconds: float, rows: int = 1) -> None:
         key = _bucket(tokens)
         buckets = self._groups.setdefault(rows_group(max(1, rows)), {})
-        sums, stamp = buckets.get(key, ((0.0,) * 5, self.steps))
+        sums, stamp = buckets.get(key, ((0.0,) * 6, self.steps))
         keep = _decay(self.steps - stamp)
-        n, t, y, tt, ty = sums
+        n, t, y, tt, ty, yy = sums
         sums = (keep * n + 1.0, keep * t + tokens, keep * y + seconds, keep * tt + tokens * tokens,
-                keep * ty + tokens * seconds)
+                keep * ty + tokens * seconds, keep * yy + seconds * seconds)
         buckets[key] = (sums, self.steps)
         if rows <= 1 and tokens <= EXACT_SIZES:
             self._means[key] = (sums[2] / sums[0], self._means.get(key, (0.0, 0))[1] + 1)
@@ -114,18 +114,22 @@ class StepTimeModel:
         measured again only because time passed."""
         return self._means
 
-    def fit(self, at: Optional[float] = None, rows: Optional[int] = None) -> Optional[tuple[float, float]]:
+    def fit(self, at: Optional[float] = None, rows: Optional[int] = None,
+            errors: float = 0.0) -> Optional[tuple[float, float]]:
         """(base seconds, seconds per token), or None while the slope is not identified.
 
         ``at``: the line that best describes steps of about ``at`` tokens (kernel-weighted in
         log T, ``BANDWIDTH_OCTAVES``); ``rows``: and of about that many requests (kernel-weighted in log
         requests, ``ROWS_BANDWIDTH_OCTAVES``; groups beyond ``ROWS_REACH_OCTAVES`` left out). None for
-        both: one line through every step.
+        both: one line through every step. ``errors``: the slope less that many of its standard errors
+        (from the weighted residuals, the weight taken as the number of steps), the base refitted through
+        the mean step for it: a slope fitted to steps of nearly one size is noisy, and the price must not
+        read steeper than the steps show.
         """
         if self.steps < MIN_STEPS:
             return None
         # Runs every engine step: plain locals, no per-bucket calls beyond the kernel's log and exp.
-        weight = sum_t = sum_y = sum_tt = sum_ty = 0.0
+        weight = sum_t = sum_y = sum_tt = sum_ty = sum_yy = 0.0
         steps, centre = self.steps, max(at, 0.5) if at is not None else 0.0
         for group, buckets in self._groups.items():
             near = 1.0
@@ -137,7 +141,7 @@ class StepTimeModel:
                 near = math.exp(-0.5 * octaves * octaves)
             for sums, stamp in buckets.values():
                 w = near * 0.5 ** ((steps - stamp) / HALFLIFE_STEPS)
-                n, t, y, tt, ty = sums
+                n, t, y, tt, ty, yy = sums
                 if at is not None and n > 0:
                     octaves = math.log2(max(t / n, 0.5) / centre) / BANDWIDTH_OCTAVES
                     w *= math.exp(-0.5 * octaves * octaves)
@@ -146,15 +150,21 @@ class StepTimeModel:
                 sum_y += w * y
                 sum_tt += w * tt
                 sum_ty += w * ty
+                sum_yy += w * yy
         if weight <= 0 or ((at is not None or rows is not None) and weight < MIN_LOCAL_WEIGHT):
             return None
         mean_t = sum_t / weight
         var_t = sum_tt / weight - mean_t * mean_t
         if var_t < MIN_SPREAD**2:
             return None
-        per_token = (sum_ty / weight - mean_t * sum_y / weight) / var_t
+        mean_y = sum_y / weight
+        covariance = sum_ty / weight - mean_t * mean_y
+        per_token = covariance / var_t
+        if errors > 0 and weight > 2:
+            residual = max(0.0, sum_yy / weight - mean_y * mean_y - per_token * covariance)
+            per_token -= errors * math.sqrt(residual / (weight - 2) / var_t)
         per_token = max(0.0, per_token)
-        base = max(0.0, sum_y / weight - per_token * mean_t)
+        base = max(0.0, mean_y - per_token * mean_t)
         return base, per_token
 
 
@@ -204,7 +214,8 @@ class GoodputPolicy:
         # Centre the local fit on the steps this batch runs (its requests and their recent drafts); while steps of
         # about as many requests are too few, on the steps of that size, whatever their requests.
         at = rows * max(1.0, self.scored_per_row)
-        fit = self.model.fit(at=at, rows=round(rows)) or self.model.fit(at=at) or self.model.fit()
+        fit = (self.model.fit(at=at, rows=round(rows), errors=SLOPE_ERRORS) or self.model.fit(at=at, errors=SLOPE_ERRORS)
+               or self.model.fit(errors=SLOPE_ERRORS))
         if fit is None:
             return 0.0 if self._calls % EXPLORE_EVERY == 0 else None
         base, per_token = fit

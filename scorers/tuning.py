@@ -15,6 +15,10 @@ MIN_SPREAD = 0.5  # tokens: the least standard deviation of step sizes at which 
 EXPLORE_EVERY = 8  # while the slope is not identified, every 8th step drafts as deep as it can, to vary the size
 BANDWIDTH_OCTAVES = 1.0  # the local fit's kernel width in octaves of step size (one octave away counts exp(-1/2))
 MIN_LOCAL_WEIGHT = 8.0  # step-equivalents near the load asked about before the local fit is trusted
+SLOPE_ERRORS = 1.0  # the price of a token is the fitted slope less this many standard errors: a slope fitted
+# to steps of nearly one size (a repeated pass drafting its whole K every step) read 28% steep and priced every token
+# out (results/state-dir-qwen-k24-zen3); erring low drafts a token the next steps show is too dear, erring high
+# drafts nothing and never learns otherwise
 EXACT_SIZES = 32  # step sizes up to this each have a bucket (and can be padded to); above, buckets per octave
 SIZE_BUCKETS_PER_OCTAVE = 8  # step-size buckets per octave above EXACT_SIZES
 EXACT_ROWS = 8  # request counts up to this each have a group; above, groups per octave

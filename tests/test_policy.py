@@ -1,6 +1,7 @@
 """The goodput policy: step-time fit and the per-token threshold it implies."""
 import numpy as np
 
+import freespec.scorers.policy as policy_module
 from freespec.scorers.policy import GoodputPolicy, StepTimeModel
 
 
@@ -20,6 +21,39 @@ def test_slope_is_not_identified_without_spread_in_tokens():
         model.observe(8, 0.03)
     assert model.fit() is None
     assert GoodputPolicy().token_cost() is None
+
+
+def repeated_pass_bars(seed):
+    """The bar through steps like a repeated pass at K 24 on a 2-core CPU (results/state-dir-qwen-k24-zen3):
+    every draft token accepted, each turn three steps of 25 tokens and one of 10 to 24, 0.32 s + 0.045 s a token
+    with 0.07 s of noise; the right bar at full acceptance is 0.045 * 25 / (0.32 + 0.045 * 25) = 0.78."""
+    rng, policy, bars = np.random.default_rng(seed), GoodputPolicy(), []
+    for _ in range(8):
+        for tokens in [25, 25, 25, int(rng.integers(10, 25))]:
+            policy.observe_step(tokens, tokens, 0.32 + 0.045 * tokens + rng.normal(0, 0.07))
+            bars.append(policy.token_cost(rows=1))
+    return [b for b in bars if b is not None]
+
+
+def test_a_slope_fitted_to_steps_of_nearly_one_size_does_not_price_every_token_out(monkeypatch):
+    # The point slope of such steps reads steep often enough to give a bar of 1.0 (nothing drafted) in some seeds;
+    # the slope less its standard error never does, and stays near the right bar where the steps are this few.
+    cautious = [repeated_pass_bars(seed) for seed in range(200)]
+    monkeypatch.setattr(policy_module, "SLOPE_ERRORS", 0.0)
+    point = [repeated_pass_bars(seed) for seed in range(200)]
+    assert sum(max(bars) >= 0.999 for bars in point) >= 3
+    assert not any(max(bars) >= 0.999 for bars in cautious)
+    assert 0.6 < float(np.median([bars[-1] for bars in cautious])) < 0.78
+
+
+def test_where_steps_vary_in_size_the_standard_error_barely_moves_the_slope():
+    rng = np.random.default_rng(1)
+    model = StepTimeModel()
+    for _ in range(300):
+        tokens = int(rng.integers(1, 40))
+        model.observe(tokens, 0.020 + 0.0015 * tokens + rng.normal(0, 0.0005))
+    (_, point), (_, cautious) = model.fit(), model.fit(errors=1.0)
+    assert 0.0 < point - cautious < 0.01 * point
 
 
 def run(policy, base, per_token, batch, draft, accepted_per_step, steps=300, seed=0):
