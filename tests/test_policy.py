@@ -13,6 +13,9 @@ def test_step_time_fit_recovers_base_and_slope_from_noisy_steps():
         model.observe(tokens, 0.020 + 0.0015 * tokens + rng.normal(0, 0.0005))
     base, per_token = model.fit()
     assert abs(base - 0.020) < 0.001 and abs(per_token - 0.0015) < 0.0001
+    # where steps vary in size, the price's slope (less one standard error) is below the point slope by under 1%
+    _, cautious = model.fit(errors=1.0)
+    assert 0.0 < per_token - cautious < 0.01 * per_token
 
 
 def test_slope_is_not_identified_without_spread_in_tokens():
@@ -44,16 +47,6 @@ def test_a_slope_fitted_to_steps_of_nearly_one_size_does_not_price_every_token_o
     assert sum(max(bars) >= 0.999 for bars in point) >= 3
     assert not any(max(bars) >= 0.999 for bars in cautious)
     assert 0.6 < float(np.median([bars[-1] for bars in cautious])) < 0.78
-
-
-def test_where_steps_vary_in_size_the_standard_error_barely_moves_the_slope():
-    rng = np.random.default_rng(1)
-    model = StepTimeModel()
-    for _ in range(300):
-        tokens = int(rng.integers(1, 40))
-        model.observe(tokens, 0.020 + 0.0015 * tokens + rng.normal(0, 0.0005))
-    (_, point), (_, cautious) = model.fit(), model.fit(errors=1.0)
-    assert 0.0 < point - cautious < 0.01 * point
 
 
 def run(policy, base, per_token, batch, draft, accepted_per_step, steps=300, seed=0):
