@@ -122,6 +122,7 @@ def test_interleaved_servers_split_the_free_memory_after_each_servers_overhead(m
 def test_interleaved_servers_of_a_large_model_get_what_it_needs_or_a_note(tmp_path, monkeypatch):
     # Two Qwen2.5-Coder-1.5B bfloat16 servers (--repeat-traffic replica) each got the small model's 0.3 and
     # could not start; now each gets the model's need where the room allows, and a note says where it does not.
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     for total in ("node_ram_total_gib", "ram_total_gib"):
         monkeypatch.setattr(server, total, lambda: 20.0)
     monkeypatch.setattr(server, "available_ram_fraction", lambda: 1.0)
@@ -146,6 +147,11 @@ def test_interleaved_servers_of_a_large_model_get_what_it_needs_or_a_note(tmp_pa
     assert server.interleaved_options(options, 1, True, short)[1] is None  # one server: memory_share's need
     assert server.interleaved_options(BenchOptions(gpu_memory_utilization=0.2), 2, True, short)[1] is None
     assert server.interleaved_options(options, 2, False, short)[1] is None  # a GPU: vLLM sizes its own
+    # a KV cache of a given size: vLLM's CPU worker does not use the share, so no note (session 63's replica)
+    sized = BenchOptions(dtype="bfloat16", server_args="--kv-cache-memory-bytes=536870912")
+    assert server.interleaved_options(sized, 2, True, short)[1] is None
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    assert server.interleaved_options(options, 2, True, short)[1] is None
 
 
 def test_available_ram_fraction_reads_meminfo(tmp_path):

@@ -91,6 +91,13 @@ def default_memory_share(value: float | None, cpu: bool, model: str, dtype: str 
     return memory_share(None, True, available_ram_fraction(), model_share(model, dtype))
 
 
+def explicit_kv_cache(options: BenchOptions) -> bool:
+    """Whether the servers' KV cache size is given (VLLM_CPU_KVCACHE_SPACE, ``--kv-cache-memory-bytes`` in
+    --server-args): vLLM's CPU worker then takes that size and does not use the memory share."""
+    return bool(os.environ.get("VLLM_CPU_KVCACHE_SPACE")) or any(
+        arg.split("=")[0] == "--kv-cache-memory-bytes" for arg in shlex.split(options.server_args or ""))
+
+
 def interleaved_options(options: BenchOptions, servers: int, cpu: bool,
                         model: str = "") -> tuple[BenchOptions, str | None]:
     """The options each of ``servers`` servers that run at once is started with (a memory share of its own),
@@ -117,7 +124,7 @@ def interleaved_options(options: BenchOptions, servers: int, cpu: bool,
             each = min(one, (CPU_FREE_SHARE * free - servers * SERVER_OVERHEAD_GIB / total) / servers)
     share = max(0.01, math.floor(100 * each) / 100)
     note = None
-    if need is not None and share < need:
+    if need is not None and share < need and not explicit_kv_cache(options):
         note = (f"{servers} servers up at once get {share} of RAM each (--gpu-memory-utilization), and {model} in "
                 f"{options.dtype} needs about {need} (its weights, {WORKER_OVERHEAD_GIB} GiB of worker and "
                 f"{MIN_KV_GIB} GiB of KV cache): servers may fail to start; free memory, or run fewer servers "
