@@ -8,6 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from freespec.proposers.base import EngineInfo, Row
+from freespec.proposers import suffix_tree
 from freespec.proposers.suffix_tree import SuffixOptions, SuffixTreeProposer, available, with_prompt_tail
 
 pytestmark = pytest.mark.skipif(not available()[0], reason="needs arctic-inference")
@@ -151,7 +152,8 @@ def test_idle_without_a_file_or_with_periodic_saves_off_keeps_nothing(tmp_path):
     assert len(source.store) == 0 and not path.exists()
 
 
-def test_an_idle_replica_merges_a_peers_new_responses_a_step_at_a_time_saying_while_more_wait(tmp_path):
+def test_an_idle_replica_merges_a_peers_new_responses_a_step_at_a_time_saying_while_more_wait(tmp_path, monkeypatch):
+    monkeypatch.setattr(suffix_tree, "SEED_TOKENS_PER_STEP", 32 * 14)  # 32 a call (prompt and answer: 14 tokens)
     a, b = tmp_path / "a.bin", tmp_path / "b.bin"
     replica_b = started(b, merge_from=(str(a),), save_every_s=0.5)
     replica_a = started(a)
@@ -162,6 +164,20 @@ def test_an_idle_replica_merges_a_peers_new_responses_a_step_at_a_time_saying_wh
     assert replica_b.idle() is False  # the save tick asks the background thread for the peer's file
     assert replica_b.store.wait_files(10) is False  # read, checked and merged: it waits to be taken
     said = [replica_b.idle() for _ in range(5)]
-    assert said == [True, True, True, False, False]  # 100 responses, SEED_PER_STEP (32) a call
+    assert said == [True, True, True, False, False]  # 100 responses, 32 a call
     assert replica_b._seeded == 100
     assert first_draft(replica_b, np.array([1, 2, 599, 7], dtype=np.int32))[:2] == [8, 9]
+
+
+def test_merged_responses_go_into_the_tree_within_a_token_budget_a_step_and_a_long_one_alone(tmp_path, monkeypatch):
+    # 32 responses of 200 tokens a step cost the engine's thread 10 ms on Zen 3; the budget is in tokens
+    monkeypatch.setattr(suffix_tree, "SEED_TOKENS_PER_STEP", 100)
+    source = started(tmp_path / "responses.bin", save_every_s=0)
+    lengths = [40, 40, 40, 300, 10, 90]
+    source._to_seed.extend(("", np.arange(n, dtype=np.int32) % 900) for n in lengths)
+    seeded = []
+    for _ in range(5):
+        before = source._seeded
+        source._files_tick()
+        seeded.append(source._seeded - before)
+    assert seeded == [2, 1, 1, 2, 0]  # 40+40; 40 (300 would pass 100); 300 alone; 10+90; nothing left
