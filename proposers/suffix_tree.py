@@ -411,8 +411,8 @@ class SuffixTreeProposer(Proposer):
     def idle(self) -> bool:
         """The engine is idle (``Proposer.idle``): when a save is due, the outputs of requests not yet released
         go to the store first, then the save tick runs (merging the replicas' files in too, whole responses of
-        ``SEED_TOKENS_PER_STEP`` tokens at most a call, or one: True while more wait). A request that goes on after all (a step longer than the idle
-        time) has the rest of its output stored apart at release."""
+        ``SEED_TOKENS_PER_STEP`` tokens at most a call, or one: True while more wait). A request that goes on
+        after all (a step longer than the idle time) has the rest of its output stored apart at release."""
         if self.store is None:
             return False
         self._files_tick(keep_live=True)
