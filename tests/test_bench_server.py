@@ -150,6 +150,8 @@ def test_interleaved_servers_of_a_large_model_get_what_it_needs_or_a_note(tmp_pa
     # a KV cache of a given size: vLLM's CPU worker does not use the share, so no note (session 63's replica)
     sized = BenchOptions(dtype="bfloat16", server_args="--kv-cache-memory-bytes=536870912")
     assert server.interleaved_options(sized, 2, True, short)[1] is None
+    sized = BenchOptions(dtype="bfloat16", server_args="--kv_cache_memory_bytes 536870912")  # vLLM reads _ as -
+    assert server.interleaved_options(sized, 2, True, short)[1] is None
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     assert server.interleaved_options(options, 2, True, short)[1] is None
 

@@ -23,6 +23,7 @@ from freespec.bench.errors import BenchError
 from freespec.bench.memory import available_ram_fraction, node_ram_total_gib, ram_total_gib, weights_gib
 from freespec.bench.options import BenchOptions
 from freespec.bench.prometheus import SourceCounts, parse_prometheus_text, source_counters, spec_counters_of
+from freespec.vllm_plugins.patches import flag_name
 
 # Polling intervals (seconds): /health while a server starts; /metrics until two reads agree.
 HEALTH_POLL_S = 0.5
@@ -95,7 +96,7 @@ def explicit_kv_cache(options: BenchOptions) -> bool:
     """Whether the servers' KV cache size is given (VLLM_CPU_KVCACHE_SPACE, ``--kv-cache-memory-bytes`` in
     --server-args): vLLM's CPU worker then takes that size and does not use the memory share."""
     return bool(os.environ.get("VLLM_CPU_KVCACHE_SPACE")) or any(
-        arg.split("=")[0] == "--kv-cache-memory-bytes" for arg in shlex.split(options.server_args or ""))
+        flag_name(arg) == "--kv-cache-memory-bytes" for arg in shlex.split(options.server_args or ""))
 
 
 def interleaved_options(options: BenchOptions, servers: int, cpu: bool,
