@@ -81,20 +81,20 @@ def test_a_specbench_config_whose_server_dies_is_a_row_and_the_run_goes_on(tmp_p
     from bench_helpers import FAKE_SERVER, write_questions
     from test_bench_run import parse_bench_args
 
-    from freespec.bench import run
+    from freespec.bench import serving
     from freespec.cli import bench
 
     script = tmp_path / "fake_server.py"
     script.write_text(FAKE_SERVER)
     monkeypatch.setattr(server, "HEALTH_POLL_S", 0.05)
     monkeypatch.setattr(server, "METRICS_SETTLE_S", 0.01)
-    monkeypatch.setattr(run, "suffix_available", lambda: True)
+    monkeypatch.setattr(serving, "suffix_available", lambda: True)
 
     def fake_command(model, port, config, options, cpu):
         mode = "die" if config.label == "suffix-table" else ("plain" if config.is_baseline else "spec")
         return [sys.executable, str(script), str(port), mode]
 
-    monkeypatch.setattr(run, "server_command", fake_command)
+    monkeypatch.setattr(serving, "server_command", fake_command)
     out = tmp_path / "out"
     args = parse_bench_args(
         "--questions", str(write_questions(tmp_path)), "--model", "fake-model", "--per-category", "1",

@@ -10,7 +10,7 @@ from freespec.machine import machine_summary
 from bench_helpers import fake_server_script, start_fake_server, write_questions
 from freespec.cli import bench
 
-from freespec.bench import run, server
+from freespec.bench import run, server, serving
 from freespec.bench.configs import parse_config_list
 
 
@@ -81,8 +81,8 @@ def test_run_end_to_end_with_a_fake_server(tmp_path, questions_file, monkeypatch
         started.append(cmd)
         return cmd
 
-    monkeypatch.setattr(run, "server_command", fake_command)
-    monkeypatch.setattr(run, "suffix_available", lambda: False)
+    monkeypatch.setattr(serving, "server_command", fake_command)
+    monkeypatch.setattr(serving, "suffix_available", lambda: False)
     out = tmp_path / "out"
     args = parse_bench_args(
         "--questions", str(questions_file), "--model", "fake-model", "--categories", "writing,math",
@@ -140,7 +140,7 @@ def test_run_with_repeats_and_rounds_against_a_fake_server(tmp_path, questions_f
         started.append(config.label)
         return [sys.executable, str(fake_server), str(port), "plain" if config.is_baseline else "spec"]
 
-    monkeypatch.setattr(run, "server_command", fake_command)
+    monkeypatch.setattr(serving, "server_command", fake_command)
     out = tmp_path / "out"
     args = parse_bench_args(
         "--questions", str(questions_file), "--model", "fake-model", "--categories", "writing,math",
@@ -186,7 +186,7 @@ def test_interleaved_run_measures_each_block_on_every_config_in_turn(tmp_path, q
         started.append((config.label, options.gpu_memory_utilization))
         return [sys.executable, str(fake_server), str(port), "plain" if config.is_baseline else "spec"]
 
-    monkeypatch.setattr(run, "server_command", fake_command)
+    monkeypatch.setattr(serving, "server_command", fake_command)
     monkeypatch.setattr(server, "available_ram_fraction", lambda: 0.9)
     out = tmp_path / "out"
     args = parse_bench_args(
@@ -221,7 +221,7 @@ def test_interleaved_run_goes_on_without_a_server_that_fails(tmp_path, questions
             return [sys.executable, "-c", "import sys; print('ValueError: no plugin named copy'); sys.exit(3)"]
         return [sys.executable, str(fake_server), str(port), "plain" if config.is_baseline else "spec"]
 
-    monkeypatch.setattr(run, "server_command", fake_command)
+    monkeypatch.setattr(serving, "server_command", fake_command)
     out = tmp_path / "out"
     args = parse_bench_args(
         "--questions", str(questions_file), "--model", "fake-model", "--per-category", "1", "--max-tokens", "4",
@@ -249,8 +249,9 @@ def test_interleaved_run_stops_every_server_it_started_when_interrupted(tmp_path
             raise KeyboardInterrupt  # Ctrl-C while the second server starts
 
     monkeypatch.setattr(run, "Server", FakeServer)
-    monkeypatch.setattr(run, "server_command", lambda model, port, config, options, cpu: [config.label])
-    monkeypatch.setattr(run, "_start", start)
+    monkeypatch.setattr(serving, "Server", FakeServer)
+    monkeypatch.setattr(serving, "server_command", lambda model, port, config, options, cpu: [config.label])
+    monkeypatch.setattr(run, "start_server", start)
     targets = [run.Target(config, "m") for config in parse_config_list(["none,ngram,copy"], 8)]
     state = run.RunState(started_at="", command="", argv=[], settings={}, versions={})
     with pytest.raises(KeyboardInterrupt):
@@ -265,7 +266,7 @@ def test_run_reports_a_server_that_dies(tmp_path, questions_file, monkeypatch, c
             return [sys.executable, str(fake_server), str(port), "plain"]
         return [sys.executable, "-c", "import sys; print('ValueError: no plugin named copy'); sys.exit(3)"]
 
-    monkeypatch.setattr(run, "server_command", fake_command)
+    monkeypatch.setattr(serving, "server_command", fake_command)
     out = tmp_path / "out"
     args = parse_bench_args(
         "--questions", str(questions_file), "--model", "fake-model", "--per-category", "1",
@@ -287,7 +288,7 @@ def test_run_measures_running_servers_with_base_url(tmp_path, questions_file, mo
     def no_server(*args):
         raise AssertionError("--base-url starts no server")
 
-    monkeypatch.setattr(run, "server_command", no_server)
+    monkeypatch.setattr(serving, "server_command", no_server)
     plain, none_url = start_fake_server(fake_server, "plain")
     spec, hybrid_url = start_fake_server(fake_server, "spec")
     out = tmp_path / "out"
@@ -333,7 +334,7 @@ def test_defaults_fit_the_machine(tmp_path, questions_file, monkeypatch, capsys,
         seen.append((options.dtype, cpu, server.server_command(model, port, config, options, cpu)))
         return [sys.executable, str(fake_server), str(port), "plain"]
 
-    monkeypatch.setattr(run, "server_command", fake_command)
+    monkeypatch.setattr(serving, "server_command", fake_command)
     monkeypatch.setattr(run, "is_cpu_vllm", lambda: True)
     monkeypatch.setattr(run, "default_dtype", lambda cpu: "float32" if cpu else "auto")
     monkeypatch.setattr(server, "available_ram_fraction", lambda: 0.9)  # a quiet machine

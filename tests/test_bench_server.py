@@ -12,7 +12,7 @@ from freespec.bench.configs import parse_config_spec
 from freespec.bench.errors import BenchError
 from freespec.bench.memory import available_ram_fraction, node_ram_total_gib, ram_total_gib, weights_gib
 from freespec.bench.options import BenchOptions
-from freespec.bench.run import slug
+from freespec.bench.serving import slug
 
 
 def test_server_command_uses_freespec_vllm_cli():

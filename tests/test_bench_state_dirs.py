@@ -9,7 +9,7 @@ import sys
 
 from bench_helpers import fake_server_script
 
-from freespec.bench import run, server
+from freespec.bench import run, server, serving
 from freespec.bench.configs import parse_config_list
 from freespec.bench.state_dirs import fresh_state
 from freespec.bench.workloads import chat, runner
@@ -66,7 +66,7 @@ def test_rounds_of_a_workload_run_never_share_a_folder_and_a_replica_shares_its_
         commands.append(config.speculative_config)
         return [sys.executable, str(script), str(port), "plain"]
 
-    monkeypatch.setattr(run, "server_command", fake_command)
+    monkeypatch.setattr(serving, "server_command", fake_command)
     monkeypatch.setattr(runner, "server_command", fake_command)
     monkeypatch.setattr(server, "available_ram_fraction", lambda: 0.9)
     state = tmp_path / "state"

@@ -7,7 +7,7 @@ import sys
 import pytest
 from bench_helpers import fake_server_script, start_fake_server
 
-from freespec.bench import run, server
+from freespec.bench import run, server, serving
 from freespec.bench.errors import BenchError
 from freespec.bench.options import BenchOptions
 from freespec.bench.workloads import chat, runner
@@ -32,10 +32,10 @@ def modes(script, started, mode_of, shares=None):
 
 def test_agent_suite_with_repeated_traffic(tmp_path, monkeypatch, capsys, fake_server):
     started, shares = [], []
-    monkeypatch.setattr(run, "server_command", modes(fake_server, started,
+    monkeypatch.setattr(serving, "server_command", modes(fake_server, started,
                                                      lambda c: "plain" if c.is_baseline else "spec", shares))
     monkeypatch.setattr(server, "available_ram_fraction", lambda: 0.9)
-    monkeypatch.setattr(runner, "server_command", run.server_command)
+    monkeypatch.setattr(runner, "server_command", serving.server_command)
     out = tmp_path / "out"
     args = parse_bench_args(
         "--workload", "agent-suite", "--model", "fake-model", "--configs", "none", "ngram-table",
@@ -75,9 +75,9 @@ def test_agent_suite_with_repeated_traffic(tmp_path, monkeypatch, capsys, fake_s
 
 def test_a_server_that_dies_is_a_row_and_the_run_goes_on(tmp_path, monkeypatch, capsys, fake_server):
     started = []
-    monkeypatch.setattr(run, "server_command", modes(
+    monkeypatch.setattr(serving, "server_command", modes(
         fake_server, started, lambda c: "die" if c.label == "suffix-table" else ("plain" if c.is_baseline else "spec")))
-    monkeypatch.setattr(run, "suffix_available", lambda: True)
+    monkeypatch.setattr(serving, "suffix_available", lambda: True)
     out = tmp_path / "out"
     args = parse_bench_args(
         "--workload", "rag", "--model", "fake-model", "--configs", "none", "suffix-table", "ngram",
@@ -130,9 +130,9 @@ def run_passes(tmp_path, monkeypatch, fake_server, workload: str, *modes_given: 
     bodies = tmp_path / "bodies.jsonl"
     monkeypatch.setenv("FAKE_SERVER_BODIES", str(bodies))
     started, shares = [], []
-    monkeypatch.setattr(run, "server_command", modes(fake_server, started, lambda c: "plain", shares))
+    monkeypatch.setattr(serving, "server_command", modes(fake_server, started, lambda c: "plain", shares))
     monkeypatch.setattr(server, "available_ram_fraction", lambda: 0.9)
-    monkeypatch.setattr(runner, "server_command", run.server_command)
+    monkeypatch.setattr(runner, "server_command", serving.server_command)
     out = tmp_path / "out"
     args = parse_bench_args(
         "--workload", workload, "--model", "fake-model", "--configs", "none", "--sessions", "1", "--turns", "2",
@@ -188,7 +188,7 @@ def test_no_cache_salt_without_tenant_and_tenant_works_with_base_url(tmp_path, m
 
     bodies = tmp_path / "bodies.jsonl"
     monkeypatch.setenv("FAKE_SERVER_BODIES", str(bodies))
-    monkeypatch.setattr(run, "server_command", no_server)
+    monkeypatch.setattr(serving, "server_command", no_server)
     proc, url = start_fake_server(fake_server, "plain")
     common = ("--workload", "rag", "--base-url", url, "--label", "none", "--sessions", "1", "--turns", "2",
               "--max-tokens", "4", "--warmup", "1")

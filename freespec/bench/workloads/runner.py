@@ -41,6 +41,22 @@ from freespec.bench.server import (
     raise_if_died,
     server_command,
 )
+from freespec.bench.serving import (
+    SERVER_ERRORS,
+    RunState,
+    collect_versions,
+    config_info,
+    finish_server,
+    open_server,
+    record_failure,
+    round_order,
+    save_results,
+    select_targets,
+    slug,
+    start_server,
+    warm_up,
+    write_json,
+)
 from freespec.bench.state_dirs import fresh_state
 from freespec.bench.stats import aggregate
 from freespec.bench.workloads import build_workloads
@@ -48,6 +64,7 @@ from freespec.bench.workloads.report import render_workload_tables
 from freespec.bench.workloads.report import pass_category
 from freespec.bench.workloads.sequencing import run_sessions
 from freespec.bench.workloads.session import Workload
+from freespec.machine import cpu_advice, describe_machine, machine_summary
 
 REPEAT_MODES = ("same", "restart", "replica", "tenant", "cold-tenant")
 SAME_SERVER_MODES = ("same", "tenant")  # the modes --base-url can run: they start no server
@@ -178,20 +195,18 @@ def bench_workload_config(target, workloads: list[Workload], warmup: list[str], 
                           others: list[Workload] | None = None) -> dict[str, Any]:
     """Serve one config and run every workload on it, then the repeated-traffic passes; the config's entry.
     ``others``: the cold-tenant server's other material (``other_material``)."""
-    from freespec.bench import run as bench_run
-
-    info = bench_run._config_info(target, options, round_index, state)
+    info = config_info(target, options, round_index, state)
     levels = list(options.concurrency)
     groups = [levels] if options.reuse_server or target.base_url else [[c] for c in levels]
     base_target = target
     for group in groups:
         target = fresh_state(base_target, group, round_index, state.started_at)
-        server, server_info = bench_run._open_server(target, group, options, out, cpu, info)
+        server, server_info = open_server(target, group, options, out, cpu, info)
         replicas: list[Server] = []
         current = server
         try:
-            bench_run._start(server, target, group, options, server_info)
-            bench_run._warm_up(server, target, warmup, max(group), options, server_info)
+            start_server(server, target, group, options, server_info)
+            warm_up(server, target, warmup, max(group), options, server_info)
             _passes(server, target, group, workloads, None, options, state, round_index)
             for mode in pass_order(options.repeat_traffic):
                 current = server
@@ -200,19 +215,19 @@ def bench_workload_config(target, workloads: list[Workload], warmup: list[str], 
                     server.stop()
                     server.start()
                     server_info.setdefault("restart_s", []).append(server.wait_healthy(options.server_timeout))
-                    bench_run._warm_up(server, target, warmup, max(group), options, {})
+                    warm_up(server, target, warmup, max(group), options, {})
                 elif mode in SECOND_SERVER_MODES:
                     for earlier in replicas:  # at most two servers up: each was given half the memory share
                         earlier.stop()
                     current = _start_replica(target, group, options, out, cpu, info, mode)
                     replicas.append(current)
-                    bench_run._warm_up(current, target, warmup, max(group), options, {})
+                    warm_up(current, target, warmup, max(group), options, {})
                     if mode == "cold-tenant":
                         _serve_other_material(current, target, max(group), others or [], options)
                 _passes(current, target, group, workloads, mode, options, state, round_index)
-            bench_run._finish(server, target, server_info)
-        except bench_run.SERVER_ERRORS as exc:
-            bench_run._failed(current, target, group, exc, info, server_info)
+            finish_server(server, target, server_info)
+        except SERVER_ERRORS as exc:
+            record_failure(current, target, group, exc, info, server_info)
         except KeyboardInterrupt:
             server_info["status"] = info["status"] = "interrupted"
             raise
@@ -227,8 +242,6 @@ def _start_replica(target, group: list[int], options: BenchOptions, out: Path, c
                    info: dict[str, Any], role: str = "replica") -> Server:
     """A second server of the same config beside the first (its own port and log), started; ``role``:
     ``replica`` or ``cold-tenant``."""
-    from freespec.bench.run import slug
-
     port = free_port()
     log_path = out / f"server_{slug(target.config.label)}_{slug(role)}.log"
     cmd = server_command(target.model, port, target.config, options, cpu)
@@ -248,9 +261,6 @@ def _start_replica(target, group: list[int], options: BenchOptions, out: Path, c
 
 def run_workloads(options: BenchOptions, argv: list[str], names: list[str], cpu: bool) -> int:
     """The workload suite's run; the exit code as ``freespec.bench.run.run``'s."""
-    from freespec.bench import run as bench_run
-    from freespec.machine import cpu_advice, describe_machine, machine_summary
-
     t0 = time.monotonic()
     try:
         check_options(options)
@@ -264,7 +274,7 @@ def run_workloads(options: BenchOptions, argv: list[str], names: list[str], cpu:
         if not measured:
             raise BenchError("no workload could be built on this machine")
         others = other_material(names, options, measured) if "cold-tenant" in options.repeat_traffic else []
-        targets, skipped = bench_run._targets(options, configs)
+        targets, skipped = select_targets(options, configs)
     except BenchError as exc:
         print(f"freespec bench: {exc}", file=sys.stderr)
         return 2
@@ -287,10 +297,10 @@ def run_workloads(options: BenchOptions, argv: list[str], names: list[str], cpu:
     settings.update(model=model, baseline=BASELINE, warmup_prompts=warmup,
                     workloads=[{"name": w.name, "description": w.description, "skipped": w.skipped,
                                 "sessions": [s.session_id for s in w.sessions]} for w in workloads])
-    state = bench_run.RunState(
+    state = RunState(
         started_at=_dt.datetime.now().isoformat(timespec="seconds"),
         command=shlex.join([os.path.basename(argv[0]) if argv else "freespec", *argv[1:]]),
-        argv=argv, settings=settings, versions=bench_run.collect_versions(),
+        argv=argv, settings=settings, versions=collect_versions(),
         machine={} if options.base_url else describe_machine())
     state.configs.extend(skipped)
     sessions = sum(len(w.sessions) for w in measured)
@@ -303,10 +313,10 @@ def run_workloads(options: BenchOptions, argv: list[str], names: list[str], cpu:
     exit_code = 0
     try:
         for round_index in range(options.rounds):
-            for target in bench_run.round_order(targets, round_index, options.rounds):
+            for target in round_order(targets, round_index, options.rounds):
                 info = bench_workload_config(target, measured, warmup, options, out, state, round_index, cpu,
                                              others)
-                bench_run._save(out, state)
+                save_results(out, state)
                 if info["status"] != "ok":
                     exit_code = 1
         state.status = "complete" if exit_code == 0 else "complete with failures"
@@ -317,7 +327,7 @@ def run_workloads(options: BenchOptions, argv: list[str], names: list[str], cpu:
         state.aggregates = aggregate(state.requests, state.blocks)
         state.finished_at = _dt.datetime.now().isoformat(timespec="seconds")
         state.duration_s = time.monotonic() - t0
-        bench_run.write_json(out / "results.json", state)
+        write_json(out / "results.json", state)
     _write_report(options, state, workloads, model, sessions, out, machine_summary)
     return exit_code
 
