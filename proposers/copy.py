@@ -42,12 +42,11 @@ from pydantic import Field, model_validator
 from freespec.proposers.api import Draft, EngineInfo, Row, StepContext
 from freespec.proposers.base import Proposer, ProposerOptions
 from freespec.scorers.acceptance import AcceptanceEstimate, matched_prefix
+from freespec.scorers.tuning import COPY_MATCH_BUCKETS, COPY_WINDOW
 
 logger = logging.getLogger("freespec")
 
 OWN, POOL = 0, 1  # draft sources
-MATCH_BUCKETS = 8  # acceptance is estimated per source and per match length (capped)
-ESTIMATE_WINDOW = 2000.0  # evidence kept per estimate before it is halved
 
 
 class CopyOptions(ProposerOptions):
@@ -199,7 +198,7 @@ class CopyProposer(Proposer):
         # scope -> its pool of departed outputs, least recently used first; all together hold at most pool_tokens
         self._pools: OrderedDict[str, _OutputPool] = OrderedDict()
         self._pooled = 0  # tokens in all pools together
-        self._estimates = [[AcceptanceEstimate() for _ in range(MATCH_BUCKETS)] for _ in (OWN, POOL)]
+        self._estimates = [[AcceptanceEstimate() for _ in range(COPY_MATCH_BUCKETS)] for _ in (OWN, POOL)]
         self.persisted_by: str | None = None  # the source whose files fill the pool (hybrid's suffix), if any
 
     # -- lifecycle -------------------------------------------------------
@@ -314,7 +313,7 @@ class CopyProposer(Proposer):
         if best_seq is None:
             return [], (OWN, 0)
         stop = min(best_end + 1 + k, n if best_seq is seq else len(best_seq))
-        bucket = min(best_len - g, MATCH_BUCKETS - 1)
+        bucket = min(best_len - g, COPY_MATCH_BUCKETS - 1)
         return best_seq[best_end + 1 : stop].tolist(), (best_src, bucket)
 
     def _learn(self, cls: tuple[int, int] | None, chain: list[int], produced: list[int]) -> None:
@@ -323,5 +322,5 @@ class CopyProposer(Proposer):
         matched, compared = matched_prefix(chain, produced)
         est = self._estimates[cls[0]][cls[1]]
         est.observe(compared, matched)
-        if est.successes + est.failures > ESTIMATE_WINDOW:
+        if est.successes + est.failures > COPY_WINDOW:
             est.decay(0.5)

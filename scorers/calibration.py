@@ -10,11 +10,13 @@ from __future__ import annotations
 from bisect import bisect_right
 from typing import Sequence
 
-PROB_EDGES = (0.2, 0.35, 0.5, 0.7, 0.9, 0.999)  # tree-probability buckets (conditional, per token)
-MATCH_EDGES = (2, 3, 4, 6, 9, 13, 19)  # match-length buckets
-DEPTH_EDGES = (1, 2, 4)  # position in the draft: 0, 1, 2-3, 4+
-PRIOR_STRENGTH = 2.0  # pseudo-observations behind each cell's starting guess
-WINDOW = 2000.0  # evidence kept per cell before it is halved
+from freespec.scorers.tuning import (
+    CALIBRATION_DEPTH_EDGES,
+    CALIBRATION_MATCH_EDGES,
+    CALIBRATION_PRIOR_STRENGTH,
+    CALIBRATION_PROB_EDGES,
+    CALIBRATION_WINDOW,
+)
 
 
 class TokenCalibration:
@@ -22,25 +24,28 @@ class TokenCalibration:
 
     The probability is the source's own conditional estimate: a suffix tree's frequency of the token after
     the tokens before it (``suffix``), or the share of a datastore's continuations that go on with it
-    (``retrieval``). A Beta estimate per cell, starting from that probability (``PRIOR_STRENGTH``
-    pseudo-observations), so a fresh server drafts like SuffixDecoding and then follows what it sees.
+    (``retrieval``). A Beta estimate per cell, starting from that probability
+    (``CALIBRATION_PRIOR_STRENGTH`` pseudo-observations), so a fresh server drafts like SuffixDecoding and then
+    follows what it sees.
     Cells are flat indices into plain lists: a draft has a few tokens, and this runs every engine step
     right after the forward pass has flushed the CPU's caches, where each numpy call on a tiny array
     costs more than the Python it replaces.
     """
 
     def __init__(self) -> None:
-        mids = [0.15] + [(a + b) / 2 for a, b in zip(PROB_EDGES, PROB_EDGES[1:])] + [1.0]
-        per_prob = (len(MATCH_EDGES) + 1) * (len(DEPTH_EDGES) + 1)
+        edges = CALIBRATION_PROB_EDGES
+        mids = [0.15] + [(a + b) / 2 for a, b in zip(edges, edges[1:])] + [1.0]
+        per_prob = (len(CALIBRATION_MATCH_EDGES) + 1) * (len(CALIBRATION_DEPTH_EDGES) + 1)
         prior = [min(mid, 0.9) for mid in mids for _ in range(per_prob)]
-        self.successes = [PRIOR_STRENGTH * x for x in prior]
-        self.failures = [PRIOR_STRENGTH * (1.0 - x) for x in prior]
+        self.successes = [CALIBRATION_PRIOR_STRENGTH * x for x in prior]
+        self.failures = [CALIBRATION_PRIOR_STRENGTH * (1.0 - x) for x in prior]
 
     @staticmethod
     def cell(cond: float, match_len: int, depth: int) -> int:
         """A draft token's cell, from its conditional probability, the match length and its depth."""
-        prob = bisect_right(PROB_EDGES, cond) * (len(MATCH_EDGES) + 1) + bisect_right(MATCH_EDGES, match_len)
-        return prob * (len(DEPTH_EDGES) + 1) + bisect_right(DEPTH_EDGES, depth)
+        prob = (bisect_right(CALIBRATION_PROB_EDGES, cond) * (len(CALIBRATION_MATCH_EDGES) + 1)
+                + bisect_right(CALIBRATION_MATCH_EDGES, match_len))
+        return prob * (len(CALIBRATION_DEPTH_EDGES) + 1) + bisect_right(CALIBRATION_DEPTH_EDGES, depth)
 
     @classmethod
     def cells(cls, cond: Sequence[float], match_len: int) -> list[int]:
@@ -65,6 +70,6 @@ class TokenCalibration:
         if matched < compared:
             wrong = cells[matched]
             self.failures[wrong] += 1.0
-            if self.successes[wrong] + self.failures[wrong] > WINDOW:
+            if self.successes[wrong] + self.failures[wrong] > CALIBRATION_WINDOW:
                 self.successes[wrong] *= 0.5
                 self.failures[wrong] *= 0.5

@@ -22,15 +22,15 @@ from __future__ import annotations
 
 import numpy as np
 
-# Upper edges of the recorded-probability buckets (the last bucket runs to 1).
-PROB_BUCKET_EDGES = np.array([0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.7, 0.85, 0.95], dtype=np.float32)
-PRIOR_STRENGTH = 4.0  # pseudo-observations behind each prior mean
-EVIDENCE_WINDOW = 4000.0  # observations kept per cell before old evidence is halved
+from freespec.scorers.tuning import CHAIN_PRIOR_STRENGTH, CHAIN_PROB_EDGES, CHAIN_WINDOW
+
+# The buckets' upper edges (the last bucket runs to 1) in the recorded probabilities' float32.
+_EDGES = np.array(CHAIN_PROB_EDGES, dtype=np.float32)
 
 
 def _bucket_centres() -> np.ndarray:
-    lows = np.concatenate([[0.0], PROB_BUCKET_EDGES])
-    highs = np.concatenate([PROB_BUCKET_EDGES, [1.0]])
+    lows = np.concatenate([[0.0], _EDGES])
+    highs = np.concatenate([_EDGES, [1.0]])
     return ((lows + highs) / 2).astype(np.float64)
 
 
@@ -38,13 +38,13 @@ class EdgeAcceptance:
     """P(a candidate is accepted | its rank, the probability recorded with it), learned online."""
 
     def __init__(self, ranks: int) -> None:
-        centres = np.broadcast_to(_bucket_centres(), (ranks, len(PROB_BUCKET_EDGES) + 1))
-        self.successes = centres * PRIOR_STRENGTH
-        self.failures = (1.0 - centres) * PRIOR_STRENGTH
+        centres = np.broadcast_to(_bucket_centres(), (ranks, len(_EDGES) + 1))
+        self.successes = centres * CHAIN_PRIOR_STRENGTH
+        self.failures = (1.0 - centres) * CHAIN_PRIOR_STRENGTH
 
     @staticmethod
     def cells(ranks: np.ndarray, probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return np.asarray(ranks, dtype=np.int64), np.searchsorted(PROB_BUCKET_EDGES, probs, side="right")
+        return np.asarray(ranks, dtype=np.int64), np.searchsorted(_EDGES, probs, side="right")
 
     def estimate(self, ranks: np.ndarray, probs: np.ndarray) -> np.ndarray:
         r, b = self.cells(ranks, probs)
@@ -61,9 +61,9 @@ class EdgeAcceptance:
         if accepted < n:
             self.failures[ranks[accepted], buckets[accepted]] += 1.0
         total = self.successes + self.failures
-        if total.max() > EVIDENCE_WINDOW:
+        if total.max() > CHAIN_WINDOW:
             # Halve old evidence where it piled up, so estimates follow a changing workload.
-            heavy = total > EVIDENCE_WINDOW
+            heavy = total > CHAIN_WINDOW
             self.successes[heavy] *= 0.5
             self.failures[heavy] *= 0.5
 

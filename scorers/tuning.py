@@ -1,10 +1,12 @@
-"""Every tuning constant of the controller that decides whether drafting pays (``controller``), with its meaning.
+"""Every tuning constant of the scorers and of the proposers' learned estimates, with its meaning.
 
-Three measures share them: the goodput policy (``policy``: step-time fit, price of a draft token, step size
-and padding), step-aside (``step_aside``: plain decoding against drafting, per batch size) and source pricing
-(``controller.SourcePricing``: which of hybrid's sources pay for their time). Their modules import these names and
-define none of their own (a test holds them to it). Why each value is what it is: docs/policy.md and the
-docstrings of the class that reads it.
+The controller that decides whether drafting pays (``controller``) has three measures: the goodput policy
+(``policy``: step-time fit, price of a draft token, step size and padding), step-aside (``step_aside``: plain
+decoding against drafting, per batch size) and source pricing (``controller.SourcePricing``: which of hybrid's
+sources pay for their time). The acceptance estimates (``chain``, ``calibration``, copy's, ``fusion``) and
+the proposers' own knobs (recycle's probe, pearl's chain budget) are here too. Their modules import these
+names and define none of their own (a test holds them to it). Why each value is what it is: docs/policy.md
+and the docstrings of the class that reads it.
 """
 from __future__ import annotations
 
@@ -68,3 +70,24 @@ WEIGHT_WINDOW = 4000  # tokens a source's acceptance estimate holds before its e
 # chance claimed about 0.33 (results/hybrid-vs-suffix-costly-tokens): a chain runs past its match only by as many
 # tokens per matched token as this share over the bar allows (between 1, vLLM's, and the option's max_spec_factor).
 PAST_MATCH_ACCEPTANCE = 0.2  # how often a token past its match is accepted
+
+# -- Acceptance of recycled candidates (chain.EdgeAcceptance, proposers/recycle) --------------------------------------
+CHAIN_PROB_EDGES = (0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.7, 0.85, 0.95)  # recorded-probability buckets (upper edges)
+CHAIN_PRIOR_STRENGTH = 4.0  # pseudo-observations behind each cell's prior mean (its bucket's recorded probability)
+CHAIN_WINDOW = 4000.0  # observations kept per cell before its evidence is halved
+RECYCLE_PROBE_EVERY = 16  # a request whose best chain is empty still drafts its top-1 token this often, to keep learning
+
+# -- Calibrated token chances of the suffix and retrieval sources (calibration.TokenCalibration) ---------------------
+CALIBRATION_PROB_EDGES = (0.2, 0.35, 0.5, 0.7, 0.9, 0.999)  # tree-probability buckets (conditional, per token)
+CALIBRATION_MATCH_EDGES = (2, 3, 4, 6, 9, 13, 19)  # match-length buckets
+CALIBRATION_DEPTH_EDGES = (1, 2, 4)  # position in the draft: 0, 1, 2-3, 4+
+CALIBRATION_PRIOR_STRENGTH = 2.0  # pseudo-observations behind each cell's starting guess
+CALIBRATION_WINDOW = 2000.0  # evidence kept per cell before it is halved
+
+# -- copy (proposers/copy.CopyProposer) -------------------------------------------------------------------------------
+COPY_MATCH_BUCKETS = 8  # acceptance is estimated per source and per match length (capped at this many buckets)
+COPY_WINDOW = 2000.0  # evidence kept per estimate before it is halved
+
+# -- pearl's chain budget (proposers/pearl/state.py) ------------------------------------------------------------------
+PEARL_BUDGET_GROW = 2  # chain budget after a fully accepted chain: +2 ...
+PEARL_BUDGET_SHRINK = 1  # ... and -1 after a rejection (as transformers' assisted generation)

@@ -21,7 +21,8 @@ from freespec.proposers.api import EngineInfo, StepContext
 from freespec.proposers.registry import load_proposer_class
 from freespec.scorers.policy import cut
 from freespec.proposers import suffix_tree
-from freespec.scorers.calibration import DEPTH_EDGES, MATCH_EDGES, PROB_EDGES, TokenCalibration
+from freespec.scorers.calibration import TokenCalibration
+from freespec.scorers.tuning import CALIBRATION_DEPTH_EDGES, CALIBRATION_MATCH_EDGES, CALIBRATION_PROB_EDGES
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("replay_drafts", ROOT / "scripts" / "replay_drafts.py")
@@ -127,7 +128,8 @@ class PastTheMatch(TokenCalibration):
 
     @classmethod
     def cells(cls, cond, match_len: int) -> list[int]:
-        half = (len(PROB_EDGES) + 1) * (len(MATCH_EDGES) + 1) * (len(DEPTH_EDGES) + 1)
+        half = ((len(CALIBRATION_PROB_EDGES) + 1) * (len(CALIBRATION_MATCH_EDGES) + 1)
+                * (len(CALIBRATION_DEPTH_EDGES) + 1))
         return [cls.cell(c, match_len, depth) + (half if depth >= match_len else 0) for depth, c in enumerate(cond)]
 
 
@@ -142,14 +144,15 @@ class PastBackoff(PastTheMatch):
         super().__init__()
         for c in range(self.half, 2 * self.half):
             self.successes[c] = self.failures[c] = 0.0
-        self.pooled = [[1.0, 1.0] for _ in range(len(DEPTH_EDGES) + 1)]  # per depth bucket: successes, failures
+        # per depth bucket: successes, failures
+        self.pooled = [[1.0, 1.0] for _ in range(len(CALIBRATION_DEPTH_EDGES) + 1)]
 
     def estimate(self, cells):
         out = []
         for c in cells:
             s, f = self.successes[c], self.failures[c]
             if c >= self.half:
-                ps, pf = self.pooled[c % (len(DEPTH_EDGES) + 1)]
+                ps, pf = self.pooled[c % (len(CALIBRATION_DEPTH_EDGES) + 1)]
                 out.append((s + self.STRENGTH * ps / (ps + pf)) / (s + f + self.STRENGTH))
             else:
                 out.append(s / (s + f))
@@ -161,7 +164,7 @@ class PastBackoff(PastTheMatch):
             return
         for i, c in enumerate(cells[: min(matched + 1, compared)]):
             if c >= self.half:
-                self.pooled[c % (len(DEPTH_EDGES) + 1)][0 if i < matched else 1] += 1.0
+                self.pooled[c % (len(CALIBRATION_DEPTH_EDGES) + 1)][0 if i < matched else 1] += 1.0
 
 
 RECAL_EDGES = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)

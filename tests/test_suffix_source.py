@@ -165,16 +165,16 @@ def test_a_key_that_serves_a_new_request_counts_once_toward_the_bound():
 
 
 def test_calibration_cells_are_the_probability_match_and_depth_buckets():
-    from freespec.scorers.calibration import DEPTH_EDGES, MATCH_EDGES, PROB_EDGES
+    from freespec.scorers.tuning import CALIBRATION_DEPTH_EDGES, CALIBRATION_MATCH_EDGES, CALIBRATION_PROB_EDGES
 
     rng = np.random.default_rng(0)
     for _ in range(200):
         cond = rng.uniform(0, 1.2, size=int(rng.integers(1, 9))).tolist()
         match = int(rng.integers(0, 30))
         expected = [
-            (np.searchsorted(PROB_EDGES, c, side="right") * (len(MATCH_EDGES) + 1)
-             + np.searchsorted(MATCH_EDGES, match, side="right")) * (len(DEPTH_EDGES) + 1)
-            + np.searchsorted(DEPTH_EDGES, depth, side="right")
+            (np.searchsorted(CALIBRATION_PROB_EDGES, c, side="right") * (len(CALIBRATION_MATCH_EDGES) + 1)
+             + np.searchsorted(CALIBRATION_MATCH_EDGES, match, side="right")) * (len(CALIBRATION_DEPTH_EDGES) + 1)
+            + np.searchsorted(CALIBRATION_DEPTH_EDGES, depth, side="right")
             for depth, c in enumerate(cond)
         ]
         assert TokenCalibration.cells(cond, match) == expected

@@ -1,4 +1,5 @@
-"""The controller's tuning constants are defined in one table (scorers/tuning.py), each with its meaning."""
+"""The tuning constants of the scorers and the learning proposers are defined in one table (scorers/tuning.py),
+each with its meaning."""
 from __future__ import annotations
 
 import ast
@@ -9,11 +10,21 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 # step-aside, source pricing, and the controller that asks them.
 CONTROLLER = ["scorers/policy.py", "scorers/padding.py", "scorers/step_aside.py", "scorers/fusion.py",
               "scorers/controller.py", "proposers/hybrid.py"]
-READERS = CONTROLLER + ["proposers/suffix_tree.py"]  # the suffix source sizes its chain by the price
+# The acceptance estimates and the proposers' own knobs (recycle's module also holds limits, not tunings:
+# only its probe interval is read from the table).
+ESTIMATES = ["scorers/chain.py", "scorers/calibration.py", "scorers/acceptance.py", "proposers/copy.py",
+             "proposers/pearl/state.py"]
+READERS = CONTROLLER + ESTIMATES + ["proposers/recycle/proposer.py",
+                                    "proposers/suffix_tree.py"]  # the suffix source sizes its chain by the price
 
 
 def _numeric(node: ast.AST) -> bool:
-    """A number, or arithmetic on numbers and names (``1.0 - 1.0 / PHASE_STEPS``)."""
+    """A number, a tuple or list of numbers (bucket edges), or arithmetic on numbers and names
+    (``1.0 - 1.0 / PHASE_STEPS``)."""
+    if isinstance(node, (ast.Tuple, ast.List)):
+        return bool(node.elts) and all(_numeric(n) for n in node.elts)
+    if isinstance(node, ast.Call) and node.args:  # np.array([...]) of numbers
+        return _numeric(node.args[0])
     if isinstance(node, ast.Constant):
         return isinstance(node.value, (int, float)) and not isinstance(node.value, bool)
     if isinstance(node, ast.UnaryOp):
@@ -24,9 +35,9 @@ def _numeric(node: ast.AST) -> bool:
     return False
 
 
-def test_no_controller_module_defines_a_tuning_constant_of_its_own():
+def test_no_controller_or_estimate_module_defines_a_tuning_constant_of_its_own():
     defined = []
-    for path in CONTROLLER:
+    for path in CONTROLLER + ESTIMATES:
         for node in ast.parse((ROOT / path).read_text()).body:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
                 node, ast.AnnAssign) else []

@@ -48,9 +48,7 @@ import numpy as np
 from freespec.proposers.api import Draft, Row
 from freespec.scorers.fusion import prefix_chances
 from freespec.scorers.policy import cut
-
-BUDGET_GROW = 2  # chain budget after a fully accepted chain: +2 ...
-BUDGET_SHRINK = 1  # ... and -1 after a rejection (as transformers' assisted generation)
+from freespec.scorers.tuning import PEARL_BUDGET_GROW, PEARL_BUDGET_SHRINK
 
 
 @dataclass
@@ -147,9 +145,9 @@ class RequestDraft:
             self.budget = k
         elif self.last_chain > 0:
             if num_new - 1 >= self.last_chain:
-                self.budget = min(k, self.budget + BUDGET_GROW)
+                self.budget = min(k, self.budget + PEARL_BUDGET_GROW)
             else:
-                self.budget = max(1, self.budget - BUDGET_SHRINK)
+                self.budget = max(1, self.budget - PEARL_BUDGET_SHRINK)
         self.last_chain = 0
 
     def reconcile(self, tokens: np.ndarray) -> tuple[bool, bool, int]:
@@ -211,7 +209,7 @@ def next_budget(st: RequestDraft, k: int, adaptive: bool) -> int:
     """The budget the request will have if the target accepts its whole current chain."""
     if not adaptive:
         return k
-    return min(k, st.budget + BUDGET_GROW) if st.last_chain > 0 else st.budget
+    return min(k, st.budget + PEARL_BUDGET_GROW) if st.last_chain > 0 else st.budget
 
 
 class PearlDrafter:

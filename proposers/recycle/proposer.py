@@ -71,11 +71,11 @@ from freespec.proposers.recycle.matrix import (
     write_matrix,
 )
 from freespec.scorers.chain import EdgeAcceptance, best_chains
+from freespec.scorers.tuning import RECYCLE_PROBE_EVERY as PROBE_EVERY
 from pydantic import Field, field_validator, model_validator
 
 logger = logging.getLogger("freespec")
 
-PROBE_EVERY = 16  # a request whose best chain is empty still drafts its top-1 token this often, to keep learning
 # The most nodes the draft tree may have: every step expands it for every drafting row (expand_tree), and
 # the template is built in Python at start. The default widths give 108 nodes at k = 8 and 492 at k = 32.
 MAX_TREE_NODES = 4096
