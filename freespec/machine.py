@@ -125,9 +125,9 @@ def ngram_advice(machine: Mapping[str, Any]) -> Optional[str]:
     if (not machine.get("vllm_cpu_build") or "VLLM_CPU_OMP_THREADS_BIND" not in (machine.get("binding_env") or {})
             or "NUMBA_THREADING_LAYER" in (machine.get("runtime_env") or {})):
         return None
-    return ("vLLM's ngram drafts with numba in the model's worker, whose default OpenMP threading layer slowed it "
-            "below no speculation with the model on two bound cores; NUMBA_THREADING_LAYER=workqueue gave it "
-            "back its speed (docs/vllm-cpu.md, \"Cores\")")
+    return ("vLLM's ngram drafts with numba in the model's worker, on OpenMP by default like the model's bound "
+            "threads; NUMBA_THREADING_LAYER=workqueue gives its drafting numba's own thread pool instead "
+            "(docs/vllm-cpu.md, \"Cores\", has what it changed where measured)")
 
 
 def intel_openmp_path() -> Optional[str]:
@@ -146,8 +146,8 @@ def intel_openmp_advice(machine: Mapping[str, Any], path: Optional[str] = None) 
     if not path:
         return None
     return (f"vLLM's CPU worker runs on GNU OpenMP unless Intel's is preloaded, as vLLM's CPU docs do; "
-            f"LD_PRELOAD={path} made every step faster, with drafts and without, on the 2-core machine measured "
-            "(docs/vllm-cpu.md, \"OpenMP\")")
+            f"LD_PRELOAD={path} runs it on Intel's; compare the step times with and without it on this machine "
+            "(docs/vllm-cpu.md, \"OpenMP\", has what it changed where measured)")
 
 
 def cpu_advice(machine: Mapping[str, Any], ngram: bool = True) -> list[str]:

@@ -1,6 +1,8 @@
 """Defaults chosen for the machine (the serving dtype) and how a run describes the machine."""
 from __future__ import annotations
 
+import re
+
 from freespec.machine import (FEW_CORES, core_binding_advice, core_list, cpu_advice, cpu_flags, cpu_info, default_dtype,
                               describe_machine, intel_openmp_advice, machine_summary, ngram_advice)
 
@@ -96,3 +98,13 @@ def test_cpu_advice_gathers_the_notes_that_apply(monkeypatch):
     monkeypatch.setattr(machine, "intel_openmp_path", lambda: "/venv/lib/libiomp5.so")
     assert [a.split(";")[0] for a in cpu_advice(bound, ngram=False)] == [
         "vLLM's CPU worker runs on GNU OpenMP unless Intel's is preloaded, as vLLM's CPU docs do"]
+
+
+def test_no_advice_cites_the_one_machine_it_was_measured_on():
+    """The notes say what holds on any machine they apply to; figures of one machine stay in the docs."""
+    unbound = {"vllm_cpu_build": True, "cores": 2, "binding_env": {}}
+    bound = {**unbound, "binding_env": {"VLLM_CPU_OMP_THREADS_BIND": "0-1"}}
+    notes = [core_binding_advice(unbound, core_ids=[0, 1]), ngram_advice(bound),
+             intel_openmp_advice(bound, path="/venv/lib/libiomp5.so")]
+    for note in notes:
+        assert note and not re.search(r"\d-core machine|machine measured|two bound cores|Zen ?\d", note), note
