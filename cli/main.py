@@ -37,14 +37,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def fail(e: BaseException, code: int = 1) -> int:
-    """Print ``e`` as one line (the file an ``OSError`` names, cut short) and return ``code``."""
-    from freespec.safe_files import clip
+    """Print ``e`` as one line (the file an ``OSError`` names, cut short; control and bidi characters escaped, as
+    a file name or a message may carry them) and return ``code``."""
+    from freespec.safe_files import clip, printable
 
     if isinstance(e, OSError) and e.filename is not None:
         what = f"{clip(str(e.filename))}: {e.strerror or type(e).__name__}"
     else:
         what = f"{type(e).__name__}: {e}" if not isinstance(e, ValueError) or not str(e) else str(e)
-    print(f"freespec: error: {clip(' '.join(what.split()), 2000)}", file=sys.stderr, flush=True)
+    print(f"freespec: error: {printable(clip(' '.join(what.split()), 2000))}", file=sys.stderr, flush=True)
     return code
 
 

@@ -34,7 +34,9 @@ def forward(argv: list[str]) -> int:
     try:
         argv = with_state_dir(argv)
     except ValueError as e:  # a --speculative-config that is not JSON, or --state-dir without a plugin
-        print(f"freespec: error: {e}", file=sys.stderr, flush=True)
+        from freespec.safe_files import printable
+
+        print(f"freespec: error: {printable(e)}", file=sys.stderr, flush=True)
         return 2
     return int(main(["serve", *argv]) or 0)
 
