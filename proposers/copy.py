@@ -198,7 +198,7 @@ class CopyProposer(Proposer):
         # scope -> its pool of departed outputs, least recently used first; all together hold at most pool_tokens
         self._pools: OrderedDict[str, _OutputPool] = OrderedDict()
         self._pooled = 0  # tokens in all pools together
-        self._estimates = [[AcceptanceEstimate() for _ in range(COPY_MATCH_BUCKETS)] for _ in (OWN, POOL)]
+        self._estimates = [[AcceptanceEstimate(COPY_WINDOW) for _ in range(COPY_MATCH_BUCKETS)] for _ in (OWN, POOL)]
         self.persisted_by: str | None = None  # the source whose files fill the pool (hybrid's suffix), if any
 
     # -- lifecycle -------------------------------------------------------
@@ -320,7 +320,4 @@ class CopyProposer(Proposer):
         if cls is None:
             return
         matched, compared = matched_prefix(chain, produced)
-        est = self._estimates[cls[0]][cls[1]]
-        est.observe(compared, matched)
-        if est.successes + est.failures > COPY_WINDOW:
-            est.decay(0.5)
+        self._estimates[cls[0]][cls[1]].observe(compared, matched)

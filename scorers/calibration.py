@@ -10,6 +10,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from typing import Sequence
 
+from freespec.scorers.acceptance import AcceptanceCounts
 from freespec.scorers.tuning import (
     CALIBRATION_DEPTH_EDGES,
     CALIBRATION_MATCH_EDGES,
@@ -19,12 +20,12 @@ from freespec.scorers.tuning import (
 )
 
 
-class TokenCalibration:
+class TokenCalibration(AcceptanceCounts):
     """Chance that a drafted token is accepted, given the previous ones were, per (probability, match, depth) cell.
 
     The probability is the source's own conditional estimate: a suffix tree's frequency of the token after
     the tokens before it (``suffix``), or the share of a datastore's continuations that go on with it
-    (``retrieval``). A Beta estimate per cell, starting from that probability
+    (``retrieval``). A cell of ``AcceptanceCounts`` each, starting from that probability
     (``CALIBRATION_PRIOR_STRENGTH`` pseudo-observations), so a fresh server drafts like SuffixDecoding and then
     follows what it sees.
     Cells are flat indices into plain lists: a draft has a few tokens, and this runs every engine step
@@ -37,8 +38,8 @@ class TokenCalibration:
         mids = [0.15] + [(a + b) / 2 for a, b in zip(edges, edges[1:])] + [1.0]
         per_prob = (len(CALIBRATION_MATCH_EDGES) + 1) * (len(CALIBRATION_DEPTH_EDGES) + 1)
         prior = [min(mid, 0.9) for mid in mids for _ in range(per_prob)]
-        self.successes = [CALIBRATION_PRIOR_STRENGTH * x for x in prior]
-        self.failures = [CALIBRATION_PRIOR_STRENGTH * (1.0 - x) for x in prior]
+        super().__init__([CALIBRATION_PRIOR_STRENGTH * x for x in prior],
+                         [CALIBRATION_PRIOR_STRENGTH * (1.0 - x) for x in prior], CALIBRATION_WINDOW)
 
     @staticmethod
     def cell(cond: float, match_len: int, depth: int) -> int:
@@ -54,22 +55,8 @@ class TokenCalibration:
 
     def chance(self, cond: float, match_len: int, depth: int) -> float:
         """The learned chance of one token."""
-        cell = self.cell(cond, match_len, depth)
-        return self.successes[cell] / (self.successes[cell] + self.failures[cell])
+        return self.mean(self.cell(cond, match_len, depth))
 
     def estimate(self, cells: Sequence[int]) -> list[float]:
         s, f = self.successes, self.failures
         return [s[c] / (s[c] + f[c]) for c in cells]
-
-    def observe(self, cells: Sequence[int], matched: int, compared: int) -> None:
-        """Tokens 0..matched-1 were right; token ``matched`` was wrong if ``matched < compared``."""
-        if compared <= 0:
-            return
-        for c in cells[:matched]:
-            self.successes[c] += 1.0
-        if matched < compared:
-            wrong = cells[matched]
-            self.failures[wrong] += 1.0
-            if self.successes[wrong] + self.failures[wrong] > CALIBRATION_WINDOW:
-                self.successes[wrong] *= 0.5
-                self.failures[wrong] *= 0.5

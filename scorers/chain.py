@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from freespec.scorers.acceptance import AcceptanceCounts
 from freespec.scorers.tuning import CHAIN_PRIOR_STRENGTH, CHAIN_PROB_EDGES, CHAIN_WINDOW
 
 # The buckets' upper edges (the last bucket runs to 1) in the recorded probabilities' float32.
@@ -35,12 +36,13 @@ def _bucket_centres() -> np.ndarray:
 
 
 class EdgeAcceptance:
-    """P(a candidate is accepted | its rank, the probability recorded with it), learned online."""
+    """P(a candidate is accepted | its rank, the probability recorded with it), learned online: a cell of
+    ``AcceptanceCounts`` per (rank, bucket), its prior mean the bucket's centre."""
 
     def __init__(self, ranks: int) -> None:
         centres = np.broadcast_to(_bucket_centres(), (ranks, len(_EDGES) + 1))
-        self.successes = centres * CHAIN_PRIOR_STRENGTH
-        self.failures = (1.0 - centres) * CHAIN_PRIOR_STRENGTH
+        self.counts = AcceptanceCounts(centres * CHAIN_PRIOR_STRENGTH, (1.0 - centres) * CHAIN_PRIOR_STRENGTH,
+                                       CHAIN_WINDOW)
 
     @staticmethod
     def cells(ranks: np.ndarray, probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -48,24 +50,12 @@ class EdgeAcceptance:
 
     def estimate(self, ranks: np.ndarray, probs: np.ndarray) -> np.ndarray:
         r, b = self.cells(ranks, probs)
-        s, f = self.successes[r, b], self.failures[r, b]
+        s, f = self.counts.successes[r, b], self.counts.failures[r, b]
         return s / (s + f)
 
     def observe(self, ranks: np.ndarray, buckets: np.ndarray, accepted: int) -> None:
         """A chain with these edges (in order) was verified and its first ``accepted`` tokens were kept."""
-        n = len(ranks)
-        if n == 0:
-            return
-        accepted = max(0, min(accepted, n))
-        np.add.at(self.successes, (ranks[:accepted], buckets[:accepted]), 1.0)
-        if accepted < n:
-            self.failures[ranks[accepted], buckets[accepted]] += 1.0
-        total = self.successes + self.failures
-        if total.max() > CHAIN_WINDOW:
-            # Halve old evidence where it piled up, so estimates follow a changing workload.
-            heavy = total > CHAIN_WINDOW
-            self.successes[heavy] *= 0.5
-            self.failures[heavy] *= 0.5
+        self.counts.observe(list(zip(np.asarray(ranks).tolist(), np.asarray(buckets).tolist())), accepted)
 
 
 def best_chains(

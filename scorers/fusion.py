@@ -150,7 +150,7 @@ class SourceWeights:
     estimates: dict[str, AcceptanceEstimate] = field(default_factory=dict)
 
     def weight(self, name: str) -> float:
-        return self.estimates.setdefault(name, AcceptanceEstimate()).alpha
+        return self.estimates.setdefault(name, AcceptanceEstimate(WEIGHT_WINDOW)).alpha
 
     def can_pay(self, name: str, token_cost: Optional[float]) -> bool:
         """Whether ``name``'s drafts can clear the policy's bar on their own (always, with fixed bars).
@@ -163,10 +163,7 @@ class SourceWeights:
     def observe(self, supported: dict[str, int], accepted: int) -> None:
         for name, n in supported.items():
             if n > 0:
-                est = self.estimates.setdefault(name, AcceptanceEstimate())
-                est.observe(n, min(accepted, n))
-                if est.successes + est.failures > WEIGHT_WINDOW:
-                    est.decay(0.5)
+                self.estimates.setdefault(name, AcceptanceEstimate(WEIGHT_WINDOW)).observe(n, min(accepted, n))
 
     def observe_outcome(self, name: str, matched: int, compared: int) -> None:
         """``name``'s chain was right for ``matched`` tokens of the ``compared`` the target has produced."""

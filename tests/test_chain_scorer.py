@@ -48,4 +48,4 @@ def test_edge_acceptance_starts_at_recorded_probability_and_learns():
     assert est.estimate(np.array([0]), np.array([0.03]))[0] > 0.8
     assert est.estimate(np.array([1]), np.array([0.03]))[0] < 0.1  # other ranks untouched
     est.observe(ranks, buckets, accepted=0)
-    assert est.failures[0, buckets[0]] > est.failures[1, buckets[0]]
+    assert est.counts.failures[0, buckets[0]] > est.counts.failures[1, buckets[0]]
