@@ -51,7 +51,9 @@ from freespec.vllm_plugins.seams import (  # noqa: F401  (re-exported: the facts
     SEAMS,
     SPEC_CONFIG_FIELDS,
     SPEC_METRICS,
+    V2_HISTORY_ORDER,
     Fact,
+    blocking_seams,
 )
 from freespec.vllm_plugins.seams import squeeze as _squeeze
 import freespec.vllm_plugins.version_gate as version_gate
@@ -461,6 +463,44 @@ def probe_draft_rank() -> ProbeResult:
 
 
 
+# ---------------------------------------------------------------- Model Runner V2's registry (vLLM >= 0.34)
+NOT_THIS_RUNNER = "not used: this vLLM runs freespec through V1's custom_class"
+
+
+def _v2_facts(name: str) -> ProbeResult:
+    """A V2 seam's facts where V2's registry is freespec's seam; elsewhere ok, not used."""
+    if not version_gate.uses_v2_registry(vllm_version()):
+        return ProbeResult(name, True, NOT_THIS_RUNNER)
+    return _facts(name) or ProbeResult(name, True, BY_NAME[name].ok)
+
+
+def probe_v2_registry() -> ProbeResult:
+    return _v2_facts("v2_registry")
+
+
+def probe_v2_propose() -> ProbeResult:
+    """The declared facts, and ``sample_tokens`` writes the sampled tokens before the speculator proposes."""
+    result = _v2_facts("v2_propose")
+    if not result.ok or result.detail == NOT_THIS_RUNNER:
+        return result
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+
+    text = _source(GPUModelRunner.sample_tokens)
+    first, then = (text.index(_squeeze(h)) for h in V2_HISTORY_ORDER)
+    if first > then:
+        return ProbeResult("v2_propose", False, "GPUModelRunner.sample_tokens proposes before writing the "
+                                                "sampled tokens: drafts would come from a history one step late")
+    return result
+
+
+def probe_v2_token_history() -> ProbeResult:
+    return _v2_facts("v2_token_history")
+
+
+def probe_v2_salt_route() -> ProbeResult:
+    return _v2_facts("v2_salt_route")
+
+
 # Seams whose probe function is not named ``probe_<seam>``.
 _PROBE_NAMES = {"frontend": "probe_frontend_hook", "target_topk": "probe_target_logits"}
 
@@ -494,8 +534,12 @@ def run_probes() -> list[ProbeResult]:
 
 
 def blocking_probes(uses_target_topk: bool, results: list[ProbeResult] | None = None) -> list[ProbeResult]:
-    """The failed probes that disable a plugin (``target_topk`` only for plugins that use it)."""
-    needed = BLOCKING + (("target_topk",) if uses_target_topk else ())
+    """The failed probes that disable a plugin (``target_topk`` only for plugins that use it; where V2's registry
+    is the seam, its seams instead of the V1-only ones)."""
+    if version_gate.uses_v2_registry(vllm_version()):
+        needed = blocking_seams(True)
+    else:
+        needed = BLOCKING + (("target_topk",) if uses_target_topk else ())
     if results is None:
         # Looked up by name at call time, so a test can stand in for one probe.
         results = [run(globals()[probe_name(seam)]) for seam in needed]

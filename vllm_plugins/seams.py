@@ -10,7 +10,9 @@ named extra per seam, beside its side's reader (``probes.probe_<seam>``, ``sourc
 
 ``role`` says what a moved seam costs: ``blocking`` drops speculation for every plugin, ``target_topk`` for the
 plugins that use the target's top-k, ``reports`` nothing (doctor shows it), ``loaded`` is checked statically only
-(without it freespec is never loaded, so no probe could run).
+(without it freespec is never loaded, so no probe could run). ``v2`` seams are Model Runner V2's registry
+(vLLM >= 0.34, ``version_gate.uses_v2_registry``): blocking there, where the V1-only seams (``V1_ONLY``) are not;
+not used on a V1 release. ``v2_reports``: a V2 seam that moves nothing built yet (the salt route).
 """
 from __future__ import annotations
 
@@ -81,6 +83,19 @@ RANK_LAYOUT = (
 # Where vLLM decides which of a request's KV blocks enter the prefix cache (``KVCacheManager.allocate_slots``):
 # when it schedules a step, up to the request's known tokens, draft tokens not counted (vLLM PR #54979 changes it).
 LAST_STEP_CACHE_CAP = "num_tokens_to_cache=min(total_computed_tokens+num_new_tokens,request.num_tokens,)"
+
+# Model Runner V2 (vLLM >= 0.34): the speculator registry and what a speculator is given.
+V2_SPEC = "v1/worker/gpu/spec_decode"
+V2_RUNNER = "v1/worker/gpu/model_runner.py"
+# ``BaseSpeculator.propose``'s leading parameters (freespec's speculators take them in this order).
+V2_PROPOSE_PARAMS = ("self", "input_batch", "attn_metadata", "slot_mappings", "last_hidden_states",
+                     "aux_hidden_states", "num_sampled", "num_rejected", "last_sampled", "next_prefill_tokens",
+                     "temperature", "seeds")
+# In ``GPUModelRunner.sample_tokens`` the sampled tokens are written to the request state before the
+# speculator proposes (so the history a speculator reads is the current one).
+V2_HISTORY_ORDER = ("self.postprocess_sampled(", "self.speculator.propose(")
+# Seams only the V1 runner has: not blocking where V2's registry is the seam.
+V1_ONLY = ("spec_config", "custom_class", "cpu_rejection_sampler", "target_topk")
 
 NO_REGISTRY = ("this vLLM's CPU backend has no kernel-override registry: its rejection sampler keeps Triton "
                "placeholders and every speculative method, vLLM's own too, kills the engine at the first "
@@ -178,9 +193,59 @@ SEAMS = (
     ), "execute_model(scheduler_output), then sample_tokens() calling propose_draft_token_ids() (the "
        "diagnosis patch step_times times each)"),
 )
+SEAMS += (
+    Seam("v2_registry", "v2", (
+        Fact(f"{V2_SPEC}/speculator_config.py", "register_speculative_method", params=("name", "config_cls"),
+             exact=True, why="freespec's plugins cannot be registered as methods"),
+        Fact(f"{V2_SPEC}/speculator_config.py", "SpeculatorConfig.configure", params=("cls", "spec"),
+             classmethod=True),
+        Fact(f"{V2_SPEC}/speculator_config.py", "SpeculatorConfig.apply_options", params=("cls", "spec"),
+             classmethod=True, why="speculator_options would not be checked at config time"),
+        Fact(f"{V2_SPEC}/speculator_config.py", holds=("base_method:", "speculator_class:", "supported_options:")),
+        Fact("config/speculative.py", "SpeculativeConfig.speculator_options", field=True),
+        Fact("config/speculative.py", "SpeculativeConfig.__post_init__",
+             holds=("get_custom_speculator_config_class(self.method)", "config_cls.apply_options(self)")),
+        Fact(f"{V2_SPEC}/__init__.py", "init_speculator", holds=("req_states=req_states",),
+             why="the speculator is no longer given the request state"),
+    ), "register_speculative_method(name, SpeculatorConfig subclass) with speculator_options, checked by "
+       "apply_options; init_speculator(vllm_config, device, req_states=...)"),
+    Seam("v2_propose", "v2", (
+        Fact(f"{V2_SPEC}/speculator.py", "BaseSpeculator.propose", params=V2_PROPOSE_PARAMS),
+        Fact(f"{V2_SPEC}/speculator.py", "BaseSpeculator.add_request", params=("self", "req_index"), exact=True),
+        Fact(f"{V2_SPEC}/speculator.py", "BaseSpeculator.on_requests_finished", params=("self", "finished_req_ids"),
+             exact=True),
+        Fact(f"{V2_SPEC}/speculator.py", "BaseSpeculator.reset_state", params=("self",), exact=True),
+        Fact(V2_RUNNER, "GPUModelRunner.sample_tokens", holds=V2_HISTORY_ORDER),
+    ), "BaseSpeculator.propose(input_batch, ..., num_sampled, num_rejected, last_sampled, ...) -> drafts "
+       "[num_reqs, K], after the sampled tokens are written; add_request, on_requests_finished, reset_state"),
+    Seam("v2_token_history", "v2", (
+        Fact("v1/worker/gpu/states.py", "RequestState.__init__",
+             holds=("self.all_token_ids=StagedWriteTensor(", "self.total_len=StagedWriteTensor(",
+                    "self.req_id_to_index", "self.last_sampled_tokens"),
+             why="a speculator cannot read a request's tokens"),
+        *(Fact("v1/worker/gpu/input_batch.py", f"InputBatch.{name}", field=True)
+          for name in ("req_ids", "num_reqs", "idx_mapping", "idx_mapping_np")),
+    ), "RequestState.all_token_ids / total_len / last_sampled_tokens rows, by InputBatch.idx_mapping"),
+    Seam("v2_salt_route", "v2_reports", (
+        Fact("v1/core/sched/scheduler.py", "Scheduler.add_request", params=("self", "request")),
+        Fact("v1/request.py", "Request.__init__", holds=("self.cache_salt",)),
+        Fact("v1/core/sched/output.py", "NewRequestData.sampling_params", field=True),
+        Fact(V2_RUNNER, "GPUModelRunner.add_requests",
+             holds=("self.speculator.add_request(req_index)", "new_req_data.sampling_params"),
+             why="the worker no longer sees a new request's sampling params beside the speculator's add_request"),
+    ), "a route exists (not built): request.cache_salt, stamped into sampling_params.extra_args by the scheduler, "
+       "reaches GPUModelRunner.add_requests beside speculator.add_request(req_index); V2 keeps no params per request"),
+)
 BY_NAME = {s.name: s for s in SEAMS}
 # Probes whose failure disables every plugin (target_topk: only plugins that use it).
 BLOCKING = tuple(s.name for s in SEAMS if s.role == "blocking")
+# The same where V2's registry is the seam: its own seams, and the V1 ones it still uses (the front-end).
+BLOCKING_V2 = tuple(s.name for s in SEAMS if s.role in ("blocking", "v2") and s.name not in V1_ONLY)
+
+
+def blocking_seams(v2: bool) -> tuple[str, ...]:
+    """The seams whose move drops speculation for every plugin, where V2's registry (``v2``) or V1 is the seam."""
+    return BLOCKING_V2 if v2 else BLOCKING
 
 
 def squeeze(text: str) -> str:

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from freespec.vllm_plugins.probes import ProbeResult
+from freespec.vllm_plugins.version_gate import runner_name, uses_v2_registry
 from freespec.vllm_plugins.seams import (
     BY_NAME,
     CPU_RUNNER,
@@ -41,14 +42,21 @@ from freespec.vllm_plugins.seams import (
     LAST_STEP_CACHE_CAP,
     PROPOSE_PARAMS,
     SEAMS,
+    V1_ONLY,
+    V2_HISTORY_ORDER,
+    V2_RUNNER,
     Fact,
+    blocking_seams,
     squeeze,
 )
 
 # Seams whose move disables speculation: the probes' blocking set, target_topk (plugins that use it),
-# and general_plugins (without it freespec is never loaded, so no probe could even run).
+# and general_plugins (without it freespec is never loaded, so no probe could even run). Where V2's registry is
+# the seam (vLLM >= 0.34): its seams instead of the V1-only ones (``blocking_for``).
 BLOCKING = tuple(s.name for s in SEAMS if s.role in ("blocking", "target_topk", "loaded"))
-__all__ = ["BLOCKING", "CHECKS", "CPU_RUNNER", "GENERAL_PLUGINS_GROUP", "Moved", "Source", "main", "run_checks"]
+BLOCKING_V2 = tuple(s.name for s in SEAMS if s.role == "loaded") + blocking_seams(True)
+__all__ = ["BLOCKING", "BLOCKING_V2", "CHECKS", "CPU_RUNNER", "GENERAL_PLUGINS_GROUP", "Moved", "Source", "V1_ONLY",
+           "main", "run_checks"]
 
 
 class Moved(Exception):
@@ -390,6 +398,55 @@ def check_step_times(src: Source) -> str:
     return BY_NAME["step_times"].ok
 
 
+def _v2(src: Source) -> bool:
+    return uses_v2_registry(src.version())
+
+
+NOT_THIS_RUNNER = "not used: this release runs freespec through V1's custom_class"
+
+
+def check_v2_registry(src: Source) -> str:
+    """Model Runner V2's speculator registry, which freespec's plugins register with (vLLM >= 0.34)."""
+    if not _v2(src):
+        return NOT_THIS_RUNNER
+    facts(src, "v2_registry")
+    return BY_NAME["v2_registry"].ok
+
+
+def check_v2_propose(src: Source) -> str:
+    """``BaseSpeculator``'s calls, and the runner writes the sampled tokens before ``propose`` (the order)."""
+    if not _v2(src):
+        return NOT_THIS_RUNNER
+    facts(src, "v2_propose")
+    runner = find_class(src.tree(V2_RUNNER), "GPUModelRunner")
+    text = squeeze(src.segment(V2_RUNNER, find_function(runner, "sample_tokens")))
+    first, then = (text.index(squeeze(h)) for h in V2_HISTORY_ORDER)
+    if first > then:
+        raise Moved("GPUModelRunner.sample_tokens proposes before writing the sampled tokens: drafts would "
+                    "come from a history one step late")
+    return BY_NAME["v2_propose"].ok
+
+
+def check_v2_token_history(src: Source) -> str:
+    if not _v2(src):
+        return NOT_THIS_RUNNER
+    facts(src, "v2_token_history")
+    return BY_NAME["v2_token_history"].ok
+
+
+def check_v2_salt_route(src: Source) -> str:
+    if not _v2(src):
+        return NOT_THIS_RUNNER
+    facts(src, "v2_salt_route")
+    return BY_NAME["v2_salt_route"].ok
+
+
+def blocking_for(src: Source) -> tuple[str, ...]:
+    """The seams whose move disables speculation on this release: V1's, or V2's registry's (then the V1-only
+    seams ``seams.V1_ONLY`` are reported, not blocking)."""
+    return BLOCKING_V2 if _v2(src) else BLOCKING
+
+
 # One static check per declared seam, in ``seams.SEAMS`` order.
 CHECKS: tuple[Callable[[Source], str], ...] = tuple(globals()[f"check_{seam.name}"] for seam in SEAMS)
 
@@ -434,13 +491,16 @@ def report(src: Source, distribution: str = "vllm") -> dict:
 
     version = src.version()
     results = run_checks(src)
+    blocking = blocking_for(src)
     return {
         "install": "source",
         "vllm": version,
         "distribution": distribution,
         "supported": is_supported(version, distribution),
+        "runner": runner_name(version),
         "probes": {r.seam: {"ok": r.ok, "detail": r.detail} for r in results},
-        "blocking_failed": [r.seam for r in results if not r.ok and r.seam in BLOCKING],
+        "blocking": list(blocking),
+        "blocking_failed": [r.seam for r in results if not r.ok and r.seam in blocking],
     }
 
 
@@ -468,9 +528,9 @@ def main(argv: list[str] | None = None) -> int:
         result = report(src, distribution)
     result["source"] = str(path)
     print(f"{distribution} {result['vllm']} (source at {path}); in freespec's supported range: "
-          f"{'yes' if result['supported'] else 'no'}")
+          f"{'yes' if result['supported'] else 'no'}; runner: {result['runner']}")
     for seam, probe in result["probes"].items():
-        state = "ok" if probe["ok"] else ("FAIL" if seam in BLOCKING else "WARN")
+        state = "ok" if probe["ok"] else ("FAIL" if seam in result["blocking"] else "WARN")
         print(f"  [{state}] {seam}: {probe['detail']}")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")

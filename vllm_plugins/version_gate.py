@@ -66,6 +66,26 @@ def is_supported(version: str, distribution: str | None = None) -> bool:
         return False
 
 
+# The first release whose runner is Model Runner V2 only, with its speculator registry: from it on freespec's
+# plugins are registered methods (``vllm_plugins.v2``); below it they run through V1's ``custom_class``.
+V2_REGISTRY_FROM = "0.34.0"
+
+
+def uses_v2_registry(version: str) -> bool:
+    """Whether vLLM ``version`` runs freespec through V2's speculator registry (else V1's ``custom_class``)."""
+    try:
+        return _parse(version) >= _parse(V2_REGISTRY_FROM)
+    except ValueError:
+        return False
+
+
+def runner_name(version: str) -> str:
+    """The runner and seam freespec uses on vLLM ``version``, in words (``freespec doctor``)."""
+    if uses_v2_registry(version):
+        return "Model Runner V2, speculator registry (freespec_<plugin> methods)"
+    return "V1 model runner, custom_class"
+
+
 def supported_range_text(distribution: str | None = None) -> str:
     """The range as a pip requirement, e.g. ``vllm>=0.31.0,<0.34.0``."""
     name = distribution or installed_distribution() or "vllm"

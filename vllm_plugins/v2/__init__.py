@@ -1,0 +1,10 @@
+"""freespec on vLLM >= 0.34's Model Runner V2: every plugin a registered speculative method, ``freespec_<plugin>``.
+
+- ``options``: a method's ``speculator_options`` checked with the checks of the ``{"plugin": ...}`` spelling (no vLLM).
+- ``spelling``: ``{"plugin": NAME, ...}`` rewritten as ``{"method": "freespec_NAME", "speculator_options": ...}``.
+- ``config``: one ``SpeculatorConfig`` per plugin (vLLM's registry seam; light, used in every process).
+- ``speculator``: one ``BaseSpeculator`` per plugin, drafting with freespec's host-side proposers.
+- ``registry``: registers them from freespec's general plugin.
+
+Nothing here is imported on vLLM < 0.34 (``version_gate.uses_v2_registry``); the V1 ``custom_class`` path stays.
+"""
