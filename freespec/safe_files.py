@@ -6,7 +6,8 @@ One rule per class of bad input (docs/reliability.md, "Files, JSON and peers"):
   with ``O_NONBLOCK`` (a FIFO swapped in between the check and the open cannot block the caller: opening a
   FIFO for reading without a writer returns at once with ``O_NONBLOCK``), and the opened descriptor is
   checked again with ``fstat``; a FIFO, device, socket or directory raises ``NotRegularFileError``. A
-  symlink is followed: what counts is the file it names at the time of the open.
+  symlink is followed: what counts is the file it names at the time of the open; below a state directory
+  (``freespec.confined``) no link is followed.
 - ``read_bounded``: a regular file read whole, refused beyond ``limit`` bytes (checked before reading).
 - ``loads_json`` / ``load_json``: JSON with a size and a nesting-depth bound, a named ``JSONBoundError``
   instead of a ``RecursionError`` or an unbounded read.
@@ -108,7 +109,12 @@ def check_regular(path: str | os.PathLike) -> os.stat_result:
 
 
 def open_regular_fd(path: str | os.PathLike) -> int:
-    """A read-only descriptor of ``path``, a regular file; never blocks on a FIFO (see the module docstring)."""
+    """A read-only descriptor of ``path``, a regular file; never blocks on a FIFO (see the module docstring).
+    Below a state directory (``freespec.confined``) no link is followed and the file's owner is checked."""
+    from freespec import confined  # it builds on this module
+
+    if confined.is_confined(os.fspath(path)):
+        return confined.open_read_fd(os.fspath(path))
     check_regular(path)
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
     fd = os.open(path, flags)

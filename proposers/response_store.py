@@ -41,6 +41,7 @@ caller's thread. A failed save is logged once per distinct error and never raise
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
@@ -54,7 +55,8 @@ from dataclasses import dataclass
 
 import numpy as np
 from freespec.proposers.file_worker import FileWorker, error_kind
-from freespec.safe_files import clip, create_new, fsync_directory, open_regular, process_alive, short
+from freespec import confined
+from freespec.safe_files import clip, open_lock_file, open_regular, process_alive, short
 
 logger = logging.getLogger("freespec")
 
@@ -141,41 +143,32 @@ def write_store(path: str, stored: Stored, *, fingerprint: str, vocab_size: int,
     On any error the temporary file is removed and the old file (if any) is left as it was.
     """
     fp = fingerprint.encode()
-    directory = os.path.dirname(os.path.abspath(path)) or "."
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    tmp = f".{os.path.basename(path)}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+
+    def fill(f) -> None:
+        h = hashlib.sha256()
+
+        def put(data) -> None:
+            h.update(data)
+            f.write(data)
+
+        entries = stored.entries
+        total = sum(len(e.tokens) for e in entries)
+        # A store that evicted its every response (``evict_oldest``) is written as an empty one: a horizon
+        # with no responses is what ``read_store`` refuses (such a file would only erase a peer's).
+        stamp, digest = stored.horizon if entries else NO_HORIZON
+        put(_HEADER.pack(MAGIC, VERSION, len(fp), vocab_size, 0, len(entries), total, stamp, digest))
+        put(fp)
+        put(np.fromiter((len(e.tokens) for e in entries), dtype="<u4", count=len(entries)).tobytes())
+        put(np.fromiter((e.stamp for e in entries), dtype="<i8", count=len(entries)).tobytes())
+        for e in entries:
+            put(memoryview(e.tokens.astype("<i4", copy=False)).cast("B"))
+        f.write(h.digest())
+
     # 0666 and not mkstemp's 0600: the umask applies as to any new file (0644 under 022), so a replica
-    # running as another user can read it.
-    handle = create_new(tmp, "wb", perms=perms)  # O_EXCL | O_NOFOLLOW: never through a planted link
-    try:
-        with handle as f:
-            h = hashlib.sha256()
-
-            def put(data) -> None:
-                h.update(data)
-                f.write(data)
-
-            entries = stored.entries
-            total = sum(len(e.tokens) for e in entries)
-            # A store that evicted its every response (``evict_oldest``) is written as an empty one: a horizon
-            # with no responses is what ``read_store`` refuses (such a file would only erase a peer's).
-            stamp, digest = stored.horizon if entries else NO_HORIZON
-            put(_HEADER.pack(MAGIC, VERSION, len(fp), vocab_size, 0, len(entries), total, stamp, digest))
-            put(fp)
-            put(np.fromiter((len(e.tokens) for e in entries), dtype="<u4", count=len(entries)).tobytes())
-            put(np.fromiter((e.stamp for e in entries), dtype="<i8", count=len(entries)).tobytes())
-            for e in entries:
-                put(memoryview(e.tokens.astype("<i4", copy=False)).cast("B"))
-            f.write(h.digest())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    fsync_directory(directory)  # the rename itself durable
+    # running as another user can read it. O_EXCL | O_NOFOLLOW, and in a state directory no link followed
+    # on the way (``freespec.confined``).
+    confined.write_atomic(path, tmp, fill, perms)
 
 
 def read_store(
@@ -258,6 +251,21 @@ def read_store(
     return Stored(out, horizon)
 
 
+def read_fingerprint(path: str) -> str | None:
+    """The tokenizer fingerprint a store file was written for (its header only); None if it is not a store."""
+    try:
+        with open_regular(path, "rb") as f:
+            head = f.read(HEADER_BYTES)
+            if len(head) < HEADER_BYTES or head[: len(MAGIC)] != MAGIC:
+                return None
+            fp_len = _HEADER.unpack(head)[2]
+            if fp_len > MAX_FINGERPRINT_BYTES:
+                return None
+            return f.read(fp_len).decode("utf-8", "replace")
+    except (OSError, ValueError):
+        return None
+
+
 def _read_array(f, h, dtype: str, n: int) -> np.ndarray:
     """``n`` values of ``dtype`` read from ``f`` into a new array, fed to the checksum ``h``."""
     out = np.empty(n, dtype=dtype)
@@ -307,6 +315,32 @@ class _Merged:
     horizon: tuple[int, bytes]
     base_last: tuple[int, bytes]  # the snapshot's newest key: entries newer than it were added since
     added: list[_Entry]  # entries the snapshot did not hold
+
+
+_claimed: dict[str, int] = {}  # real path -> the descriptor of its lock file, held for the process's life
+
+
+def claim_file(path: str) -> None:
+    """Make this process the one writer of the store file ``path`` (an exclusive ``flock`` on ``.NAME.lock``
+    beside it, held until exit): two processes given one ``responses_path`` (two data-parallel engine cores
+    with one config) would each overwrite the other's saves. The second is refused, naming the file."""
+    real = os.path.realpath(path)
+    if real in _claimed:
+        return
+    directory, name = os.path.split(real)
+    fd = open_lock_file(os.path.join(directory, f".{name}.lock"))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ValueError(f"{path!r} is written by another running process (an engine core or replica given the "
+                         "same responses_path): each would overwrite the other's saves. Give each process its own "
+                         "file, or use the option state_dir, where every process keeps its own file and merges "
+                         "the others'") from None
+    except OSError:
+        os.close(fd)  # a filesystem without locks: as before, unguarded
+        return
+    _claimed[real] = fd
 
 
 class ResponseStore:
@@ -481,7 +515,9 @@ class ResponseStore:
         Raises ``ResponseStoreError`` for a corrupt, truncated, foreign or oversize file (a refusal at start).
         """
         self._remove_stale_temporaries()
-        if not os.path.exists(self.path):
+        if not confined.is_confined(self.path):  # a state directory's file has one writer by its name
+            claim_file(self.path)
+        if not confined.exists(self.path):
             logger.info("freespec: response store %s does not exist yet; starting empty, will save there", self.path)
             return []
         loaded = self._apply(self._prepare(self._read(self.path)))
@@ -492,16 +528,13 @@ class ResponseStore:
         """Remove temporary files of ``path`` left by a crashed save (this process's, or a process now gone)."""
         directory, base = os.path.split(os.path.abspath(self.path))
         prefix = f".{base}."
-        try:
-            names = [n for n in os.listdir(directory) if n.startswith(prefix) and n.endswith(".tmp")]
-        except OSError:
-            return
+        names = [n for n, _ in confined.entries(directory) if n.startswith(prefix) and n.endswith(".tmp")]
         for name in names:
             pid = name[len(prefix):].split(".", 1)[0]
             if pid.isdigit() and (int(pid) == os.getpid() or not process_alive(int(pid))):
                 try:
-                    os.unlink(os.path.join(directory, name))
-                    logger.info("freespec: response store removed %s, left by an interrupted save", name)
+                    if confined.unlink(os.path.join(directory, name)):
+                        logger.info("freespec: response store removed %s, left by an interrupted save", name)
                 except OSError:
                     pass
 
@@ -510,7 +543,7 @@ class ResponseStore:
 
         A file that does not exist yet merges nothing; a bad one raises ``ResponseStoreError``.
         """
-        if not os.path.exists(path):
+        if not confined.exists(path):
             logger.info("freespec: response store merge_from %s does not exist yet", path)
             return []
         added = self._apply(self._prepare(self._read(path)))
@@ -625,7 +658,7 @@ class ResponseStore:
         """A peer's store merged with this one, if its file changed since last read and is good; else None
         (logged, never raised). In the background thread."""
         try:
-            st = os.stat(path)
+            st = confined.lstat(path)
             stat = (st.st_mtime_ns, st.st_size)
             if seen.get(path) == stat:
                 return None

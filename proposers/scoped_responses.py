@@ -4,10 +4,14 @@
 peer files (other replicas', this writer's earlier incarnations'); all of them together hold at most
 ``max_responses`` responses and ``max_tokens`` tokens (the least recently used scope's oldest go first). One
 background thread saves those that changed and, every save interval, reads the peers' changed files of every
-scope folder (at most ``MERGE_FILES`` a time) and prepares their merges; the engine's thread only applies them. ``freespec state purge --scope SALT`` removes the scope's folder and
-leaves a tombstone, ``<state_dir>/suffix/purged/<scope>``: each writer finds it at its next save, forgets the scope
-(the source evicts its outputs) and removes its own file of it; at start a file older than its scope's tombstone is
-not loaded. Tombstones go by age like every other file (``state_dir.sweep_old``).
+scope folder (at most ``MERGE_FILES`` a time) and prepares their merges; the engine's thread only applies them. ``freespec state purge --scope SALT`` removes the scope's files and leaves a tombstone,
+``<state_dir>/suffix/purged/<scope>``, holding a new random purge generation. A scope's files are written for
+the generation their writer knew (in the store's fingerprint, ``fingerprint_for``): once a tombstone names a
+new one, a file of an older generation is purged text whoever wrote it and whenever: never loaded or merged,
+and removed by whichever process sees it. Each writer reads the tombstones before every save (its own file of
+an old generation is removed, not written) and at every save interval, where it forgets the scope (the
+source evicts its outputs). No clock decides it: a tombstone dated ahead hides nothing. A tombstone goes only
+once it is older than the age bound and its scope holds no file, so no purged file outlives it.
 
 Disk: this writer's files of all scopes together stay within ``max_bytes`` (option ``state_max_mb``): the
 responses' bounds above do not bound how many scopes there are, and each scope's file costs its header however
@@ -20,14 +24,18 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
+import stat
 import threading
+import time
 from collections import OrderedDict
 
 import numpy as np
 
+from freespec import confined
 from freespec.proposers import state_dir
 from freespec.proposers.file_worker import FileWorker
-from freespec.proposers.response_store import ResponseStore, ResponseStoreError, file_bytes
+from freespec.proposers.response_store import ResponseStore, ResponseStoreError, file_bytes, read_fingerprint
 
 logger = logging.getLogger("freespec")
 
@@ -35,31 +43,45 @@ PURGED = state_dir.TOMBSTONES  # the tombstones' folder under <state_dir>/suffix
 MERGE_FILES = 64  # peers' files read per save interval, all scopes together
 
 
+GENERATION_BYTES = 64  # a tombstone holds a generation of 32 hex digits
+
+
 def tombstone_dir(root: str) -> str:
     return os.path.join(root, PURGED)
 
 
+def fingerprint_for(fingerprint: str, generation: str | None) -> str:
+    """The fingerprint of a scope's files: the tokenizer's, and the purge generation they were written under."""
+    return fingerprint if generation is None else f"{fingerprint} purge:{generation}"
+
+
 def purge_scope(root: str, scope: str) -> list[str]:
-    """Remove every file of ``scope`` under ``root`` (``<state_dir>/suffix``) and leave its tombstone; the paths
-    removed."""
+    """Remove every file of ``scope`` under ``root`` (``<state_dir>/suffix``) and leave its tombstone with a
+    new generation; the paths removed. A link at the scope's name is removed itself, never followed, and so
+    is every other link below the state directory (``root``'s folder, made this process's boundary)."""
+    state_dir.open_root(os.path.dirname(os.path.abspath(root)))
     folder = os.path.join(root, scope)
     gone = []
-    if os.path.isdir(folder) and not os.path.islink(folder):
-        for name in os.listdir(folder):
-            try:
-                os.unlink(os.path.join(folder, name))
+    try:
+        st = confined.lstat(folder)
+    except FileNotFoundError:
+        st = None
+    if st is not None and not stat.S_ISDIR(st.st_mode):
+        confined.unlink(folder)
+        gone.append(folder)
+    elif st is not None:
+        for name, _ in confined.entries(folder):
+            if confined.unlink(os.path.join(folder, name)):
                 gone.append(os.path.join(folder, name))
-            except FileNotFoundError:
-                pass
         try:
-            os.rmdir(folder)
+            confined.rmdir(folder)
         except OSError:
             pass
-    os.makedirs(tombstone_dir(root), mode=0o700, exist_ok=True)
-    mark = os.path.join(tombstone_dir(root), scope)
-    fd = os.open(mark, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    os.close(fd)
-    os.utime(mark)
+    marks = tombstone_dir(root)
+    confined.makedirs(marks)
+    generation = secrets.token_hex(16)
+    confined.write_atomic(os.path.join(marks, scope), f".{scope}.{os.getpid()}.{secrets.token_hex(4)}.tmp",
+                          lambda f: f.write(generation.encode()), state_dir.FILE_MODE)
     return gone
 
 
@@ -68,12 +90,61 @@ def _scope_of(path: str) -> str:
     return os.path.basename(os.path.dirname(path))
 
 
-def _tombstones(root: str) -> dict[str, float]:
-    try:
-        with os.scandir(tombstone_dir(root)) as entries:
-            return {e.name: e.stat(follow_symlinks=False).st_mtime for e in entries}
-    except OSError:
-        return {}
+def _is_scope(name: str) -> bool:
+    return len(name) == 32 and all(c in "0123456789abcdef" for c in name)
+
+
+class Tombstones:
+    """The purge generation of each tombstoned scope, read from ``<root>/purged`` (a file read again only when
+    it changed). One per writer; read in the background thread and at start."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self._cache: dict[str, tuple[tuple, str]] = {}
+        self.generations: dict[str, str] = {}
+
+    def read(self, now: float | None = None) -> dict[str, str]:
+        now = time.time() if now is None else now
+        marks = tombstone_dir(self.root)
+        found = {}
+        for name, st in confined.entries(marks):
+            if not _is_scope(name) or not stat.S_ISREG(st.st_mode):
+                continue
+            path = os.path.join(marks, name)
+            if st.st_mtime - now > state_dir.CLOCK_SLACK_S:  # dated ahead: it ages from now on, like the rest
+                try:
+                    confined.touch(path, now)
+                except OSError:
+                    pass
+            key = (st.st_ino, st.st_mtime_ns, st.st_size)
+            cached = self._cache.get(name)
+            if cached is not None and cached[0] == key:
+                found[name] = cached[1]
+                continue
+            try:
+                text = confined.read_small(path, GENERATION_BYTES).decode("ascii", "replace").strip()
+            except (OSError, ValueError) as e:
+                logger.warning("freespec: suffix state_dir: tombstone %s unreadable (%s); its scope stays purged "
+                               "by its date", path, e)
+                text = ""
+            generation = text if text else f"mtime-{st.st_mtime_ns}"  # a tombstone of an earlier freespec
+            self._cache[name] = (key, generation)
+            found[name] = generation
+        self.generations = found
+        return found
+
+    def sweep(self, max_age_s: float, now: float | None = None) -> None:
+        """Remove tombstones older than ``max_age_s`` whose scope holds no file (a file there may be purged text
+        that only its tombstone keeps dead)."""
+        now = time.time() if now is None else now
+        marks = tombstone_dir(self.root)
+        for name, st in confined.entries(marks):
+            if state_dir.age(st.st_mtime, now) <= max_age_s or confined.entries(os.path.join(self.root, name)):
+                continue
+            try:
+                confined.unlink(os.path.join(marks, name))
+            except OSError:
+                pass
 
 
 class ScopedResponses:
@@ -89,7 +160,8 @@ class ScopedResponses:
         self._dirty: set[str] = set()
         self._unsaved: dict = {}  # store -> True, handed to the background thread and not yet written
         self._unsaved_lock = threading.Lock()
-        self._seen_tombstones: dict[str, float] = {}
+        self.tombstones = Tombstones(root)
+        self._seen_tombstones: dict[str, str] = {}  # scope -> the generation this writer's stores are of
         self._files: FileWorker | None = None
         self._stores_lock = threading.Lock()  # self.stores: the engine's thread and the background one
         self._peer_seen: dict = {}  # the background thread's: peer path -> (mtime_ns, size) last merged
@@ -104,7 +176,8 @@ class ScopedResponses:
             if store is None:
                 path = os.path.join(self.root, scope, f"{self.writer}.bin")
                 store = self.stores[scope] = ResponseStore(
-                    path, fingerprint=self.fingerprint, vocab_size=self.vocab_size, max_responses=self.max_responses,
+                    path, fingerprint=self._fingerprint(scope), vocab_size=self.vocab_size,
+                    max_responses=self.max_responses,
                     max_tokens=self.max_tokens, perms=state_dir.FILE_MODE, check_folder=False)
                 if not touch:
                     self.stores.move_to_end(scope, last=False)
@@ -112,40 +185,60 @@ class ScopedResponses:
                 self.stores.move_to_end(scope)
             return store
 
-    def load(self) -> dict[str, list[np.ndarray]]:
-        """At start: every scope folder's files (this writer's and its peers'), newer than the bound and than
-        the scope's tombstone; a bad file is skipped. The responses loaded, by scope."""
-        self._seen_tombstones = _tombstones(self.root)
-        loaded: dict[str, list[np.ndarray]] = {}
+    def _fingerprint(self, scope: str) -> str:
+        return fingerprint_for(self.fingerprint, self._seen_tombstones.get(scope))
+
+    def _purged_file(self, path: str, current: str) -> bool:
+        """Whether ``path`` is a scope's file of an older purge generation than ``current`` (purged text: removed
+        here, whoever wrote it). A file of another tokenizer is not (it is refused as foreign when read)."""
+        theirs = read_fingerprint(path)
+        if theirs is None or theirs == current or theirs.split(" purge:", 1)[0] != self.fingerprint:
+            return False
         try:
-            names = sorted(os.listdir(self.root))
+            confined.unlink(path)
+            logger.info("freespec: suffix state_dir: %s removed: written before its scope was purged", path)
         except OSError:
-            return loaded
-        for scope in names:
-            folder = os.path.join(self.root, scope)
-            if len(scope) != 32 or not os.path.isdir(folder) or os.path.islink(folder):
+            pass
+        return True
+
+    def load(self) -> dict[str, list[np.ndarray]]:
+        """At start: the newest ``MERGE_FILES`` files of all scope folders (this writer's and its peers'; the
+        rest merge in the background, ``MERGE_FILES`` an interval), of the scope's purge generation; a bad file
+        is skipped. The responses held then, by scope: within the bounds, however many files there are."""
+        self.tombstones.sweep(self.max_age_s)
+        self._seen_tombstones = dict(self.tombstones.read())
+        candidates = []
+        for scope, st in confined.entries(self.root):
+            if not _is_scope(scope) or not stat.S_ISDIR(st.st_mode):
                 continue
+            folder = os.path.join(self.root, scope)
             state_dir.sweep_old(folder, self.max_age_s)
-            since = self._seen_tombstones.get(scope, 0.0)
-            store = self._store(scope)
+            own = os.path.join(folder, f"{self.writer}.bin")
             try:
-                self._on_disk[scope] = os.lstat(store.path).st_size  # an earlier incarnation's, taken back
+                self._on_disk[scope] = confined.lstat(own).st_size  # an earlier incarnation's, taken back
             except OSError:
                 pass
-            for path in [store.path, *state_dir.peer_files(store.path, self.max_age_s)]:
-                try:
-                    st = os.stat(path)
-                    if st.st_mtime <= since:
-                        continue
-                    loaded.setdefault(scope, []).extend(store.merge_from(path))
-                    self._peer_seen[path] = (st.st_mtime_ns, st.st_size)
-                except FileNotFoundError:
-                    continue
-                except (OSError, ResponseStoreError) as e:
-                    logger.warning("freespec: suffix state_dir: %s skipped (%s)", path, e)
+            files = state_dir.peer_files(own, self.max_age_s)
+            if confined.exists(own):
+                files.append(own)
+            candidates += [(confined.lstat(p).st_mtime if confined.exists(p) else 0.0, scope, p) for p in files]
+        candidates.sort(reverse=True)  # newest first
+        for _, scope, path in sorted(candidates[:MERGE_FILES]):  # oldest first, as the responses were added
+            store = self._store(scope)
+            if self._purged_file(path, store.fingerprint):
+                continue
+            try:
+                st = confined.lstat(path)
+                store.merge_from(path)
+                self._peer_seen[path] = (st.st_mtime_ns, st.st_size)
+            except FileNotFoundError:
+                continue
+            except (OSError, ResponseStoreError) as e:
+                logger.warning("freespec: suffix state_dir: %s skipped (%s)", path, e)
             self._bound()
         self._hold_bytes({})  # this writer's earlier incarnation's files, written under a larger bound
-        return loaded
+        with self._stores_lock:
+            return {scope: store.responses() for scope, store in self.stores.items() if len(store)}
 
     def add(self, scope: str, tokens: np.ndarray) -> None:
         if self._store(scope).add(tokens):
@@ -189,7 +282,7 @@ class ScopedResponses:
                     self._dirty.discard(scope)
                     with self._unsaved_lock:
                         self._unsaved.pop(store, None)
-                    work.append(("unlink", store.path))
+                    work.append(("forget", store))
         with self._unsaved_lock:  # a request replaces one not yet run: it carries every store not yet written
             for scope in self._dirty:
                 store = self.stores.get(scope)
@@ -213,17 +306,35 @@ class ScopedResponses:
                 if not self._emptied(target):
                     continue
                 target = target.path
+            elif what == "forget":  # a purged scope's store: its file goes unless already of the new generation
+                current = fingerprint_for(self.fingerprint, self.tombstones.read().get(_scope_of(target.path)))
+                if confined.exists(target.path) and self._purged_file(target.path, current):
+                    self._on_disk.pop(_scope_of(target.path), None)
+                continue
             try:
-                os.unlink(target)
+                confined.unlink(target)
             except OSError:
                 pass
             self._on_disk.pop(_scope_of(target), None)
-        for store, stored in self._hold_bytes(planned).items():
+        for store, stored in self._hold_bytes(self._unpurged(planned)).items():
             try:
                 state_dir.source_dir(self.root, _scope_of(store.path))
             except OSError:
                 pass  # the save below says why it cannot write
             self._save(store, stored)
+
+    def _unpurged(self, planned: dict) -> dict:
+        """Of the saves ``planned``, those of stores of their scope's current purge generation, the tombstones read
+        now (right before the save): a store that predates a purge is never written; its file, if any, goes."""
+        generations = self.tombstones.read()
+        keep = {}
+        for store, stored in planned.items():
+            current = fingerprint_for(self.fingerprint, generations.get(_scope_of(store.path)))
+            if store.fingerprint == current:
+                keep[store] = stored
+            elif confined.exists(store.path):
+                self._purged_file(store.path, current)
+        return keep
 
     def _emptied(self, store: ResponseStore) -> bool:
         """Whether ``store``, holding no responses, is its scope's live store, so that its file is removed rather
@@ -262,9 +373,7 @@ class ScopedResponses:
                 continue  # neither a file nor a save of this writer's: forgetting it frees nothing
             if scope in self._on_disk:
                 try:
-                    os.unlink(store.path)
-                except FileNotFoundError:
-                    pass
+                    confined.unlink(store.path)
                 except OSError as e:
                     logger.warning("freespec: suffix state_dir: %s not removed (%s)", store.path, e)
                     continue
@@ -285,29 +394,27 @@ class ScopedResponses:
 
     def _scan(self, _peers):
         """In the background: new tombstones, and the merges of peers' files that changed (``tick`` applies
-        them), as one result."""
-        marks = _tombstones(self.root)
-        new = [s for s, t in marks.items() if self._seen_tombstones.get(s) != t]
+        them), as one result. A file of an older purge generation is removed, never read."""
+        marks = self.tombstones.read()
+        new = [s for s, g in marks.items() if self._seen_tombstones.get(s) != g]
         self._seen_tombstones.update(marks)
         merges = []
-        try:
-            names = sorted(os.listdir(self.root))
-        except OSError:
-            names = []
-        for scope in names:
+        for scope, st in confined.entries(self.root):
             if len(merges) >= MERGE_FILES:
                 break
-            if len(scope) != 32 or scope in new or not os.path.isdir(os.path.join(self.root, scope)):
+            if not _is_scope(scope) or scope in new or not stat.S_ISDIR(st.st_mode):
                 continue
             own = os.path.join(self.root, scope, f"{self.writer}.bin")
-            since = marks.get(scope, 0.0)
+            current = fingerprint_for(self.fingerprint, marks.get(scope))
             for path in state_dir.peer_files(own, self.max_age_s):
                 try:
-                    st = os.stat(path)
+                    pst = confined.lstat(path)
                 except OSError:
                     continue
-                if st.st_mtime <= since or self._peer_seen.get(path) == (st.st_mtime_ns, st.st_size):
+                if self._peer_seen.get(path) == (pst.st_mtime_ns, pst.st_size):
                     continue  # unchanged: no store made for it (nor brought back after the byte bound dropped it)
+                if self._purged_file(path, current):
+                    continue
                 store = self._store(scope, touch=False)
                 prepared = store._read_peer(path, self._peer_seen, self._peer_errors)
                 if prepared is not None:
@@ -318,7 +425,8 @@ class ScopedResponses:
             yield new, merges
 
     def close(self) -> None:
-        """The final save of every changed store, in this thread (at exit; never raises)."""
+        """The final save of every changed store, in this thread (at exit; never raises): the tombstones are read
+        first, so a writer stopping right after a purge writes nothing of the purged scope."""
         if self._files is not None:
             self._files.stop()
         with self._stores_lock:
@@ -333,13 +441,18 @@ class ScopedResponses:
                 planned[store] = stored
             elif _scope_of(store.path) in self._on_disk and self._emptied(store):  # see ``_emptied``
                 try:
-                    os.unlink(store.path)
+                    confined.unlink(store.path)
                 except OSError:
                     pass
                 self._on_disk.pop(_scope_of(store.path), None)
+        try:
+            planned = self._unpurged(planned)
+        except Exception:  # noqa: BLE001 - never raises at exit; nothing of a scope is written then
+            logger.exception("freespec: suffix state_dir: tombstones unreadable at exit; scoped responses not saved")
+            planned = {}
         for store, stored in self._hold_bytes(planned).items():
             try:
-                os.makedirs(os.path.dirname(store.path), mode=0o700, exist_ok=True)
+                confined.makedirs(os.path.dirname(store.path))
             except OSError:
                 pass  # its save says why it cannot write
             self._save(store, stored, timeout=10.0, final=True)

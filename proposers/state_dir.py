@@ -22,7 +22,10 @@ import logging
 import os
 import re
 import socket
+import stat
 import time
+
+from freespec import confined
 
 logger = logging.getLogger("freespec")
 
@@ -30,6 +33,8 @@ FILE_MODE = 0o600
 SOURCES = ("suffix", "recycle")  # the folders of the sources that keep state here
 DEFAULT_MAX_AGE_S = 30 * 86_400.0
 KEEP_NEWER_THAN_S = 3_600.0  # cap_total leaves files written this recently: a live writer's
+START_FILES = 64  # the newest peers' files a source reads at start; the others merge later, as they change
+CLOCK_SLACK_S = 300.0  # a file dated further ahead of this clock than this is treated as expired (``age``)
 TOMBSTONES = "purged"  # a source folder's tombstones of purged scopes (scoped_responses), kept until old
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
@@ -55,82 +60,77 @@ def writer_id() -> str:
     return f"{host}.{ns}.{os.getpid()}"
 
 
+def open_root(state_dir: str, *, trust_others: bool = False) -> str:
+    """At start: make ``state_dir`` this process's trust boundary (``freespec.confined``: created mode 0700 if
+    missing, a warning if others can write it, no link below it ever followed); returns it."""
+    confined.confine(state_dir, trust_others=trust_others)
+    return state_dir
+
+
 def source_dir(state_dir: str, source: str) -> str:
-    """The folder of one source's files (made if missing, mode 0700)."""
+    """The folder of one source's files (made if missing, mode 0700; a link there is refused)."""
     path = os.path.join(state_dir, source)
-    os.makedirs(path, mode=0o700, exist_ok=True)
+    confined.makedirs(path)
     return path
 
 
 def own_file(state_dir: str, source: str, ext: str) -> str:
+    """This writer's file of ``source`` (the state directory made this process's boundary first)."""
+    open_root(state_dir)
     return os.path.join(source_dir(state_dir, source), f"{writer_id()}.{ext}")
 
 
+def age(mtime: float, now: float) -> float:
+    """How old a file is. One dated more than ``CLOCK_SLACK_S`` ahead of this clock counts as infinitely old:
+    neither merged nor kept (a clock gone wrong, or a planted date), so it never outlives the age bound."""
+    return float("inf") if mtime - now > CLOCK_SLACK_S else now - mtime
+
+
 def peer_files(own: str, max_age_s: float = DEFAULT_MAX_AGE_S, now: float | None = None) -> list[str]:
-    """The other writers' files beside ``own`` (same extension), newer than ``max_age_s``; oldest first."""
+    """The other writers' files beside ``own`` (same extension, regular files, not links), newer than
+    ``max_age_s`` (``age``); oldest first."""
     directory, name = os.path.split(own)
     ext = name.rsplit(".", 1)[-1]
     now = time.time() if now is None else now
     found = []
-    try:
-        with os.scandir(directory) as entries:
-            for e in entries:
-                if e.name == name or e.name.startswith(".") or not e.name.endswith("." + ext):
-                    continue
-                try:
-                    st = e.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                if e.is_file(follow_symlinks=False) and now - st.st_mtime <= max_age_s:
-                    found.append((st.st_mtime, e.path))
-    except OSError:
-        return []
+    for entry, st in confined.entries(directory):
+        if entry == name or entry.startswith(".") or not entry.endswith("." + ext):
+            continue
+        if stat.S_ISREG(st.st_mode) and age(st.st_mtime, now) <= max_age_s:
+            found.append((st.st_mtime, os.path.join(directory, entry)))
     return [p for _, p in sorted(found)]
 
 
 def sweep_old(directory: str, max_age_s: float = DEFAULT_MAX_AGE_S, now: float | None = None) -> int:
-    """Remove files of ``directory`` older than ``max_age_s`` (any writer's: by age only); links are removed, never
-    followed. Returns how many went."""
+    """Remove files of ``directory`` older than ``max_age_s`` (any writer's: by age only, ``age``); links are
+    removed, never followed. Returns how many went."""
     now = time.time() if now is None else now
     gone = 0
-    try:
-        with os.scandir(directory) as entries:
-            for e in entries:
-                try:
-                    if now - e.stat(follow_symlinks=False).st_mtime > max_age_s:
-                        os.unlink(e.path)
-                        gone += 1
-                except OSError:
-                    continue
-    except OSError:
-        return gone
+    for entry, st in confined.entries(directory):
+        if stat.S_ISDIR(st.st_mode) or age(st.st_mtime, now) <= max_age_s:
+            continue
+        try:
+            gone += confined.unlink(os.path.join(directory, entry))
+        except OSError:
+            continue
     if gone:
-        logger.info("freespec: state directory %s: removed %d file(s) older than %.0f days", directory, gone,
-                    max_age_s / 86_400)
+        logger.info("freespec: state directory %s: removed %d file(s) older than %.0f days (or dated ahead of "
+                    "this clock)", directory, gone, max_age_s / 86_400)
     return gone
 
 
 def state_files(state_dir: str) -> list[tuple[str, float, int]]:
     """Every file a source keeps in ``state_dir`` (path, mtime, bytes), by source then name (``SOURCES``'
-    folders only); links and temporaries included, as they take space too."""
+    folders and one level below: scopes, tombstones); links and temporaries included, as they take space too,
+    and listed as links, never followed."""
+    open_root(state_dir)
     out = []
     for source in SOURCES:  # only the sources' own folders: a wrong DIR loses nothing else
         folder = os.path.join(state_dir, source)
-        if not os.path.isdir(folder) or os.path.islink(folder):
-            continue
-        for name in sorted(os.listdir(folder)):
+        for name, st in confined.entries(folder):
             path = os.path.join(folder, name)
-            try:
-                st = os.lstat(path)
-            except OSError:
-                continue
-            if os.path.isdir(path) and not os.path.islink(path):  # suffix/<scope>/ and suffix/purged/
-                for inner in sorted(os.listdir(path)):
-                    try:
-                        ist = os.lstat(os.path.join(path, inner))
-                    except OSError:
-                        continue
-                    out.append((os.path.join(path, inner), ist.st_mtime, ist.st_size))
+            if stat.S_ISDIR(st.st_mode):  # suffix/<scope>/ and suffix/purged/
+                out += [(os.path.join(path, inner), ist.st_mtime, ist.st_size) for inner, ist in confined.entries(path)]
                 continue
             out.append((path, st.st_mtime, st.st_size))
     return out
@@ -152,13 +152,11 @@ def cap_total(state_dir: str, max_bytes: int, keep_newer_than_s: float = KEEP_NE
     if total <= max_bytes:
         return []
     gone = []
-    for path, mtime, size in sorted(files, key=lambda f: f[1]):
-        if total <= max_bytes or now - mtime < keep_newer_than_s:
+    for path, mtime, size in sorted(files, key=lambda f: -age(f[1], now)):
+        if total <= max_bytes or age(mtime, now) < keep_newer_than_s:
             break
         try:
-            os.unlink(path)
-        except FileNotFoundError:  # another rank or replica starting at the same time
-            pass
+            confined.unlink(path)  # gone already: another rank or replica starting at the same time
         except OSError:
             continue
         gone.append(path)
@@ -183,13 +181,13 @@ def purge(state_dir: str, *, older_than_s: float | None = None, writer: str | No
         name = os.path.basename(path)
         if is_tombstone(path) and older_than_s is None:
             continue  # a tombstone stays until it is old: a writer that has not seen it yet must
-        if older_than_s is not None and now - mtime <= older_than_s:
+        if older_than_s is not None and age(mtime, now) <= older_than_s:
             continue
         if writer is not None and name.rsplit(".", 1)[0] != writer and f"-{writer}." not in name:
             continue
         try:
-            os.unlink(path)
-            gone.append(path)
-        except FileNotFoundError:
+            if confined.unlink(path):
+                gone.append(path)
+        except OSError:
             continue
     return gone

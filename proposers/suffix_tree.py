@@ -215,7 +215,9 @@ class SuffixTreeProposer(Proposer):
         self._live: dict[int, _Live] = {}
         self.store = None  # ResponseStore, when responses are persisted (bind)
         self.scoped = None  # ScopedResponses: the salted scopes' responses, in a state directory (bind)
-        self._to_seed: deque = deque()  # responses merged from replicas, put into the tree a few per step
+        # responses merged from replicas, put into the tree a few per step; at most what the store holds (the
+        # oldest go first: many merges between steps cannot pile up more than the bounds)
+        self._to_seed: deque = deque(maxlen=options.max_saved_responses)
         self._last_save = 0.0
         self._seeded = 0
         self._merges = 0
@@ -248,10 +250,14 @@ class SuffixTreeProposer(Proposer):
             if o.responses_path is not None or o.merge_from:
                 logger.warning("freespec: suffix responses_path/merge_from are ignored: state_dir %s is given",
                                info.state_dir)
-            path, perms = state_dir.own_file(info.state_dir, "suffix", "bin"), state_dir.FILE_MODE
+            try:
+                path, perms = state_dir.own_file(info.state_dir, "suffix", "bin"), state_dir.FILE_MODE
+            except OSError as e:  # a link planted at suffix/, or a folder that cannot be made
+                raise ValueError(f"state_dir {info.state_dir!r}: {e}") from e
             state_dir.sweep_old(os.path.dirname(path), info.state_max_age_s)
-            state_dir.sweep_old(os.path.join(os.path.dirname(path), state_dir.TOMBSTONES), info.state_max_age_s)
-            self._peers = lambda: tuple(state_dir.peer_files(path, info.state_max_age_s))  # at start
+            # at start, the newest peers only: the start's work follows the store's bounds, not the folder's
+            # size (the others merge in the background, as they change)
+            self._peers = lambda: tuple(state_dir.peer_files(path, info.state_max_age_s)[-state_dir.START_FILES:])
             self._peers_later = lambda: (FIND_PEERS,)  # then listed in the background thread
         elif path is not None:
             from freespec.proposers.state_dir import legacy_warning
@@ -269,10 +275,17 @@ class SuffixTreeProposer(Proposer):
             self.store = ResponseStore(path, fingerprint=info.tokenizer_fingerprint(), vocab_size=info.vocab_size,
                                        max_responses=o.max_saved_responses, max_tokens=o.max_saved_tokens,
                                        perms=perms, find_peers=self._peers)
-            loaded = self.store.load()
+            try:
+                self.store.load()
+            except ResponseStoreError as e:
+                if info.state_dir is None:
+                    raise
+                # its own file in a shared folder (a link planted at its name, a damaged save): the next save
+                # replaces it, never writing through a link; never a reason not to start
+                logger.warning("freespec: suffix state_dir: this writer's earlier file is skipped (%s)", e)
             for peer in self._peers():
                 try:
-                    loaded += self.store.merge_from(peer)
+                    self.store.merge_from(peer)
                 except ResponseStoreError as e:
                     if info.state_dir is None:
                         raise
@@ -284,7 +297,7 @@ class SuffixTreeProposer(Proposer):
             raise ValueError(f"suffix responses_path/merge_from: {e}") from e
         except ValueError as e:
             raise ValueError(f"suffix responses_path: {e}") from e
-        self._seed(loaded)
+        self._seed(self.store.responses())  # what the bounds kept of every file read
         if info.state_dir is not None:  # the salted tenants' responses, one folder per scope
             from freespec.proposers.scoped_responses import ScopedResponses
 
@@ -402,7 +415,8 @@ class SuffixTreeProposer(Proposer):
                 purged, merged = self.scoped.tick()
                 for scope in purged:
                     self._forget(scope)
-                    self._to_seed = deque(item for item in self._to_seed if item[0] != scope)
+                    self._to_seed = deque((item for item in self._to_seed if item[0] != scope),
+                                          maxlen=self._to_seed.maxlen)
                 self._to_seed.extend(merged)
             peers = self._peers_later()  # no directory listing here: the background thread's
             if peers:

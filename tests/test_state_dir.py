@@ -204,8 +204,12 @@ def test_the_state_dir_option_is_checked_naming_it(tmp_path):
 
     _, extra = translate({"plugin": "copy", "num_speculative_tokens": 4, "state_dir": str(tmp_path)}, None)
     assert json.dumps(extra)  # accepted
-    with pytest.raises(Exception, match="'state_dir'"):
-        translate({"plugin": "copy", "num_speculative_tokens": 4, "state_dir": str(tmp_path / "missing")}, None)
+    # a missing folder is made at start (mode 0700); one whose parent is missing, or a file, is refused
+    translate({"plugin": "copy", "num_speculative_tokens": 4, "state_dir": str(tmp_path / "missing")}, None)
+    (tmp_path / "a-file").write_text("")
+    for bad in (tmp_path / "no" / "parent", tmp_path / "a-file"):
+        with pytest.raises(Exception, match="'state_dir'"):
+            translate({"plugin": "copy", "num_speculative_tokens": 4, "state_dir": str(bad)}, None)
     with pytest.raises(Exception, match="'state_max_age_days'"):
         translate({"plugin": "copy", "num_speculative_tokens": 4, "state_max_age_days": 0}, None)
 

@@ -31,7 +31,7 @@ import numpy as np
 from freespec.proposers import exit_save
 from freespec.proposers.api import SHARED_SCOPE, Draft, EngineInfo, Row, StepContext
 from freespec.proposers.registry import load_proposer_class
-from freespec.proposers.state_dir import cap_total
+from freespec.proposers.state_dir import cap_total, open_root
 from freespec.proposers.vocab import vocab_fingerprint
 from freespec.scorers.controller import DraftController
 from freespec.vllm_plugins.accounting import (
@@ -81,7 +81,7 @@ class FreespecProposer:
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         self.proposer = load_proposer_class(self.plugin)(options, self.k)
         if adapter.state_dir is not None:  # at start, before this process's sources load and write their files
-            cap_total(adapter.state_dir, adapter.state_dir_max_bytes)
+            cap_total(open_root(adapter.state_dir, trust_others=adapter.state_dir_trust_others), adapter.state_dir_max_bytes)
         model_config = vllm_config.model_config
         saving = len(exit_save.registered())
         self.proposer.bind(

@@ -62,7 +62,13 @@ class AdapterOptions(BaseModel):
         description="a folder where every source that learns across requests (suffix's responses, which also "
                     "fill hybrid's copy source, and recycle's matrix; not the copy plugin alone) of every replica "
                     "and rank keeps its state, each process its own files (mode 0600), "
-                    "merging the others' (docs/security.md); replaces responses_path, merge_from and matrix_path",
+                    "merging the others' (docs/security.md); made (mode 0700) if missing; replaces responses_path, "
+                    "merge_from and matrix_path",
+    )
+    state_dir_trust_others: bool = Field(
+        False, strict=True,
+        description="merge files in state_dir that belong to another user or that others can write (replicas "
+                    "running as different users); false: such files are refused with one warning",
     )
     state_max_age_days: float = Field(
         30.0, gt=0.0, le=3650.0, strict=True,
@@ -89,8 +95,10 @@ class AdapterOptions(BaseModel):
     @field_validator("state_dir")
     @classmethod
     def _existing_folder(cls, value: Optional[str]) -> Optional[str]:
-        if value is not None and (not value or "\0" in value or not os.path.isdir(value)):
-            raise ValueError("not an existing folder")
+        if value is not None and (not value or "\0" in value or not os.path.isdir(value or ".")):
+            parent = os.path.dirname(os.path.abspath(value)) if value and "\0" not in value else ""
+            if not parent or not os.path.isdir(parent) or os.path.exists(value):
+                raise ValueError("not a folder, nor one that can be made in an existing folder")
         return value
 
     @property
@@ -126,10 +134,10 @@ def adapter_options(raw: dict[str, Any]) -> AdapterOptions:
 def _allowed(key: str) -> str:
     field = AdapterOptions.model_fields[key]
     choices = get_args(field.annotation)
-    if key == "step_aside":
+    if key in ("step_aside", "state_dir_trust_others"):
         return "must be true or false"
     if key == "state_dir":
-        return "must be a folder that exists (a string)"
+        return "must be a folder, or a new one's path in a folder that exists (a string)"
     if key not in ("step_budget_ms", "state_max_age_days", "state_max_mb") and choices:
         return f"must be one of {list(choices)}"
     high = next(m.le for m in field.metadata if getattr(m, "le", None) is not None)

@@ -47,7 +47,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
+import secrets
 import time
 import zipfile
 import zlib
@@ -55,9 +55,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
-from freespec.safe_files import (
-    check_npy_header, clip, fsync_directory, loads_json, open_regular, process_alive, short,
-)
+from freespec import confined
+from freespec.safe_files import check_npy_header, clip, loads_json, open_regular, process_alive, short
 
 FORMAT = "freespec-recycle-matrix"
 VERSION = 2
@@ -151,59 +150,32 @@ def save_matrix(
     directory = os.path.dirname(os.path.abspath(path))
     base = os.path.basename(path)
     remove_stale_temporaries(directory, base)
-    fd, tmp = tempfile.mkstemp(prefix=f".recycle-{os.getpid()}-{base}-", suffix=".npz.tmp", dir=directory)
-    try:
-        # mkstemp creates 0600; a matrix is shared with replicas (merge_from) that may run as another user, so
-        # it gets the mode any new file gets under this process's umask (0644 under the usual 022); a state
-        # directory's stays 0600 (``perms``).
-        os.fchmod(fd, (0o666 & ~current_umask()) if perms is None else perms)
-        with os.fdopen(fd, "wb") as f:
-            np.savez(
-                f, ids=ids, probs=probs, stamps=stamps,
-                meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
-            )
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    fsync_directory(directory)  # the rename itself durable, as the response store does
+    tmp = f".recycle-{os.getpid()}-{base}-{secrets.token_hex(4)}.npz.tmp"
+
+    def fill(f) -> None:
+        np.savez(f, ids=ids, probs=probs, stamps=stamps, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8))
+
+    # A matrix is shared with replicas (merge_from) that may run as another user, so it gets the mode any new
+    # file gets under this process's umask (0644 under the usual 022); a state directory's stays 0600
+    # (``perms``). Written whole or not at all, no link followed (``freespec.confined``).
+    confined.write_atomic(path, tmp, fill, 0o666 if perms is None else perms)
 
 
 def remove_stale_temporaries(directory: str, base: str) -> None:
     """Remove temporary files a killed save of ``base`` left in ``directory`` (of a process now gone). Only
     ``base``'s: another writer's, maybe in another PID namespace where its pid means another process, is
     never touched."""
-    try:
-        names = [n for n in os.listdir(directory) if n.startswith(".recycle-") and n.endswith(".npz.tmp")]
-    except OSError:
-        return
+    names = [n for n, _ in confined.entries(directory) if n.startswith(".recycle-") and n.endswith(".npz.tmp")]
     for name in names:
         pid, _, rest = name[len(".recycle-"):].partition("-")
         if not rest.startswith(base + "-"):
             continue
         if pid.isdigit() and int(pid) != os.getpid() and not process_alive(int(pid)):
             try:
-                os.unlink(os.path.join(directory, name))
+                confined.unlink(os.path.join(directory, name))
             except OSError:
                 pass
 
-
-
-def current_umask() -> int:
-    """This process's umask, read without changing it (Linux: /proc; elsewhere set and restored at once)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def write_matrix(path: str, m: Matrix, perms: Optional[int] = None) -> None:

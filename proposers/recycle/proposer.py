@@ -56,6 +56,7 @@ import time
 from collections.abc import Iterator, Sequence
 
 import numpy as np
+from freespec import confined
 from freespec.kernels.tree import expand_tree, tree_template
 from freespec.proposers.api import SHARED_SCOPE, Draft, EngineInfo, Row, ScoredPositions, StepContext
 from freespec.proposers.base import Proposer, ProposerOptions
@@ -217,10 +218,14 @@ class RecycleProposer(Proposer):
             if self.options.matrix_path is not None or self.options.merge_from:
                 logger.warning("freespec: recycle matrix_path/merge_from are ignored: state_dir %s is given",
                                info.state_dir)
-            self._path = state_dir.own_file(info.state_dir, "recycle", "npz")
+            try:
+                self._path = state_dir.own_file(info.state_dir, "recycle", "npz")
+            except OSError as e:  # a link planted at recycle/, or a folder that cannot be made
+                raise ValueError(f"state_dir {info.state_dir!r}: {e}") from e
             self._perms = state_dir.FILE_MODE
             state_dir.sweep_old(os.path.dirname(self._path), info.state_max_age_s)
-            self._peers = lambda: tuple(state_dir.peer_files(self._path, info.state_max_age_s))
+            # the newest peers only: a start's and a merge's work follow the bounds, not the folder's size
+            self._peers = lambda: tuple(state_dir.peer_files(self._path, info.state_max_age_s)[-state_dir.START_FILES:])
         elif self.options.matrix_path is not None or self.options.merge_from:
             from freespec.proposers.state_dir import legacy_warning
 
@@ -231,12 +236,20 @@ class RecycleProposer(Proposer):
         if info.tokenizer_fingerprint is None:
             raise ValueError("recycle matrix_path/merge_from need the tokenizer's identity, which this engine does not give")
         self._fingerprint = self.matrix.tokenizer = info.tokenizer_fingerprint()
-        if path is not None and os.path.exists(path):
-            own = self._load(path, "recycle matrix_path")
+        own = None
+        if path is not None and confined.exists(path):
+            try:
+                own = self._load(path, "recycle matrix_path")
+            except MatrixFileError as e:
+                if self._perms is None:
+                    raise
+                # its own file in a shared folder (a link planted at its name): the next save replaces it
+                logger.warning("freespec: recycle state_dir: this writer's earlier file is skipped (%s)", e)
+        if own is not None:
             self.matrix.ids, self.matrix.probs, self.matrix.stamps = own.ids, own.probs, own.stamps
             self.updates = own.updates
             logger.info("freespec: recycle matrix loaded from %s (%d updates)", path, self.updates)
-        elif path is not None:
+        elif path is not None and not confined.exists(path):
             logger.info("freespec: recycle matrix %s does not exist yet; starting cold, will save there", path)
         for peer_path, peer in self._changed_peers(at_start=True):
             self._merge(peer_path, peer)
@@ -268,7 +281,7 @@ class RecycleProposer(Proposer):
             if os.path.abspath(path) == own:  # a peer list that names this server's own file: it is here already
                 continue
             try:
-                st = os.stat(path)
+                st = confined.lstat(path)  # a link is then refused by the read (``freespec.confined``)
             except FileNotFoundError:
                 if at_start:
                     logger.info("freespec: recycle merge_from %s does not exist yet; will merge it when it does", path)

@@ -1,0 +1,301 @@
+"""The state directory as a trust boundary (issue 86): purges that stick on every replica whatever the order of
+saves, stops and starts; no link below the folder followed; clocks that cannot keep a file alive or hide later
+learning; starts bounded by the stores, not the folder; one file never shared by two writers.
+
+Replicas are real processes (``REPLICA`` below: the scoped response stores of one writer, driven line by line
+over stdin), writing and reading real files in one folder.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from freespec import confined
+from freespec.proposers import state_dir
+from freespec.proposers.api import EngineInfo
+from freespec.proposers.response_store import ResponseStore
+from freespec.proposers.scoped_responses import ScopedResponses, Tombstones, fingerprint_for, purge_scope
+from freespec.vllm_plugins.request_ids import scope_of
+
+REPO = Path(__file__).resolve().parents[1]
+FP = "sha256:tok-a"
+X, Y = scope_of("tenant-x"), scope_of("tenant-y")
+
+# One replica: its scoped stores in <dir>/suffix; commands on stdin, one per line, each answered "ok ...".
+REPLICA = """
+import os, sys
+import numpy as np
+from freespec.proposers import state_dir
+from freespec.proposers.scoped_responses import ScopedResponses
+
+if os.environ.get("WRITER"):  # a name the test knows before the start (a planted link at it)
+    state_dir.writer_id = lambda: os.environ["WRITER"]
+
+root = state_dir.source_dir(state_dir.open_root(sys.argv[1]), "suffix")
+sr = ScopedResponses(root, fingerprint="sha256:tok-a", vocab_size=1000, max_responses=1000, max_tokens=100000,
+                     max_age_s=86400.0, max_bytes=10**8)
+sr.load()
+print("ok", state_dir.writer_id(), flush=True)
+for line in sys.stdin:
+    cmd, *args = line.split()
+    if cmd == "add":
+        sr.add(args[0], np.array([int(a) for a in args[1:]], dtype=np.int32))
+    elif cmd == "save":  # one save interval: apply what the background read, save, read tombstones and peers
+        for _ in range(3):
+            sr.tick()
+            sr._files.wait(10)
+    elif cmd == "held":
+        store = sr.stores.get(args[0])
+        print("ok", 0 if store is None else len(store), flush=True)
+        continue
+    elif cmd == "close":
+        sr.close()
+        print("ok", flush=True)
+        break
+    print("ok", flush=True)
+"""
+
+
+class Replica:
+    def __init__(self, folder: Path, writer: str = "") -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", REPLICA, str(folder)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env={**os.environ, "PYTHONPATH": str(REPO), "WRITER": writer})
+        self.writer = self._answer()
+
+    def _answer(self) -> str:
+        line = self.proc.stdout.readline()
+        if not line.startswith("ok"):
+            raise AssertionError(f"replica: {line!r} {self.proc.stderr.read()[-3000:]}")
+        return line[2:].strip()
+
+    def do(self, command: str) -> str:
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return self._answer()
+
+    def held(self, scope: str) -> int:
+        return int(self.do(f"held {scope}"))
+
+    def close(self) -> None:
+        self.do("close")
+        self.proc.wait(timeout=30)
+
+
+def stores_hold(folder: Path, scope: str) -> set[tuple[int, ...]]:
+    """What a fresh writer loads of ``scope``, all files of the folder read (in this process)."""
+    sr = ScopedResponses(str(folder / "suffix"), fingerprint=FP, vocab_size=1000, max_responses=1000,
+                         max_tokens=100000, max_age_s=86400.0, max_bytes=10**8)
+    return {tuple(int(t) for t in r) for r in sr.load().get(scope, [])}
+
+
+@pytest.fixture
+def folder(tmp_path):
+    yield tmp_path
+    confined.release(str(tmp_path))
+
+
+def test_a_purge_sticks_whatever_the_order_of_saves_stops_and_starts(folder):
+    a, b = Replica(folder), Replica(folder)
+    try:
+        a.do(f"add {X} 5 6 7 8")
+        a.do(f"add {Y} 9 9 9 9")
+        a.do("save")
+        b.do("save")
+        assert b.held(X) == 1  # b merged what a learned of x
+        purge_scope(str(folder / "suffix"), X)  # between a's saves: a still holds x in memory
+        a.do(f"add {X} 5 6 7 9")  # and learns more of it before it sees the tombstone
+        a.do("save")  # its next save: honours the purge first, never writes x back
+        b.do("save")
+        assert a.held(X) == 0 and b.held(X) == 0
+        assert stores_hold(folder, X) == set()
+        assert stores_hold(folder, Y) == {(9, 9, 9, 9)}  # another tenant untouched
+        a.do(f"add {X} 1 2 3 4")  # learned after the purge: kept, and shared
+        a.do("save")
+        b.do("save")
+        assert b.held(X) == 1 and stores_hold(folder, X) == {(1, 2, 3, 4)}
+        # A holder stopping right after a purge writes nothing of it, and a later start loads none of it.
+        purge_scope(str(folder / "suffix"), X)
+        a.close()
+        b.close()
+        assert stores_hold(folder, X) == set()
+        c = Replica(folder)
+        assert c.held(X) == 0
+        c.close()
+    finally:
+        for r in (a, b):
+            r.proc.kill()
+
+
+def test_a_file_written_for_an_older_purge_generation_is_never_merged_and_is_removed(folder):
+    root = folder / "suffix"
+    a = Replica(folder)
+    try:
+        purge_scope(str(root), X)
+        # A writer that had not seen the tombstone (a save racing the purge) writes x's text after it.
+        confined.makedirs(str(root / X))
+        stale = ResponseStore(str(root / X / "late.0.1.bin"), fingerprint=FP, vocab_size=1000, perms=0o600)
+        stale.add(np.array([4, 4, 4, 4], dtype=np.int32))
+        stale.save()
+        a.do("save")
+        assert a.held(X) == 0 and not (root / X / "late.0.1.bin").exists()
+        a.close()
+    finally:
+        a.proc.kill()
+
+
+@pytest.mark.parametrize("planted", ["scope folder", "own file", "tombstone folder", "source folder"])
+def test_links_planted_in_the_state_directory_are_never_followed(folder, tmp_path_factory, planted):
+    outside = tmp_path_factory.mktemp("outside")
+    secret = outside / "secret.bin"
+    secret.write_bytes(b"not freespec's")
+    root = folder / "suffix"
+    root.mkdir(mode=0o700)
+    (root / Y).mkdir(mode=0o700)
+    y = ResponseStore(str(root / Y / "peer.0.1.bin"), fingerprint=FP, vocab_size=1000, perms=0o600)
+    y.add(np.array([3, 1, 4, 1, 5], dtype=np.int32))
+    y.save()
+    if planted == "scope folder":  # x's folder is y's: x must neither read y's text nor write into y's folder
+        os.symlink(root / Y, root / X)
+    elif planted == "tombstone folder":
+        os.symlink(outside, root / "purged")
+    elif planted == "source folder":
+        (folder / "recycle").symlink_to(outside)
+    if planted == "own file":  # at the file a start reads and its saves replace
+        (root / X).mkdir(mode=0o700)
+        (root / X / "host-t.1.1.bin").symlink_to(secret)
+    before = sorted(p.name for p in outside.iterdir())
+    a = Replica(folder, writer="host-t.1.1")
+    try:
+        a.do(f"add {X} 7 7 7 7")
+        a.do("save")
+        assert a.held(X) <= 1 and a.held(Y) == 1
+        if planted == "scope folder":
+            assert sorted(p.name for p in (root / Y).iterdir()) == ["peer.0.1.bin"]  # nothing written through
+            assert a.held(X) == 1  # its own response only; y's not merged into x
+        a.close()
+    finally:
+        a.proc.kill()
+    assert secret.read_bytes() == b"not freespec's"
+    assert sorted(p.name for p in outside.iterdir()) == before
+    if planted == "tombstone folder":
+        with pytest.raises(OSError):
+            purge_scope(str(root), X)
+        assert sorted(p.name for p in outside.iterdir()) == before
+
+
+def test_a_peer_file_of_another_user_or_writable_by_others_is_refused_unless_trusted(folder, caplog):
+    root = folder / "suffix"
+    confined.confine(str(folder))
+    confined.makedirs(str(root / X))
+    peer = ResponseStore(str(root / X / "peer.0.1.bin"), fingerprint=FP, vocab_size=1000, perms=0o600)
+    peer.add(np.array([8, 8, 8, 8], dtype=np.int32))
+    peer.save()
+    os.chmod(root / X / "peer.0.1.bin", 0o666)
+    assert stores_hold(folder, X) == set()
+    assert "state_dir_trust_others" in caplog.text
+    confined.confine(str(folder), trust_others=True)
+    assert stores_hold(folder, X) == {(8, 8, 8, 8)}
+
+
+def test_a_missing_state_directory_is_made_private_and_a_world_writable_one_is_warned_of(tmp_path, caplog):
+    made = tmp_path / "new"
+    state_dir.open_root(str(made))
+    assert made.is_dir() and made.stat().st_mode & 0o777 == 0o700
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    state_dir.open_root(str(shared))
+    state_dir.open_root(str(shared))
+    assert caplog.text.count("can be written by users other than its owner") == 1
+    for p in (made, shared):
+        confined.release(str(p))
+
+
+def test_files_dated_ahead_of_the_clock_neither_live_forever_nor_hide_later_learning(folder):
+    root = folder / "suffix"
+    confined.confine(str(folder))
+    confined.makedirs(str(root / X))
+    future = time.time() + 10 * 86_400
+    peer = ResponseStore(str(root / X / "peer.0.1.bin"), fingerprint=FP, vocab_size=1000, perms=0o600)
+    peer.add(np.array([2, 2, 2, 2], dtype=np.int32))
+    peer.save()
+    os.utime(root / X / "peer.0.1.bin", (future, future))
+    # a file dated ahead counts as expired: not merged, and the start's sweep removes it
+    assert stores_hold(folder, X) == set() and not (root / X / "peer.0.1.bin").exists()
+    assert state_dir.age(future, time.time()) == float("inf")
+    # a tombstone dated ahead ages from now on, and learning after it is kept (no clock decides a purge)
+    purge_scope(str(root), X)
+    mark = root / "purged" / X
+    os.utime(mark, (future, future))
+    generation = Tombstones(str(root)).read()[X]
+    assert mark.stat().st_mtime <= time.time() + 1
+    confined.makedirs(str(root / X))
+    later = ResponseStore(str(root / X / "later.0.1.bin"), fingerprint=fingerprint_for(FP, generation),
+                          vocab_size=1000, perms=0o600)
+    later.add(np.array([6, 6, 6, 6], dtype=np.int32))
+    later.save()
+    assert stores_hold(folder, X) == {(6, 6, 6, 6)}
+
+
+def test_a_start_with_a_thousand_peer_files_reads_within_the_bounds(folder):
+    from freespec.proposers.suffix_tree import SuffixOptions, SuffixTreeProposer, available
+
+    if not available():
+        pytest.skip("arctic-inference is not installed")
+    root = folder / "suffix"
+    confined.confine(str(folder))
+    confined.makedirs(str(root))
+    for i in range(1000):
+        peer = ResponseStore(str(root / f"peer.0.{i}.bin"), fingerprint=FP, vocab_size=1000, perms=0o600)
+        for j in range(30):
+            peer.add(np.array([i % 1000, j, 5, 6, 7], dtype=np.int32))
+        peer.save()
+    info = EngineInfo(vocab_size=1000, model="m", tokenizer_fingerprint=lambda: FP)
+    p = SuffixTreeProposer(SuffixOptions(max_saved_responses=500, max_cached_requests=500), 4)
+    started = time.perf_counter()
+    p.bind(dataclasses.replace(info, state_dir=str(folder)))
+    took = time.perf_counter() - started
+    assert p._seeded <= 500 and len(p.store) <= 500
+    assert took < 3.0, took  # 64 files of 30 responses at most, not 30,000 responses into the tree
+    p.close()
+
+
+TWO_WRITERS = """
+import sys, time
+import numpy as np
+from freespec.proposers.response_store import ResponseStore
+store = ResponseStore(sys.argv[1], fingerprint="sha256:tok-a", vocab_size=1000)
+try:
+    store.load()
+except ValueError as e:
+    print("refused", e, flush=True)
+    sys.exit(3)
+print("writing", flush=True)
+time.sleep(float(sys.argv[2]))
+"""
+
+
+def test_a_second_process_on_one_responses_path_is_refused_naming_the_file(tmp_path):
+    path = tmp_path / "responses.bin"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    first = subprocess.Popen([sys.executable, "-c", TWO_WRITERS, str(path), "20"], stdout=subprocess.PIPE, text=True,
+                             env=env)
+    try:
+        assert first.stdout.readline().strip() == "writing"
+        second = subprocess.run([sys.executable, "-c", TWO_WRITERS, str(path), "0"], capture_output=True, text=True,
+                                env=env, timeout=60)
+        assert second.returncode == 3, second.stderr
+        assert str(path) in second.stdout and "state_dir" in second.stdout
+    finally:
+        first.kill()
+        first.wait()
+    third = subprocess.run([sys.executable, "-c", TWO_WRITERS, str(path), "0"], capture_output=True, text=True,
+                           env=env, timeout=60)
+    assert third.returncode == 0 and "writing" in third.stdout  # the first is gone: its lock with it
