@@ -133,7 +133,7 @@ def test_a_failing_stamp_still_adds_the_request_and_warns_once(vllm_add_request,
     def broken(scheduler, request):
         raise RuntimeError("moved")
 
-    monkeypatch.setattr(patches, "stamp_scope", broken)
+    monkeypatch.setattr(patches.cache_salt_scope, "stamp_scope", broken)
     with caplog.at_level(logging.WARNING, logger="freespec"):
         for i in range(3):
             Scheduler.add_request(scheduler(), engine_request(f"r{i}", "a"))

@@ -120,7 +120,7 @@ def test_a_failing_cache_still_frees_the_request_and_warns_once(vllm_scheduler, 
     def broken(scheduler, request):
         raise RuntimeError("moved")
 
-    monkeypatch.setattr(patches, "cache_finished_blocks", broken)
+    monkeypatch.setattr(patches.last_step_cache, "cache_finished_blocks", broken)
     with caplog.at_level(logging.WARNING, logger="freespec"):
         for _ in range(3):
             Scheduler._free_request(scheduler(), request())
@@ -198,10 +198,11 @@ def test_the_general_plugin_wraps_the_scheduler_only_for_a_freespec_engine_or_th
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setattr(patches, "install_frontend", lambda: None)
-    monkeypatch.setattr(patches, "install_cpu_expand_fix", lambda: None)
-    monkeypatch.setattr(patches, "install_prometheus_multiproc", lambda: None)  # this process's environment stays
-    monkeypatch.setattr(patches, "install_cache_salt_scope", lambda: None)  # tests/test_cache_salt_scope.py
+    monkeypatch.setattr(patches.speculative_config_frontend, "install_frontend", lambda: None)
+    monkeypatch.setattr(patches.cpu_expand_kernel, "install_cpu_expand_fix", lambda: None)
+    # this process's environment stays
+    monkeypatch.setattr(patches.prometheus_multiproc, "install_prometheus_multiproc", lambda: None)
+    monkeypatch.setattr(patches.cache_salt_scope, "install_cache_salt_scope", lambda: None)  # test_cache_salt_scope
     monkeypatch.setattr("sys.argv", ["vllm", "serve", "m"])
     patches.install_all()
     assert getattr(Scheduler._free_request, "_freespec", False) is installed

@@ -238,8 +238,9 @@ def test_the_general_plugin_sets_the_directory_only_for_a_freespec_plugin(plain_
                                                                           exported):
     values = plain_vllm_serve
     monkeypatch.setattr(metrics, "metrics_created", lambda: False)  # as when vLLM loads general plugins
-    monkeypatch.setattr(patches, "install_frontend", lambda: None)  # vLLM's EngineArgs stays as it ships here
-    monkeypatch.setattr(patches, "route_logs_to_vllm", lambda: None)
+    # vLLM's EngineArgs stays as it ships here
+    monkeypatch.setattr(patches.speculative_config_frontend, "install_frontend", lambda: None)
+    monkeypatch.setattr(patches.installing, "route_logs_to_vllm", lambda: None)
     for name in ("FREESPEC_FIX_VLLM", "FREESPEC_PLUGIN_ENGINE", "FREESPEC_DISABLE_PATCHES"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(sys, "argv", ["vllm", "serve", "m"] + (["--speculative-config", spec] if spec else []))
@@ -328,8 +329,9 @@ def test_every_named_patch_is_listed_once_and_installable_by_name():
     assert len(set(names)) == len(names)
     assert {"speculative_config_frontend", "cpu_expand_kernel", "vllm_cli_version", "prometheus_multiproc",
             "last_step_cache", "request_ids", "target_topk"} <= set(names)
-    for p in patches.PATCHES:
-        assert p.install is None or callable(getattr(patches, p.install))
+    for p in patches.PATCHES:  # each installed by a function of its own module in the package
+        module, _, function = (p.install or ".").partition(".")
+        assert p.install is None or callable(getattr(getattr(patches, module), function))
     with pytest.raises(ValueError, match="no patch named"):
         patches.disabled("no_such_patch")
 

@@ -106,7 +106,8 @@ def test_release_0_30_expand_fix_has_no_hook_and_does_not_raise(monkeypatch):
 @pytest.mark.parametrize("release", ["0.31.0", "0.32.0"])
 def test_release_0_31_and_0_32_expand_fix_runs_before_the_overrides_once(monkeypatch, release):
     platform = install_layout(monkeypatch, release=release)
-    monkeypatch.setattr(patches, "fix_cpu_expand_kernel", lambda: platform.calls.append("freespec"))
+    monkeypatch.setattr(patches.cpu_expand_kernel, "fix_cpu_expand_kernel",
+                        lambda: platform.calls.append("freespec"))
     monkeypatch.setattr(probes, "probe_cpu_expand_kernel", lambda: ProbeResult("cpu_expand_kernel", False, "defective"))
     assert patches.install_cpu_expand_fix() is True
     assert patches.install_cpu_expand_fix() is True  # idempotent: wrapped once
@@ -121,12 +122,15 @@ def recorded(monkeypatch):
     """install_all with every patch's install replaced by a recorder; no opt-in, no freespec engine, a plain
     command line."""
     installed = []
-    monkeypatch.setattr(patches, "route_logs_to_vllm", lambda: None)
-    for name in ("frontend", "cpu_expand_fix", "prometheus_multiproc"):
-        monkeypatch.setattr(patches, f"install_{name}", lambda name=name: installed.append(name))
+    monkeypatch.setattr(patches.installing, "route_logs_to_vllm", lambda: None)
+    for module, name in (("speculative_config_frontend", "frontend"), ("cpu_expand_kernel", "cpu_expand_fix"),
+                         ("prometheus_multiproc", "prometheus_multiproc")):
+        monkeypatch.setattr(getattr(patches, module), f"install_{name}", lambda name=name: installed.append(name))
     # A stand-in, so vLLM's real Scheduler in this test process stays as vLLM ships it.
-    monkeypatch.setattr(patches, "install_last_step_cache", lambda: installed.append("last_step_cache"))
-    monkeypatch.setattr(patches, "install_cache_salt_scope", lambda: installed.append("cache_salt_scope"))
+    monkeypatch.setattr(patches.last_step_cache, "install_last_step_cache",
+                        lambda: installed.append("last_step_cache"))
+    monkeypatch.setattr(patches.cache_salt_scope, "install_cache_salt_scope",
+                        lambda: installed.append("cache_salt_scope"))
     for name in ("FREESPEC_DISABLE_PATCHES", "FREESPEC_FIX_VLLM", "FREESPEC_PLUGIN_ENGINE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(sys, "argv", ["vllm", "serve", "model"])
@@ -180,7 +184,7 @@ def test_install_all_skips_a_patch_that_cannot_be_installed(recorded, monkeypatc
     def broken():
         raise AttributeError("type object 'CpuPlatform' has no attribute 'x'")
 
-    monkeypatch.setattr(patches, "install_cpu_expand_fix", broken)
+    monkeypatch.setattr(patches.cpu_expand_kernel, "install_cpu_expand_fix", broken)
     monkeypatch.setenv("FREESPEC_FIX_VLLM", "cpu_expand_kernel")
     with caplog.at_level(logging.WARNING, logger="freespec"):
         patches.install_all()  # vLLM calls register() unguarded: this must not raise
@@ -202,8 +206,9 @@ def test_the_front_end_passes_a_stock_config_through_untouched_and_marks_a_frees
     seen, started = [], []
     monkeypatch.setattr(EngineArgs, "create_speculative_config",
                         lambda self, *a, **k: seen.append((self.speculative_config, self.additional_config)))
-    monkeypatch.setattr(patches, "plugin_engine_started", started.append)
-    monkeypatch.setattr(patches, "_frontend_rewrite", lambda spec, extra: ({"method": "custom_class"}, {"f": 1}))
+    monkeypatch.setattr(patches.speculative_config_frontend, "plugin_engine_started", started.append)
+    monkeypatch.setattr(patches.speculative_config_frontend, "_frontend_rewrite",
+                        lambda spec, extra: ({"method": "custom_class"}, {"f": 1}))
     patches.install_frontend()
     for stock in (None, {"method": "suffix", "num_speculative_tokens": 8}, {"method": "ngram"},
                   {"method": "custom_class", "model": "other.Proposer"}):
@@ -219,7 +224,7 @@ def test_in_a_worker_of_a_freespec_engine_the_expand_kernel_is_fixed_unless_disa
     from vllm.triton_utils import dispatcher
 
     fixed = []
-    monkeypatch.setattr(patches, "fix_cpu_expand_kernel", lambda: fixed.append(1))
+    monkeypatch.setattr(patches.cpu_expand_kernel, "fix_cpu_expand_kernel", lambda: fixed.append(1))
     monkeypatch.delenv("FREESPEC_DISABLE_PATCHES", raising=False)
     patches.install_in_worker()  # no CPU fallback registered in this process (not a vLLM CPU worker): nothing
     assert fixed == []
