@@ -54,8 +54,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from freespec.proposers.file_worker import FileWorker, error_kind
 from freespec import confined
+from freespec.proposers.file_worker import FileWorker, error_kind
+from freespec.proposers.purges import Purged, digests_of
 from freespec.safe_files import clip, open_lock_file, open_regular, process_alive, short
 
 logger = logging.getLogger("freespec")
@@ -266,6 +267,24 @@ def read_fingerprint(path: str) -> str | None:
         return None
 
 
+def read_any(path: str) -> Stored:
+    """A store file read and checked whole for whatever tokenizer and vocabulary its header names (tools: a
+    purge records what a file held); ``ResponseStoreError`` as ``read_store``."""
+    try:
+        with open_regular(path, "rb") as f:
+            head = f.read(HEADER_BYTES)
+    except OSError as e:
+        raise ResponseStoreError(path, UNREADABLE, f"{type(e).__name__}: {clip(str(e))}") from e
+    if len(head) < HEADER_BYTES or head[: len(MAGIC)] != MAGIC:
+        raise ResponseStoreError(path, NOT_A_STORE, "its first bytes are not a freespec response store's")
+    vocab = _HEADER.unpack(head)[3]
+    fingerprint = read_fingerprint(path)
+    if fingerprint is None or not 1 <= vocab < 1 << 31:
+        raise ResponseStoreError(path, CORRUPT, "header fields out of range")
+    return read_store(path, fingerprint=fingerprint, vocab_size=vocab, max_responses=MAX_RESPONSES,
+                      max_tokens=MAX_TOKENS)
+
+
 def _read_array(f, h, dtype: str, n: int) -> np.ndarray:
     """``n`` values of ``dtype`` read from ``f`` into a new array, fed to the checksum ``h``."""
     out = np.empty(n, dtype=dtype)
@@ -356,7 +375,7 @@ class ResponseStore:
     def __init__(
         self, path: str, *, fingerprint: str, vocab_size: int, max_responses: int = 10_000,
         max_tokens: int = 2_000_000, perms: int = 0o666, check_folder: bool = True,
-        find_peers: Callable[[], Sequence[str]] | None = None,
+        find_peers: Callable[[], Sequence[str]] | None = None, purged: Callable[[], Purged] | None = None,
     ) -> None:
         if not 1 <= max_responses <= MAX_RESPONSES:
             raise ValueError(f"max_responses must be in [1, {MAX_RESPONSES}], got {max_responses}")
@@ -372,6 +391,7 @@ class ResponseStore:
         self.path, self.fingerprint, self.vocab_size = path, fingerprint, vocab_size
         self.perms = perms  # of the files it creates (a state directory's: 0600)
         self.find_peers = find_peers  # lists the peers' files (a state directory's), in the background thread
+        self.purged = purged  # what purges removed (``proposers.purges``): never merged, loaded or saved again
         self.max_responses, self.max_tokens = max_responses, max_tokens
         self._lock = threading.Lock()  # in-memory state only; never held during file I/O
         self._entries: OrderedDict[bytes, _Entry] = OrderedDict()  # digest -> entry, oldest first
@@ -551,8 +571,35 @@ class ResponseStore:
         return added
 
     def _read(self, path: str) -> Stored:
-        return read_store(path, fingerprint=self.fingerprint, vocab_size=self.vocab_size,
-                          max_responses=self.max_responses, max_tokens=self.max_tokens)
+        stored = read_store(path, fingerprint=self.fingerprint, vocab_size=self.vocab_size,
+                            max_responses=self.max_responses, max_tokens=self.max_tokens)
+        return self._unpurged(stored)
+
+    def _unpurged(self, stored: Stored) -> Stored:
+        """``stored`` less what purges removed (the purge records read now)."""
+        purged = self.purged() if self.purged is not None else None
+        if not purged or not stored.entries:
+            return stored
+        gone = purged.drops(digests_of([e.digest for e in stored.entries]))
+        if not gone.any():
+            return stored
+        return Stored([e for e, out in zip(stored.entries, gone.tolist()) if not out], stored.horizon)
+
+    def drop_purged(self, purged: Purged) -> int:
+        """Forget the responses ``purged`` names (the engine's thread, when a new purge is recorded); how many.
+        Work: O(responses)."""
+        with self._lock:
+            entries = list(self._entries.values())
+            if not purged or not entries:
+                return 0
+            gone = purged.drops(digests_of([e.digest for e in entries]))
+            for e, out in zip(entries, gone.tolist()):
+                if out:
+                    del self._entries[e.digest]
+                    self._tokens -= len(e.tokens)
+            if gone.any():
+                self._changes += 1
+            return int(gone.sum())
 
     # ---------------------------------------------------------------- while serving (I/O in the background)
     def save_async(self) -> None:
@@ -617,6 +664,8 @@ class ResponseStore:
     def _read_peers(self, paths: tuple[str, ...]):
         """(path, merged) for each of ``paths`` that changed and is good (in the background thread);
         ``FIND_PEERS`` among them: the files ``find_peers`` lists now."""
+        if self.purged is not None:
+            self.purged()  # read new purge records every round: the engine's thread acts on them (``latest``)
         if FIND_PEERS in paths:
             found = tuple(self.find_peers()) if self.find_peers is not None else ()
             own = os.path.abspath(self.path)
@@ -633,6 +682,7 @@ class ResponseStore:
                            self.path, timeout)
             return
         try:
+            stored = self._unpurged(stored)  # right before writing: a purge recorded since is never written back
             write_store(self.path, stored, fingerprint=self.fingerprint, vocab_size=self.vocab_size,
                         perms=self.perms)
         except Exception as e:  # noqa: BLE001 - a save never raises into the server; logged below

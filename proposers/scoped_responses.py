@@ -151,10 +151,11 @@ class ScopedResponses:
     """Per-scope response stores of one writer (see the module docstring)."""
 
     def __init__(self, root: str, *, fingerprint: str, vocab_size: int, max_responses: int, max_tokens: int,
-                 max_age_s: float, max_bytes: int) -> None:
+                 max_age_s: float, max_bytes: int, purged=None) -> None:
         self.root, self.fingerprint, self.vocab_size = root, fingerprint, vocab_size
         self.max_responses, self.max_tokens, self.max_age_s = max_responses, max_tokens, max_age_s
         self.max_bytes = max_bytes
+        self.purged = purged  # what purges by age or writer removed (``proposers.purges``), for every store
         self.writer = state_dir.writer_id()
         self.stores: OrderedDict[str, ResponseStore] = OrderedDict()  # least recently used first
         self._dirty: set[str] = set()
@@ -177,7 +178,7 @@ class ScopedResponses:
                 path = os.path.join(self.root, scope, f"{self.writer}.bin")
                 store = self.stores[scope] = ResponseStore(
                     path, fingerprint=self._fingerprint(scope), vocab_size=self.vocab_size,
-                    max_responses=self.max_responses,
+                    max_responses=self.max_responses, purged=self.purged,
                     max_tokens=self.max_tokens, perms=state_dir.FILE_MODE, check_folder=False)
                 if not touch:
                     self.stores.move_to_end(scope, last=False)
@@ -239,6 +240,18 @@ class ScopedResponses:
         self._hold_bytes({})  # this writer's earlier incarnation's files, written under a larger bound
         with self._stores_lock:
             return {scope: store.responses() for scope, store in self.stores.items() if len(store)}
+
+    def drop_purged(self, purged) -> int:
+        """Forget in every scope what a purge by age or writer removed (``proposers.purges``); how many."""
+        with self._stores_lock:
+            stores = list(self.stores.items())
+        gone = 0
+        for scope, store in stores:
+            n = store.drop_purged(purged)
+            if n:
+                gone += n
+                self._dirty.add(scope)
+        return gone
 
     def add(self, scope: str, tokens: np.ndarray) -> None:
         if self._store(scope).add(tokens):
@@ -395,6 +408,8 @@ class ScopedResponses:
     def _scan(self, _peers):
         """In the background: new tombstones, and the merges of peers' files that changed (``tick`` applies
         them), as one result. A file of an older purge generation is removed, never read."""
+        if self.purged is not None:
+            self.purged()  # new purge records (by age or writer): the engine's thread acts on them
         marks = self.tombstones.read()
         new = [s for s, g in marks.items() if self._seen_tombstones.get(s) != g]
         self._seen_tombstones.update(marks)

@@ -173,21 +173,57 @@ def cap_total(state_dir: str, max_bytes: int, keep_newer_than_s: float = KEEP_NE
 
 def purge(state_dir: str, *, older_than_s: float | None = None, writer: str | None = None,
           now: float | None = None) -> list[str]:
-    """Remove files of ``state_dir`` (every one, or those older than ``older_than_s``, or ``writer``'s own);
-    returns the removed paths. A running writer writes its file again at its next save."""
+    """Remove files of ``state_dir`` (every one, or those older than ``older_than_s``, or ``writer``'s own) and
+    record first what they held (``proposers.purges``), so that no replica keeps, writes back or merges it
+    again; returns the removed paths. A file whose content cannot be read is removed all the same (logged:
+    what replicas merged of it stays)."""
     now = time.time() if now is None else now
-    gone = []
+    chosen = []
     for path, mtime, _ in state_files(state_dir):
         name = os.path.basename(path)
-        if is_tombstone(path) and older_than_s is None:
-            continue  # a tombstone stays until it is old: a writer that has not seen it yet must
+        if is_tombstone(path):
+            continue  # a scope's tombstone goes only when its scope holds no file (``scoped_responses``)
         if older_than_s is not None and age(mtime, now) <= older_than_s:
             continue
         if writer is not None and name.rsplit(".", 1)[0] != writer and f"-{writer}." not in name:
             continue
+        chosen.append(path)
+    digests, recycle_before = _contents(chosen)
+    if len(digests) or recycle_before:
+        from freespec.proposers.purges import write_record
+
+        write_record(state_dir, digests, recycle_before)
+    gone = []
+    for path in chosen:
         try:
             if confined.unlink(path):
                 gone.append(path)
         except OSError:
             continue
     return gone
+
+
+def _contents(paths: list[str]):
+    """What the files ``paths`` hold, as a purge records it: their responses' digests and their newest recycle row
+    stamp."""
+    import numpy as np
+
+    from freespec.proposers.purges import digests_of
+    from freespec.proposers.recycle.matrix import MatrixFileError, read_matrix
+    from freespec.proposers.response_store import ResponseStoreError, read_any
+
+    digests, recycle_before = [], 0
+    for path in paths:
+        name = os.path.basename(path)
+        if name.startswith("."):
+            continue  # a temporary: never read by any replica
+        try:
+            if name.endswith(".bin"):
+                digests.append(digests_of([e.digest for e in read_any(path).entries]))
+            elif name.endswith(".npz"):
+                stamps = read_matrix(path).stamps
+                recycle_before = max(recycle_before, int(stamps.max()) if len(stamps) else 0)
+        except (OSError, ResponseStoreError, MatrixFileError, ValueError) as e:
+            logger.warning("freespec state purge: %s removed unread (%s): what replicas merged of it stays",
+                           path, e)
+    return (np.concatenate(digests) if digests else np.zeros(0, dtype="<u8")), recycle_before

@@ -215,6 +215,8 @@ class SuffixTreeProposer(Proposer):
         self._live: dict[int, _Live] = {}
         self.store = None  # ResponseStore, when responses are persisted (bind)
         self.scoped = None  # ScopedResponses: the salted scopes' responses, in a state directory (bind)
+        self._purges = None  # PurgeLog: purges by age or writer in the state directory (bind)
+        self._purge_version: tuple = ()
         # responses merged from replicas, put into the tree a few per step; at most what the store holds (the
         # oldest go first: many merges between steps cannot pile up more than the bounds)
         self._to_seed: deque = deque(maxlen=options.max_saved_responses)
@@ -259,6 +261,11 @@ class SuffixTreeProposer(Proposer):
             # size (the others merge in the background, as they change)
             self._peers = lambda: tuple(state_dir.peer_files(path, info.state_max_age_s)[-state_dir.START_FILES:])
             self._peers_later = lambda: (FIND_PEERS,)  # then listed in the background thread
+            from freespec.proposers.purges import PurgeLog
+
+            self._purges = PurgeLog(info.state_dir)  # purges by age or writer: honoured before anything is read
+            self._purges.sweep(info.state_max_age_s)
+            self._purges.current()
         elif path is not None:
             from freespec.proposers.state_dir import legacy_warning
 
@@ -272,9 +279,10 @@ class SuffixTreeProposer(Proposer):
         from freespec.proposers.response_store import ResponseStore, ResponseStoreError
 
         try:
+            purged = self._purges.current if self._purges is not None else None
             self.store = ResponseStore(path, fingerprint=info.tokenizer_fingerprint(), vocab_size=info.vocab_size,
                                        max_responses=o.max_saved_responses, max_tokens=o.max_saved_tokens,
-                                       perms=perms, find_peers=self._peers)
+                                       perms=perms, find_peers=self._peers, purged=purged)
             try:
                 self.store.load()
             except ResponseStoreError as e:
@@ -304,9 +312,11 @@ class SuffixTreeProposer(Proposer):
             self.scoped = ScopedResponses(os.path.dirname(path), fingerprint=self.store.fingerprint,
                                           vocab_size=info.vocab_size, max_responses=o.max_saved_responses,
                                           max_tokens=o.max_saved_tokens, max_age_s=info.state_max_age_s,
-                                          max_bytes=info.state_max_bytes)
+                                          max_bytes=info.state_max_bytes, purged=purged)
             for scope, responses in self.scoped.load().items():
                 self._seed(responses, scope)
+        if self._purges is not None:
+            self._purge_version = self._purges.latest.version  # the loads above honoured these
         self._last_save = time.monotonic()
         save_at_exit(self.close, "suffix responses")
 
@@ -337,7 +347,7 @@ class SuffixTreeProposer(Proposer):
             for other in self._output_sharers:
                 other.keep_output(scope, tokens)
 
-    def _forget(self, scope: str) -> None:
+    def _forget(self, scope: str, quiet: bool = False) -> None:
         """A purged scope: every departed output of it leaves its global tree (live requests go on)."""
         cache = self._caches.get(scope)
         for key, tokens in list(self._cached.pop(scope, {}).items()):
@@ -350,7 +360,8 @@ class SuffixTreeProposer(Proposer):
             self.known.forget(scope)
         for other in self._output_sharers:
             other.forget_scope(scope)
-        logger.info("freespec: suffix forgot a purged scope's responses")
+        if not quiet:
+            logger.info("freespec: suffix forgot a purged scope's responses")
 
     def _account(self, scope, key, tokens: int) -> None:
         """A departed request's ``tokens`` output tokens stay in its scope's global tree: while more than
@@ -396,6 +407,8 @@ class SuffixTreeProposer(Proposer):
         this thread)."""
         o = self.options
         n = 0
+        if self._purges is not None and self._purges.latest.version != self._purge_version:
+            self._apply_purge()
         merged = self.store.take_merged()
         if merged:
             self._merges += 1
@@ -421,6 +434,24 @@ class SuffixTreeProposer(Proposer):
             peers = self._peers_later()  # no directory listing here: the background thread's
             if peers:
                 self.store.merge_async(peers)
+
+    def _apply_purge(self) -> None:
+        """A purge by age or writer was recorded (``proposers.purges``; read in the background): the stores forget
+        what it removed, and the trees are rebuilt from what they kept, a bounded share per step (a purge is an
+        operator's rare act; the trees may hold what the stores evicted, so they are not filtered in place)."""
+        purged = self._purges.latest
+        self._purge_version = purged.version
+        gone = self.store.drop_purged(purged) + (self.scoped.drop_purged(purged) if self.scoped is not None else 0)
+        for scope in list(self._cached):
+            self._forget(scope, quiet=True)
+        self._to_seed.clear()
+        self._to_seed.extend((SHARED_SCOPE, r) for r in self.store.responses())
+        if self.scoped is not None:
+            with self.scoped._stores_lock:
+                kept = [(scope, store.responses()) for scope, store in self.scoped.stores.items()]
+            self._to_seed.extend((scope, r) for scope, responses in kept for r in responses)
+        logger.info("freespec: suffix: a purge was recorded in the state directory: %d stored response(s) "
+                    "forgotten, the trees rebuilt from the %d kept", gone, len(self._to_seed))
 
     def idle(self) -> bool:
         """The engine is idle (``Proposer.idle``): when a save is due, the outputs of requests not yet released

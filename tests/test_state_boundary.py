@@ -19,6 +19,7 @@ import pytest
 from freespec import confined
 from freespec.proposers import state_dir
 from freespec.proposers.api import EngineInfo
+from freespec.proposers.purges import PurgeLog
 from freespec.proposers.response_store import ResponseStore
 from freespec.proposers.scoped_responses import ScopedResponses, Tombstones, fingerprint_for, purge_scope
 from freespec.vllm_plugins.request_ids import scope_of
@@ -37,10 +38,14 @@ from freespec.proposers.scoped_responses import ScopedResponses
 if os.environ.get("WRITER"):  # a name the test knows before the start (a planted link at it)
     state_dir.writer_id = lambda: os.environ["WRITER"]
 
+from freespec.proposers.purges import PurgeLog
+
 root = state_dir.source_dir(state_dir.open_root(sys.argv[1]), "suffix")
+log = PurgeLog(sys.argv[1])
 sr = ScopedResponses(root, fingerprint="sha256:tok-a", vocab_size=1000, max_responses=1000, max_tokens=100000,
-                     max_age_s=86400.0, max_bytes=10**8)
+                     max_age_s=86400.0, max_bytes=10**8, purged=log.current)
 sr.load()
+seen = log.current().version
 print("ok", state_dir.writer_id(), flush=True)
 for line in sys.stdin:
     cmd, *args = line.split()
@@ -50,6 +55,9 @@ for line in sys.stdin:
         for _ in range(3):
             sr.tick()
             sr._files.wait(10)
+            if log.latest.version != seen:  # as the suffix source does on its thread
+                seen = log.latest.version
+                sr.drop_purged(log.latest)
     elif cmd == "held":
         store = sr.stores.get(args[0])
         print("ok", 0 if store is None else len(store), flush=True)
@@ -91,7 +99,7 @@ class Replica:
 def stores_hold(folder: Path, scope: str) -> set[tuple[int, ...]]:
     """What a fresh writer loads of ``scope``, all files of the folder read (in this process)."""
     sr = ScopedResponses(str(folder / "suffix"), fingerprint=FP, vocab_size=1000, max_responses=1000,
-                         max_tokens=100000, max_age_s=86400.0, max_bytes=10**8)
+                         max_tokens=100000, max_age_s=86400.0, max_bytes=10**8, purged=PurgeLog(str(folder)).current)
     return {tuple(int(t) for t in r) for r in sr.load().get(scope, [])}
 
 
@@ -123,6 +131,37 @@ def test_a_purge_sticks_whatever_the_order_of_saves_stops_and_starts(folder):
         # A holder stopping right after a purge writes nothing of it, and a later start loads none of it.
         purge_scope(str(folder / "suffix"), X)
         a.close()
+        b.close()
+        assert stores_hold(folder, X) == set()
+        c = Replica(folder)
+        assert c.held(X) == 0
+        c.close()
+    finally:
+        for r in (a, b):
+            r.proc.kill()
+
+
+@pytest.mark.parametrize("by", ["writer", "age", "all"])
+def test_a_purge_by_writer_or_age_sticks_on_replicas_that_merged_what_it_removed(folder, by):
+    a, b = Replica(folder), Replica(folder)
+    try:
+        a.do(f"add {X} 5 6 7 8")
+        a.do("save")
+        b.do(f"add {Y} 1 1 1 1")
+        b.do("save")
+        assert b.held(X) == 1  # b merged a's response, and saved it in its own file
+        if by == "age":  # a's files made old; b's stay new
+            old = time.time() - 3 * 86_400
+            for path in (folder / "suffix").rglob(f"{a.writer}.bin"):
+                os.utime(path, (old, old))
+        gone = state_dir.purge(str(folder), writer=a.writer if by == "writer" else None,
+                               older_than_s=86_400.0 if by == "age" else None)
+        assert gone and all(a.writer in p for p in gone) or by == "all"
+        b.do("save")  # b forgets it, and its next save does not write it back
+        assert b.held(X) == 0
+        assert stores_hold(folder, X) == set()
+        assert stores_hold(folder, Y) == ({(1, 1, 1, 1)} if by != "all" else set())
+        a.close()  # a, stopping, holds it still: its final save is filtered too
         b.close()
         assert stores_hold(folder, X) == set()
         c = Replica(folder)
@@ -299,3 +338,77 @@ def test_a_second_process_on_one_responses_path_is_refused_naming_the_file(tmp_p
     third = subprocess.run([sys.executable, "-c", TWO_WRITERS, str(path), "0"], capture_output=True, text=True,
                            env=env, timeout=60)
     assert third.returncode == 0 and "writing" in third.stdout  # the first is gone: its lock with it
+
+
+def test_a_running_suffix_source_drafts_nothing_more_from_what_a_purge_by_writer_removed(folder, monkeypatch):
+    from freespec.proposers.api import Row
+    from freespec.proposers.suffix_tree import SuffixOptions, SuffixTreeProposer, available
+
+    if not available():
+        pytest.skip("arctic-inference is not installed")
+    info = EngineInfo(vocab_size=1000, model="m", tokenizer_fingerprint=lambda: FP, state_dir=str(folder))
+    answer = np.arange(600, 620, dtype=np.int32)
+    kept = np.arange(700, 720, dtype=np.int32)
+
+    def source(writer: str) -> SuffixTreeProposer:
+        monkeypatch.setattr(state_dir, "writer_id", lambda: writer)
+        p = SuffixTreeProposer(SuffixOptions(min_token_prob=0.0, save_every_s=0.01), 4)
+        p.bind(info)
+        return p
+
+    def drafts(p, context, key):
+        out = p.propose([Row(key, np.asarray(context, dtype=np.int32), 1, "")])[0]
+        p.release(key)
+        return out
+
+    first = source("host-a.1.1")
+    first.store.add(answer)
+    first.close()
+    running = source("host-b.1.1")  # loaded what a learned, and learns on
+    running.store.add(kept)
+    running._seed([kept])
+    assert drafts(running, [9, *answer[:6]], 1)[:3] == answer[6:9].tolist()
+    state_dir.purge(str(folder), writer="host-a.1.1")
+    deadline = time.monotonic() + 10
+    while running._purge_version != running._purges.latest.version or not running._purge_version:
+        running._last_save = 0.0
+        running.candidates([])
+        running.store.wait_files(5)
+        if time.monotonic() > deadline:
+            raise AssertionError("the purge was not seen")
+    while running.idle():
+        pass
+    assert drafts(running, [9, *answer[:6]], 2) == []
+    assert drafts(running, [9, *kept[:6]], 3)[:3] == kept[6:9].tolist()  # the rest is kept
+    running.close()
+    fresh = source("host-c.1.1")
+    assert drafts(fresh, [9, *answer[:6]], 4) == [] and drafts(fresh, [9, *kept[:6]], 5)[:1] == kept[6:7].tolist()
+    fresh.close()
+
+
+def test_recycle_rows_a_purge_removed_are_cleared_and_never_merged_back(folder, monkeypatch):
+    from freespec.proposers.api import Row, ScoredPositions
+    from freespec.proposers.recycle.proposer import RecycleOptions, RecycleProposer
+
+    info = EngineInfo(vocab_size=1000, model="m", tokenizer_fingerprint=lambda: FP, state_dir=str(folder))
+    monkeypatch.setattr(state_dir, "writer_id", lambda: "host-a.1.1")
+    first = RecycleProposer(RecycleOptions(adaptive=False), 4)
+    first.bind(info)
+    ids = np.asarray([[421, 422]], dtype=np.int32)
+    first.observe(ScoredPositions(np.asarray([5], dtype=np.int32), ids, np.full(ids.shape, 0.9, np.float32)))
+    first.close()
+    monkeypatch.setattr(state_dir, "writer_id", lambda: "host-b.1.1")
+    second = RecycleProposer(RecycleOptions(adaptive=False, save_every_s=0.01), 4)
+    second.bind(info)
+    assert second.propose([Row(1, np.asarray([3, 4, 5], dtype=np.int32), 1)])[0][:1] == [421]
+    state_dir.purge(str(folder), writer="host-a.1.1")
+    second._purges.current()  # as its background thread reads it
+    second._last_save = 0.0
+    second._files_tick()
+    assert second.propose([Row(2, np.asarray([3, 4, 5], dtype=np.int32), 1)])[0][:1] != [421]
+    second.close()
+    monkeypatch.setattr(state_dir, "writer_id", lambda: "host-c.1.1")
+    third = RecycleProposer(RecycleOptions(adaptive=False), 4)
+    third.bind(info)
+    assert third.propose([Row(3, np.asarray([3, 4, 5], dtype=np.int32), 1)])[0][:1] != [421]
+    third.close()

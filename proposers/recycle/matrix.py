@@ -340,6 +340,17 @@ def load_matrix(path: str, *, vocab_size: int, candidates: int, tokenizer: str, 
     return read_matrix(path, what, vocab_size=vocab_size, candidates=candidates, tokenizer=tokenizer)
 
 
+def clear_rows_up_to(m: Matrix, stamp: int) -> int:
+    """Empty the rows of ``m`` stamped at or before ``stamp`` (a purge, ``proposers.purges``); how many."""
+    if stamp <= 0:
+        return 0
+    gone = (m.stamps > 0) & (m.stamps <= stamp)
+    m.ids[gone] = -1
+    m.probs[gone] = 0
+    m.stamps[gone] = 0
+    return int(gone.sum())
+
+
 def merge_into(dst: Matrix, src: Matrix) -> int:
     """Merge ``src`` into ``dst`` in place (the newest row wins); returns how many rows were taken from ``src``.
 

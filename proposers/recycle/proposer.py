@@ -67,6 +67,7 @@ from freespec.proposers.recycle.matrix import (
     STAMP_MAX,
     Matrix,
     MatrixFileError,
+    clear_rows_up_to,
     load_matrix,
     merge_into,
     write_matrix,
@@ -190,6 +191,8 @@ class RecycleProposer(Proposer):
         # this server's file and its peers': matrix_path and merge_from, or the state directory's (bind)
         self._path: str | None = options.matrix_path
         self._peers = lambda: self.options.merge_from
+        self._purges = None  # PurgeLog, with a state directory (bind)
+        self._recycle_cut = 0  # the purged row stamp the matrix was last cleared to
         self._perms: int | None = None
         self._files: FileWorker | None = None
         self._closed = False
@@ -224,6 +227,9 @@ class RecycleProposer(Proposer):
                 raise ValueError(f"state_dir {info.state_dir!r}: {e}") from e
             self._perms = state_dir.FILE_MODE
             state_dir.sweep_old(os.path.dirname(self._path), info.state_max_age_s)
+            from freespec.proposers.purges import PurgeLog
+
+            self._purges = PurgeLog(info.state_dir)  # rows a purge removed are cleared and never merged back
             # the newest peers only: a start's and a merge's work follow the bounds, not the folder's size
             self._peers = lambda: tuple(state_dir.peer_files(self._path, info.state_max_age_s)[-state_dir.START_FILES:])
         elif self.options.matrix_path is not None or self.options.merge_from:
@@ -251,6 +257,7 @@ class RecycleProposer(Proposer):
             logger.info("freespec: recycle matrix loaded from %s (%d updates)", path, self.updates)
         elif path is not None and not confined.exists(path):
             logger.info("freespec: recycle matrix %s does not exist yet; starting cold, will save there", path)
+        self._clear_purged(self.matrix, fresh=True)
         for peer_path, peer in self._changed_peers(at_start=True):
             self._merge(peer_path, peer)
         if self.options.save_every_s:
@@ -301,6 +308,7 @@ class RecycleProposer(Proposer):
             self._merged_stat[path] = stat
             try:
                 peer = self._load(path, "recycle merge_from")
+                self._clear_purged(peer, fresh=True)  # in the background: never merged back
             except MatrixFileError:
                 if at_start and self._perms is None:  # a state directory's peer never stops the start
                     raise
@@ -360,9 +368,18 @@ class RecycleProposer(Proposer):
         self.matrix.updates = self.updates
         self._write(self.matrix)
 
+    def _clear_purged(self, m: Matrix, fresh: bool) -> int:
+        """Clear ``m``'s rows a purge removed (``proposers.purges``); ``fresh``: read the records now (file I/O:
+        the background thread or start), else the last read (the engine's thread)."""
+        if self._purges is None:
+            return 0
+        cut = (self._purges.current() if fresh else self._purges.latest).recycle_before
+        return clear_rows_up_to(m, cut)
+
     def _write(self, m: Matrix) -> None:
         if self._path is None:
             return
+        self._clear_purged(m, fresh=True)  # right before writing: a purge recorded since is never written back
         try:
             if self._perms is None:
                 write_matrix(self._path, m)
@@ -454,6 +471,10 @@ class RecycleProposer(Proposer):
         if self._files is None:
             return
         self._apply_merges()
+        if self._purges is not None and self._purges.latest.recycle_before > self._recycle_cut:
+            self._recycle_cut = self._purges.latest.recycle_before
+            if self._clear_purged(self.matrix, fresh=False):
+                self.updates += 1  # saved again without them
         if time.monotonic() - self._last_save >= self.options.save_every_s:
             peers = ("state_dir",) if self._perms is not None else self.options.merge_from
             changed = (self.updates, self._rows_merged)
