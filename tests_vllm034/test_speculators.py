@@ -1,0 +1,222 @@
+"""Each freespec V2 speculator drafts, step by step, what the V1 proposer it runs drafts for the same history.
+
+A scripted greedy run over recorded agent turns (tests/data/issue69_agent_turns.jsonl): three requests at a
+time in a request state laid out as vLLM 0.34's ``RequestState`` (its constructor needs CUDA's pinned memory and
+Triton for its staged writes, so the test holds the same attributes on CPU tensors: ``HistoryState``, checked
+against vLLM's source below), rows in a shuffled batch order each step, a prefill
+step that drafts nothing, requests finishing (``on_requests_finished``) and new ones taking their slots.
+Each step the speculator's ``propose`` must return, row by row in batch order, the reference's draft (the
+same plugin with the same options, driven through ``Proposer.propose`` with ``Row``s as the V1 adapter makes
+them: cut at the plugin's fixed bar, ``"policy": "fixed"``), then the last sampled token as filler up to K.
+The target accepts the draft's common prefix with the recorded output, plus one token of its own.
+"""
+from __future__ import annotations
+
+import json
+import random
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+vllm = pytest.importorskip("vllm")
+torch = pytest.importorskip("torch")
+
+from conftest import FINGERPRINT, ROOT, VOCAB
+
+TURNS = [json.loads(line) for line in (ROOT / "tests/data/issue69_agent_turns.jsonl").read_text().splitlines()]
+K = 6
+MAX_LEN = 2048
+
+
+class HistoryState:
+    """What a V2 speculator reads of vLLM 0.34's ``RequestState``, on CPU tensors, filled as vLLM fills it: the
+    prompt at ``add_request``, then each step's sampled tokens appended (``post_update``) before ``propose``."""
+
+    ATTRIBUTES = ("req_id_to_index", "all_token_ids", "total_len", "prompt_len", "last_sampled_tokens")
+
+    def __init__(self, max_num_reqs: int, max_model_len: int) -> None:
+        self.req_id_to_index: dict[str, int] = {}
+        self.free = list(range(max_num_reqs))
+        self.all_token_ids = SimpleNamespace(gpu=torch.zeros((max_num_reqs, max_model_len), dtype=torch.int32))
+        self.total_len = SimpleNamespace(gpu=torch.zeros(max_num_reqs, dtype=torch.int32))
+        self.prompt_len = SimpleNamespace(np=np.zeros(max_num_reqs, dtype=np.int32))
+        self.last_sampled_tokens = torch.zeros(max_num_reqs, 1, dtype=torch.int64)
+
+    def add_request(self, req_id: str, prompt: list[int]) -> int:
+        slot = self.free.pop()
+        self.req_id_to_index[req_id] = slot
+        self.prompt_len.np[slot] = len(prompt)
+        self.all_token_ids.gpu[slot, : len(prompt)] = torch.tensor(prompt, dtype=torch.int32)
+        self.total_len.gpu[slot] = len(prompt)
+        return slot
+
+    def append(self, slot: int, tokens: list[int]) -> None:
+        length = int(self.total_len.gpu[slot])
+        self.all_token_ids.gpu[slot, length: length + len(tokens)] = torch.tensor(tokens, dtype=torch.int32)
+        self.total_len.gpu[slot] = length + len(tokens)
+        self.last_sampled_tokens[slot, 0] = tokens[-1]
+
+    def remove_request(self, req_id: str) -> None:
+        self.free.append(self.req_id_to_index.pop(req_id))
+
+
+def test_the_stand_in_holds_what_vllms_request_state_holds():
+    import inspect
+
+    from vllm.v1.worker.gpu.states import RequestState
+
+    source = inspect.getsource(RequestState)
+    for name in HistoryState.ATTRIBUTES:
+        assert f"self.{name} =" in source or f"self.{name}: " in source, name
+    assert "def add_request(" in source and "def remove_request(" in source
+
+
+def v2_parts(method, options, max_reqs=4):
+    """vLLM 0.34's own SpeculativeConfig, a request state laid out as its RequestState, the config read."""
+    from vllm.config import SpeculativeConfig
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()
+    spec = SpeculativeConfig(method=method, num_speculative_tokens=K, speculator_options=options)
+    config = SimpleNamespace(
+        speculative_config=spec,
+        model_config=SimpleNamespace(get_vocab_size=lambda: VOCAB, max_model_len=MAX_LEN, model="recorded",
+                                     tokenizer="recorded"),
+        scheduler_config=SimpleNamespace(max_num_seqs=max_reqs),
+    )
+    return config, HistoryState(max_reqs, MAX_LEN)
+
+
+def reference(plugin, options):
+    from freespec.proposers.api import EngineInfo
+    from freespec.vllm_plugins.v2.options import checked_speculator_options
+    from freespec.proposers.registry import load_proposer_class
+
+    checked, _ = checked_speculator_options(plugin, K, options)
+    proposer = load_proposer_class(plugin)(checked, K)
+    proposer.bind(EngineInfo(vocab_size=VOCAB, model="recorded", tokenizer_fingerprint=lambda: FINGERPRINT))
+    return proposer
+
+
+def run_lockstep(plugin, options, monkeypatch, turns=TURNS[:7], steps_cap=400, seed=0):
+    """Drive the V2 speculator and the V1 reference side by side; returns (steps, drafted tokens) compared."""
+    from freespec.proposers.api import SHARED_SCOPE, Row
+    from freespec.vllm_plugins.v2 import speculator as v2
+
+    monkeypatch.setattr(v2, "_tokenizer_fingerprint", lambda path: FINGERPRINT)
+    config, states = v2_parts(f"freespec_{plugin}", options)
+    spec = config.speculative_config
+    options = spec.speculator_options  # as vLLM's config left them (checked, defaults filled)
+    speculator = v2.FreespecSpeculator(config, torch.device("cpu"), req_states=states)
+    ref = reference(plugin, options)
+    # The rows' scope as the V1 adapter sets it, where V2 can know it: "global" shares; "salt" (no salt route
+    # on V2 yet) and "none" learn nothing across requests.
+    scope = SHARED_SCOPE if options.get("scope") == "global" else None
+    rng = random.Random(seed)
+    waiting = list(enumerate(turns))
+    live = {}  # req_id -> dict(turn, slot, key, made, new)
+    next_key, steps, drafted = 0, 0, 0
+    while (waiting or live) and steps < steps_cap:
+        while waiting and len(live) < 3:  # a new request takes a free slot
+            i, turn = waiting.pop(0)
+            req_id = f"req-{i}"
+            slot = states.add_request(req_id, list(turn["prompt"]))
+            speculator.add_request(slot)
+            live[req_id] = dict(turn=turn, slot=slot, key=next_key, made=0, new=0)  # new 0: prefilling
+            next_key += 1
+        order = list(live)
+        rng.shuffle(order)
+        slots = np.asarray([live[r]["slot"] for r in order], dtype=np.int32)
+        batch = SimpleNamespace(num_reqs=len(order), req_ids=order, idx_mapping=torch.from_numpy(slots),
+                                idx_mapping_np=slots)
+        num_sampled = torch.tensor([live[r]["new"] for r in order], dtype=torch.int32)
+        drafts = speculator.propose(batch, None, None, None, None, num_sampled, torch.zeros_like(num_sampled),
+                                    states.last_sampled_tokens, None, None, None)
+        rows = []
+        for r in order:
+            st = live[r]
+            history = list(st["turn"]["prompt"]) + list(st["turn"]["output"][: st["made"]])
+            rows.append(Row(st["key"], np.asarray(history, dtype=np.int32), st["new"], scope))
+        want = ref.propose(rows)
+        assert drafts.shape == (len(order), K)
+        for i, r in enumerate(order):
+            st = live[r]
+            expected = want[i][:K] if st["new"] else []
+            valid = int(speculator.num_valid[i])
+            assert drafts[i, :valid].tolist() == expected, (plugin, steps, r)
+            assert drafts[i, valid:].tolist() == [int(states.last_sampled_tokens[st["slot"], 0])] * (K - valid)
+            drafted += valid
+            # The target: the draft's common prefix with the recorded output, then one token of its own.
+            out = st["turn"]["output"]
+            accepted = 0
+            while (accepted < len(expected) and st["made"] + accepted < len(out)
+                   and expected[accepted] == out[st["made"] + accepted]):
+                accepted += 1
+            new = out[st["made"]: st["made"] + accepted + 1]
+            states.append(st["slot"], new)
+            st["made"] += len(new)
+            st["new"] = len(new)
+        finished = {r for r in order if live[r]["made"] >= len(live[r]["turn"]["output"])}
+        if finished:
+            speculator.on_requests_finished(finished)  # token history still readable, as vLLM calls it
+            for r in sorted(finished):
+                ref.release(live[r]["key"])
+                states.remove_request(r)
+                del live[r]
+        steps += 1
+    assert not waiting and not live, "the scripted run did not finish"
+    return steps, drafted
+
+
+# hybrid's default sources (suffix, recycle) draft nothing here: the suffix source needs arctic-inference (an
+# sdist this environment does not build) and recycle the target's top-k (no route on V2 yet; below).
+@pytest.mark.parametrize("plugin, options", [
+    ("copy", {}),
+    ("copy", {"min_match": 3, "pool_tokens": 0, "scope": "global"}),
+    ("hybrid", {"sources": ["copy"], "scope": "global"}),
+    ("hybrid", {"sources": ["copy"], "copy": {"min_match": 3}}),
+])
+def test_speculator_drafts_what_the_v1_proposer_drafts_every_step(plugin, options, monkeypatch):
+    steps, drafted = run_lockstep(plugin, options, monkeypatch)
+    assert steps > 50 and drafted > 100  # the run drafted enough to compare
+
+
+@pytest.mark.parametrize("options", [{}, {"sources": ["copy", "retrieval"], "scope": "global"}])
+def test_retrieval_drafts_what_its_proposer_drafts(datastore, monkeypatch, options):
+    plugin = "retrieval" if not options else "hybrid"
+    steps, drafted = run_lockstep(plugin, {"datastore": datastore, **options}, monkeypatch)
+    assert drafted > 100
+
+
+def test_recycle_drafts_nothing_on_v2_without_the_target_topk(monkeypatch):
+    """A known gap, held by a test: recycle learns only from the target's top-k (``observe``), which V2 does
+    not hand a speculator yet; both sides draft nothing, step by step."""
+    steps, drafted = run_lockstep("recycle", {}, monkeypatch)
+    assert steps > 50 and drafted == 0
+
+
+def test_a_raising_plugin_drafts_nothing_that_step(monkeypatch):
+    from freespec.vllm_plugins.v2 import speculator as v2
+
+    config, states = v2_parts("freespec_copy", None)
+    speculator = v2.FreespecSpeculator(config, torch.device("cpu"), req_states=states)
+    slot = states.add_request("r", [5, 6, 7])
+    speculator.add_request(slot)
+    monkeypatch.setattr(speculator.proposer, "draft", lambda rows, step: 1 / 0)
+    batch = SimpleNamespace(num_reqs=1, req_ids=["r"], idx_mapping=torch.tensor([slot], dtype=torch.int32),
+                            idx_mapping_np=np.asarray([slot]))
+    drafts = speculator.propose(batch, None, None, None, None, torch.tensor([1], dtype=torch.int32),
+                                torch.zeros(1, dtype=torch.int32), states.last_sampled_tokens, None, None, None)
+    assert int(speculator.num_valid[0]) == 0 and speculator.errors == 1 and drafts.shape == (1, K)
+
+
+def test_the_speculators_satisfy_vllms_base_class():
+    from vllm.v1.worker.gpu.spec_decode.speculator import BaseSpeculator
+
+    from freespec.vllm_plugins.v2 import speculator as v2
+    from freespec.vllm_plugins.v2.config import OWN_SPECULATOR
+
+    for name in OWN_SPECULATOR.values():
+        cls = getattr(v2, name)
+        assert issubclass(cls, BaseSpeculator) and not cls.__abstractmethods__
