@@ -29,7 +29,7 @@ from contextlib import nullcontext
 import numpy as np
 
 from freespec.proposers import exit_save
-from freespec.proposers.api import SHARED_SCOPE, Draft, EngineInfo, Row, StepContext
+from freespec.proposers.api import SHARED_SCOPE, EngineInfo, Row, StepContext
 from freespec.proposers.registry import load_proposer_class
 from freespec.proposers.state_dir import cap_total, open_root
 from freespec.proposers.vocab import vocab_fingerprint
@@ -38,13 +38,14 @@ from freespec.vllm_plugins.accounting import (
     PADDING, StepAccounting, accepted_by_source, accepted_tokens, step_tokens,
 )
 from freespec.vllm_plugins.breaker import CircuitBreaker, step_budget_s
+from freespec.vllm_plugins.draft_checks import checked_draft, draft_rooms
 from freespec.vllm_plugins.frontend import ADDITIONAL_CONFIG_KEY, check_additional_config
-from freespec.vllm_plugins.idle_save import IdleSave
+from freespec.vllm_plugins.idle_save import IdleSave, warn_if_stop_skips_saves
 from freespec.vllm_plugins.patches import install_in_worker
 from freespec.vllm_plugins.ranks import draft_rank
 from freespec.vllm_plugins.request_ids import BatchRequestIds
 from freespec.vllm_plugins.request_tracker import RequestTracker
-from freespec.vllm_plugins.step_record import START, StepRecord
+from freespec.vllm_plugins.step_record import START, Drafted, StepRecord
 from freespec.vllm_plugins.target_topk import TargetTopK
 
 logger = logging.getLogger("freespec")
@@ -68,10 +69,8 @@ class FreespecProposer:
         self.idle_save: IdleSave | None = None
         if not self.drafting:
             self.proposer = None
-            logger.info(
-                "freespec: %s: plugin %r not built here (%s); this rank drafts nothing",
-                where.rank, self.plugin, where.why,
-            )
+            logger.info("freespec: %s: plugin %r not built here (%s); this rank drafts nothing",
+                        where.rank, self.plugin, where.why)
             return
         logger.info("freespec: %s: plugin %r runs here (%s)", where.rank, self.plugin, where.why)
         # Whether drafting pays and how much is drafted: the goodput policy, its padding, step-aside.
@@ -84,16 +83,10 @@ class FreespecProposer:
             cap_total(open_root(adapter.state_dir, trust_others=adapter.state_dir_trust_others), adapter.state_dir_max_bytes)
         model_config = vllm_config.model_config
         saving = len(exit_save.registered())
-        self.proposer.bind(
-            EngineInfo(
-                vocab_size=self.vocab_size,
-                model=str(model_config.model),
-                tokenizer_fingerprint=lambda: tokenizer_fingerprint(model_config.tokenizer),
-                state_dir=adapter.state_dir,
-                state_max_age_s=adapter.state_max_age_s,
-                state_max_bytes=adapter.state_max_bytes,
-            )
-        )
+        self.proposer.bind(EngineInfo(
+            vocab_size=self.vocab_size, model=str(model_config.model),
+            tokenizer_fingerprint=lambda: tokenizer_fingerprint(model_config.tokenizer), state_dir=adapter.state_dir,
+            state_max_age_s=adapter.state_max_age_s, state_max_bytes=adapter.state_max_bytes))
         warn_if_stop_skips_saves(vllm_config)
         # What the last requests before a quiet spell taught is saved without a next step (idle_save).
         if len(exit_save.registered()) > saving:  # this plugin saves learned state
@@ -129,73 +122,97 @@ class FreespecProposer:
         ids = self.request_ids.read(caller, token_ids_cpu, n_rows)
         self.stats.steps_without_ids += ids is None
         keys, departed = self.tracker.update(views, ids)
-        last, given = self.last, self.last.given()
+        given = self.last.given()
+        counted, accepted, accepted_by = self._last_outcome(views, keys, given)
+        prefilling = frozenset(key for key, (_, num_new) in zip(keys, views) if num_new == 0)
+        if not self.breaker.allow():  # no drafts, nothing asked of the plugin but freeing departed requests
+            self.stats.skipped_steps += 1
+            return self._draft_nothing(keys, departed, accepted, accepted_by, cost=self.last.token_cost)
+        start = time.perf_counter()
+        decided = self._decide(n_rows, counted, start)
+        if decided is None:  # the controller failed: this step drafts nothing
+            return self._draft_nothing(keys, departed, accepted, accepted_by, cost=self.last.token_cost)
+        drafts_now, cost = decided
+        if not drafts_now:  # step_aside: no drafts; the policy has learned the plain step all the same
+            self.stats.aside_steps += 1
+            return self._draft_nothing(keys, departed, accepted, accepted_by, start, prefilling, cost)
+        drafted = self._draft(keys, views, lengths, ids, departed, given, cost)
+        return self._record(start, keys, prefilling, drafted, cost, accepted, accepted_by)
+
+    def _last_outcome(self, views, keys: list[int], given: dict[int, list[int]]):
+        """The last step's drafts read off this step's rows: (tokens scored, accepted, accepted by source)."""
+        last = self.last
         prev = [None if key in last.prefilling else given.get(key) for key in keys]
-        counted = step_tokens(views, prev)  # what the last step scored and produced (None: it prefilled)
-        accepted = accepted_tokens(views, prev)
-        accepted_by = None
+        counted, accepted, accepted_by = step_tokens(views, prev), accepted_tokens(views, prev), None
         if given and (last.sources is not None or last.padding is not None):
             accepted_by = accepted_by_source(views, prev, last.by_key(last.sources, keys), self.plugin,
                                              last.by_key(last.padding, keys, 0))
             self.stats.padding_accepted += accepted_by.get(PADDING, 0)
-        prefilling = frozenset(key for key, (_, num_new) in zip(keys, views) if num_new == 0)
-        if not self.breaker.allow():  # no drafts, nothing asked of the plugin but freeing departed requests
-            self.stats.skipped_steps += 1
-            record = StepRecord(None, keys, [[] for _ in keys], measured=False, token_cost=last.token_cost)
-            return self._draft_nothing(record, departed, accepted, accepted_by)
-        start = time.perf_counter()
+        return counted, accepted, accepted_by
+
+    def _decide(self, n_rows: int, counted, start: float) -> tuple[bool, float | None] | None:
+        """The controller's (draft or step aside, price of a draft token); None where it failed (counted)."""
+        last = self.last
         own_s = (last.plugin_s or 0.0) if self.proposer.prices_own_time else 0.0
-        try:  # the controller is freespec's code, not the plugin's, but it may not stop the engine either
-            drafts_now, cost = self.control.step(n_rows, counted, start, last.started, len(last.keys),
-                                                 last.drafted, last.plugin_s or 0.0, own_s, last.token_cost)
+        try:
+            decided = self.control.step(n_rows, counted, start, last.started, len(last.keys), last.drafted,
+                                        last.plugin_s or 0.0, own_s, last.token_cost)
         except Exception:
             self.accounting.error()
             if self.stats.errors == 1:
                 logger.exception("freespec: the draft controller failed; this step drafts nothing (logged once)")
-            return self._draft_nothing(StepRecord(None, keys, [[] for _ in keys], measured=False,
-                                                  token_cost=last.token_cost), departed, accepted, accepted_by)
+            return None
         for change in self.control.changes():
             logger.info("freespec: plugin %r at %s", self.plugin, change)
         if self.control.policy is not None:
-            self.metrics.token_cost(cost)
-        if not drafts_now:  # step_aside: no drafts; the policy has learned the plain step all the same
-            self.stats.aside_steps += 1
-            return self._draft_nothing(StepRecord(start, keys, [[] for _ in keys], prefilling, token_cost=cost),
-                                       departed, accepted, accepted_by)
-        failure, drafts = None, None
+            self.metrics.token_cost(decided[1])
+        return decided
+
+    def _draft(self, keys, views, lengths, ids, departed, given, cost) -> Drafted:
+        """The plugin's drafts, made safe and sized; a plugin that raises drafts nothing (counted, logged once)."""
         try:
             for key in departed:
                 self.proposer.release(key)
-            scopes = self._scopes(ids, n_rows)  # read only for a step the plugin drafts in
-            capture = 0.0
-            if self.target_topk is not None:
-                scored = self.target_topk.scored(views, [given.get(key, []) for key in keys], scopes)
-                if scored is not None:
-                    self.proposer.observe(scored)
-                capture = self.target_topk.take_seconds()
-            step = StepContext(token_cost=cost, budget_s=self.breaker.budget_s, capture_seconds=capture)
-            drafts = self.proposer.draft([Row(key, tokens, num_new, scope)
-                                          for key, (tokens, num_new), scope in zip(keys, views, scopes)], step)
-            if not isinstance(drafts, list) or len(drafts) != n_rows:
-                raise ValueError(f"plugin returned {len(drafts)} drafts for {n_rows} rows")
-            rooms = [0 if views[i][1] == 0 else max(0, min(self.k, self.max_model_len - 1 - int(lengths[i])))
-                     for i in range(n_rows)]
-            checked = [self._checked(d, room) for d, room in zip(drafts, rooms)]
-            shaped = self.control.shape(checked, step.bar(self.proposer.fixed_bar()), [v[0] for v in views], rooms)
-            tokens, padding = shaped.tokens, shaped.padding if self.control.pad else None
-            self.stats.trimmed_tokens += shaped.trimmed
-            self.stats.expected_accepted += shaped.expected
-            self.stats.padded_tokens += sum(shaped.padding)
-            sources = [d.source for d in checked]
-            sources = None if all(s is None for s in sources) else sources
-            seconds_by = getattr(drafts, "source_seconds", None)
-            seconds_by = {str(k): float(v) for k, v in seconds_by.items()} or None if seconds_by else None
+            step, drafts = self._ask(keys, views, ids, given, cost)
+            return self._shape(drafts, step, views, lengths)
         except Exception as e:
-            failure = f"{type(e).__name__}: {e}"
             self.accounting.error()
             if self.stats.errors == 1:
                 logger.exception("freespec: plugin %r failed; this step drafts nothing (logged once)", self.plugin)
-            tokens, padding, sources, seconds_by = [[] for _ in keys], None, None, None
+            return Drafted([[] for _ in keys], None, None, None, f"{type(e).__name__}: {e}")
+
+    def _ask(self, keys, views, ids, given, cost):
+        """The step's context and the plugin's drafts, one per row (after the target's top-k it observes)."""
+        scopes = self._scopes(ids, len(views))  # read only for a step the plugin drafts in
+        capture = 0.0
+        if self.target_topk is not None:
+            scored = self.target_topk.scored(views, [given.get(key, []) for key in keys], scopes)
+            if scored is not None:
+                self.proposer.observe(scored)
+            capture = self.target_topk.take_seconds()
+        step = StepContext(token_cost=cost, budget_s=self.breaker.budget_s, capture_seconds=capture)
+        drafts = self.proposer.draft([Row(key, tokens, num_new, scope)
+                                      for key, (tokens, num_new), scope in zip(keys, views, scopes)], step)
+        if not isinstance(drafts, list) or len(drafts) != len(views):
+            raise ValueError(f"plugin returned {len(drafts)} drafts for {len(views)} rows")
+        return step, drafts
+
+    def _shape(self, drafts, step: StepContext, views, lengths) -> Drafted:
+        """Drafts checked (``draft_checks``) and cut, trimmed and padded by the controller, with their sources."""
+        rooms = draft_rooms(views, lengths, self.k, self.max_model_len)
+        checked = [checked_draft(d, room, self.vocab_size) for d, room in zip(drafts, rooms)]
+        shaped = self.control.shape(checked, step.bar(self.proposer.fixed_bar()), [v[0] for v in views], rooms)
+        self.stats.trimmed_tokens += shaped.trimmed
+        self.stats.expected_accepted += shaped.expected
+        self.stats.padded_tokens += sum(shaped.padding)
+        sources = [d.source for d in checked]
+        seconds_by = getattr(drafts, "source_seconds", None)
+        return Drafted(shaped.tokens, shaped.padding if self.control.pad else None,
+                        None if all(s is None for s in sources) else sources,
+                        {str(k): float(v) for k, v in seconds_by.items()} or None if seconds_by else None, None)
+
+    def _record(self, start: float, keys, prefilling, drafted: Drafted, cost, accepted: int, accepted_by):
+        """The step's end: its time against the breaker, its record kept for the next step and counted."""
         if self.target_topk is not None:
             self.target_topk.active = self._wants_target_topk()
         seconds = time.perf_counter() - start
@@ -205,22 +222,20 @@ class FreespecProposer:
         # live requests (it may be what fails; tried again, it sees them as new). One that was only slow keeps
         # them: each row carries its whole sequence, so the trial step catches up; forgetting would make the
         # trial re-read every live request (pearl re-prefills each), overrun, and double the back-off.
-        opened = self.breaker.record(failure, seconds)
-        if opened and failure is not None:
+        opened = self.breaker.record(drafted.failure, seconds)
+        if opened and drafted.failure is not None:
             self._release(keys)
-        self.last = record = StepRecord(start, keys, tokens, prefilling, not opened, seconds, sources, padding,
-                                        seconds_by, cost)
+        self.last = record = StepRecord(start, keys, drafted.tokens, prefilling, not opened, seconds,
+                                        drafted.sources, drafted.padding, drafted.seconds_by, cost)
         self.accounting.count(record, accepted, accepted_by)
         self._periodic()
-        return tokens
+        return drafted.tokens
 
     def _scopes(self, ids: list[str] | None, n_rows: int) -> list[str | None]:
-        """Each row's scope by the ``scope`` option: its cache_salt's (``"salt"``, read through patch
-        ``cache_salt_scope``), the shared one (``"global"``), or none (``"none"``: nothing learned across requests)."""
-        if self.scope == "global":
-            return [SHARED_SCOPE] * n_rows
-        if self.scope == "none":
-            return [None] * n_rows
+        """Each row's scope by the ``scope`` option: its cache_salt's (``"salt"``, through patch
+        ``cache_salt_scope``), the shared one (``"global"``), or none (``"none"``)."""
+        if self.scope != "salt":  # "none": nothing learned across requests
+            return [SHARED_SCOPE if self.scope == "global" else None] * n_rows
         return self.request_ids.scopes(ids, n_rows)
 
     @property
@@ -237,36 +252,20 @@ class FreespecProposer:
     def metrics(self, value) -> None:
         self.accounting.metrics = value
 
-    def _checked(self, draft: Draft, room: int) -> Draft:
-        """A plugin's draft as plain ints, at most ``room`` tokens, every one inside the vocabulary."""
-        if not isinstance(draft, Draft):
-            raise TypeError(f"draft() must return freespec.proposers.base.Draft objects, got {type(draft).__name__}")
-        tokens = [int(t) for t in draft.tokens[: max(0, room)]]
-        for t in tokens:
-            if not 0 <= t < self.vocab_size:
-                raise ValueError(f"draft token {t} outside the vocabulary [0, {self.vocab_size})")
-        chances = None
-        if draft.chances is not None:
-            chances = [float(c) for c in draft.chances[: len(tokens)]]
-            if len(chances) < len(tokens):
-                chances = None  # not one per token: the draft is not cut or trimmed
-        source = draft.source if isinstance(draft.source, str) else None
-        return Draft(tokens, chances, source)
-
     def breaker_state(self) -> dict:
         """The circuit breaker's state (``closed``, ``open``, ``half_open``), its counters and back-off."""
         if self.breaker is None:
             return {"state": "not drafting"}
         return self.breaker.state_dict()
 
-    def _draft_nothing(self, record: StepRecord, departed: list[int], accepted: int,
-                       accepted_by: dict[str, int] | None):
-        """The end of a step the plugin was not asked to draft for (breaker open, or stepped aside): departed
-        requests freed, nothing else asked of it."""
+    def _draft_nothing(self, keys, departed: list[int], accepted: int, accepted_by: dict[str, int] | None,
+                       start: float | None = None, prefilling: frozenset = frozenset(), cost: float | None = None):
+        """A step the plugin is not asked for (no ``start``: not measured): departed requests freed, no drafts."""
         self._release(departed)
         if self.target_topk is not None:
             self.target_topk.active = False  # no top-k copied for a plugin that is off
-        self.last = record
+        self.last = record = StepRecord(start, keys, [[] for _ in keys], prefilling, measured=start is not None,
+                                        token_cost=cost)
         self.accounting.count(record, accepted, accepted_by)
         self._periodic()
         return record.tokens
@@ -291,17 +290,6 @@ class FreespecProposer:
             t = self.target_topk
             extra += f" target_topk steps={t.steps} mismatched={t.mismatched_steps} seconds={t.topk_seconds:.3f}"
         self.accounting.periodic(self.breaker, self.control, self.proposer, extra)
-
-
-def warn_if_stop_skips_saves(vllm_config) -> None:
-    """One warning where this process saves learned state at exit and vLLM stops with ``--shutdown-timeout
-    0`` (its default), which kills a served engine's worker at SIGTERM before that save (``freespec serve`` sets
-    a timeout; see ``vllm_cli``)."""
-    saving = exit_save.registered()
-    if saving and getattr(vllm_config, "shutdown_timeout", None) == 0:
-        logger.warning("freespec: %s saved at exit, but this vLLM stops with --shutdown-timeout 0, which kills a "
-                       "served worker before it saves: what is learned since the last save (save_every_s) is lost "
-                       "at each stop; serve with --shutdown-timeout 10 (freespec serve sets it)", " and ".join(saving))
 
 
 def tokenizer_fingerprint(tokenizer_path: str) -> str:

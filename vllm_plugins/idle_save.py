@@ -15,6 +15,8 @@ an in-memory copy. A failing ``idle()`` is logged once and never stops the serve
 
 Why not sooner than ``IDLE_S``: a gap between two steps is also a long step (a big prefill on a CPU), and
 ``idle()`` cuts what a live request has answered so far into its own stored response.
+
+``warn_if_stop_skips_saves``: the one warning where vLLM's stop kills the worker before its exit save.
 """
 from __future__ import annotations
 
@@ -85,3 +87,14 @@ class IdleSave:
                 if self.errors == 1:
                     logger.exception("freespec: the idle save failed; the next save tries again (logged once)")
                 return False
+
+
+def warn_if_stop_skips_saves(vllm_config) -> None:
+    """One warning where this process saves learned state at exit and vLLM stops with ``--shutdown-timeout
+    0`` (its default), which kills a served engine's worker at SIGTERM before that save (``freespec serve`` sets
+    a timeout; see ``vllm_cli``)."""
+    saving = exit_save.registered()
+    if saving and getattr(vllm_config, "shutdown_timeout", None) == 0:
+        logger.warning("freespec: %s saved at exit, but this vLLM stops with --shutdown-timeout 0, which kills a "
+                       "served worker before it saves: what is learned since the last save (save_every_s) is lost "
+                       "at each stop; serve with --shutdown-timeout 10 (freespec serve sets it)", " and ".join(saving))

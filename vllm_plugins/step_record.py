@@ -8,7 +8,7 @@ the step. Nothing else carries a step's state from one call to the next.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 
 @dataclass(frozen=True)
@@ -44,3 +44,13 @@ class StepRecord:
 
 
 START = StepRecord(None, (), ())  # before the first step
+
+
+class Drafted(NamedTuple):
+    """What the plugin's call in a step gave vLLM (``StepRecord`` keeps it for the next step)."""
+
+    tokens: list[list[int]]  # the token ids for each row
+    padding: Optional[list[int]]  # filler tokens ending each row's draft, with padding on
+    sources: Optional[list[Optional[str]]]  # each draft's source, where the plugin named one
+    seconds_by: Optional[dict[str, float]]  # the plugin's seconds by source
+    failure: Optional[str]  # what the plugin raised; None: it drafted
