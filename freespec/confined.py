@@ -71,7 +71,7 @@ def _split(path: str) -> tuple[str, list[str]] | None:
     if not _roots:
         return None
     full = os.path.abspath(path)
-    for base, (real, _) in _roots.items():
+    for base, (real, _) in list(_roots.items()):  # a copy: another thread may confine a folder meanwhile
         if full == base or full.startswith(base.rstrip(os.sep) + os.sep):
             rel = os.path.relpath(full, base)
             parts = [] if rel == "." else rel.split(os.sep)
