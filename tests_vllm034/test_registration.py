@@ -71,3 +71,24 @@ def test_the_installed_vllm_passes_every_v2_probe_and_nothing_blocks():
     for seam in ("v2_registry", "v2_propose", "v2_token_history", "v2_salt_route"):
         assert results[seam].ok and "not used" not in results[seam].detail, (seam, results[seam].detail)
     assert probes.blocking_probes(False) == [] and probes.blocking_probes(True) == []
+
+
+def test_doctor_names_the_v2_registry_as_the_runner():
+    from freespec.vllm_plugins.doctor import model_runner
+    from freespec.vllm_plugins.version_gate import is_supported, runner_name
+
+    assert is_supported(vllm.__version__, "vllm")
+    assert "speculator registry" in runner_name(vllm.__version__)
+    assert "freespec_<plugin>" in model_runner("vllm")["detail"]
+
+
+def test_the_plugin_spelling_becomes_a_config_vllm_takes(registered):
+    from vllm.config import SpeculativeConfig
+
+    from freespec.vllm_plugins.v2.spelling import v2_speculative_config
+
+    spec = SpeculativeConfig(**v2_speculative_config(
+        {"plugin": "hybrid", "num_speculative_tokens": 8, "sources": ["recycle", "copy"], "copy": {"min_match": 3},
+         "policy": "fixed"}))
+    assert spec.custom_method == "freespec_hybrid" and spec.num_speculative_tokens == 8
+    assert spec.speculator_options["copy"] == {"min_match": 3} and spec.speculator_options["policy"] == "fixed"

@@ -169,7 +169,7 @@ def run_lockstep(plugin, options, monkeypatch, turns=TURNS[:7], steps_cap=400, s
     return steps, drafted
 
 
-# hybrid's default sources (suffix, recycle) draft nothing here: the suffix source needs arctic-inference (an
+# hybrid's default sources (suffix, recycle) cannot run here: the suffix source needs arctic-inference (an
 # sdist this environment does not build) and recycle the target's top-k (no route on V2 yet; below).
 @pytest.mark.parametrize("plugin, options", [
     ("copy", {}),

@@ -150,6 +150,13 @@ def model_runner(distribution: str | None) -> dict[str, Any] | None:
         return None
     import inspect
 
+    from freespec.vllm_plugins.probes import vllm_version
+    from freespec.vllm_plugins.version_gate import uses_v2_registry
+
+    if uses_v2_registry(vllm_version()):
+        return {"v2_default": True, "detail": "Model Runner V2 only: each plugin is the registered method "
+                "freespec_<plugin> (--speculative-config '{\"method\": \"freespec_hybrid\", ...}'), drafting on "
+                "the host, one sync a step (docs/architecture.md)"}
     try:
         from vllm.config.vllm import VllmConfig
 
@@ -178,7 +185,7 @@ def diagnose() -> dict[str, Any]:
         run_probes,
         vllm_version,
     )
-    from freespec.vllm_plugins.version_gate import is_supported, supported_range_text
+    from freespec.vllm_plugins.version_gate import is_supported, runner_name, supported_range_text
     from freespec.vllm_plugins.vllm_cli import installed_vllm_distribution
 
     version = vllm_version()
@@ -200,7 +207,8 @@ def diagnose() -> dict[str, Any]:
     return {
         "freespec": __version__,
         "vllm": {"version": version, "distribution": installed_vllm_distribution(),
-                 "supported_range": supported_range_text(), "supported": supported},
+                 "supported_range": supported_range_text(), "supported": supported,
+                 "runner": runner_name(version)},
         "machine": machine,
         "advice": cpu_advice(machine),
         "seams": [{"seam": p.seam, "ok": p.ok, "status": _status(p, expand_hook), "detail": p.detail}
@@ -223,6 +231,7 @@ def report(data: dict[str, Any] | None = None) -> str:
         f"freespec: {data['freespec']}",
         (f"vLLM: {v['version']} (distribution {v['distribution']}); "
          f"supported range {v['supported_range']}: {'yes' if v['supported'] else 'NO'}"),
+        f"runner: {v.get('runner', 'unknown')}",
         f"machine: {machine_summary(data['machine'])}",
     ]
     lines += [f"  note: {a}" for a in data["advice"]]

