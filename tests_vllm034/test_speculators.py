@@ -18,11 +18,10 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from conftest import FINGERPRINT, ROOT, VOCAB
 
 vllm = pytest.importorskip("vllm")
 torch = pytest.importorskip("torch")
-
-from conftest import FINGERPRINT, ROOT, VOCAB
 
 TURNS = [json.loads(line) for line in (ROOT / "tests/data/issue69_agent_turns.jsonl").read_text().splitlines()]
 K = 6
