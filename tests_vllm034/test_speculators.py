@@ -98,7 +98,7 @@ def reference(plugin, options):
     return proposer
 
 
-def run_lockstep(plugin, options, monkeypatch, turns=TURNS[:7], steps_cap=400, seed=0):
+def run_lockstep(plugin, options, monkeypatch, turns=TURNS[:7], steps_cap=400, seed=0, max_live=3):
     """Drive the V2 speculator and the V1 reference side by side; returns (steps, drafted tokens) compared."""
     from freespec.proposers.api import SHARED_SCOPE, Row
     from freespec.vllm_plugins.v2 import speculator as v2
@@ -117,7 +117,7 @@ def run_lockstep(plugin, options, monkeypatch, turns=TURNS[:7], steps_cap=400, s
     live = {}  # req_id -> dict(turn, slot, key, made, new)
     next_key, steps, drafted = 0, 0, 0
     while (waiting or live) and steps < steps_cap:
-        while waiting and len(live) < 3:  # a new request takes a free slot
+        while waiting and len(live) < max_live:  # a new request takes a free slot
             i, turn = waiting.pop(0)
             req_id = f"req-{i}"
             slot = states.add_request(req_id, list(turn["prompt"]))
@@ -193,6 +193,38 @@ def test_recycle_drafts_nothing_on_v2_without_the_target_topk(monkeypatch):
     not hand a speculator yet; both sides draft nothing, step by step."""
     steps, drafted = run_lockstep("recycle", {}, monkeypatch)
     assert steps > 50 and drafted == 0
+
+
+@pytest.mark.parametrize("scope, expected", [(None, None), ("salt", None), ("none", None), ("global", "")])
+def test_without_a_salt_route_only_global_shares_across_requests(monkeypatch, scope, expected):
+    """V2's worker sees no cache_salt, so the default ``"scope": "salt"`` must not share: every row reaches the
+    plugin with scope None (``Row.scope``: it neither teaches nor is taught across requests); only
+    ``"global"`` gives the shared scope."""
+    from freespec.vllm_plugins.v2 import speculator as v2
+
+    config, states = v2_parts("freespec_copy", None if scope is None else {"scope": scope})
+    speculator = v2.FreespecSpeculator(config, torch.device("cpu"), req_states=states)
+    seen = []
+    original = speculator.proposer.draft
+    monkeypatch.setattr(speculator.proposer, "draft", lambda rows, step: seen.extend(rows) or original(rows, step))
+    slots = np.asarray([states.add_request(r, [5, 6, 7, 5, 6]) for r in ("a", "b")], dtype=np.int32)
+    for slot in slots:
+        speculator.add_request(int(slot))
+    batch = SimpleNamespace(num_reqs=2, req_ids=["a", "b"], idx_mapping=torch.from_numpy(slots), idx_mapping_np=slots)
+    speculator.propose(batch, None, None, None, None, torch.ones(2, dtype=torch.int32),
+                       torch.zeros(2, dtype=torch.int32), states.last_sampled_tokens, None, None, None)
+    assert len(seen) == 2 and all(row.scope == expected for row in seen)
+
+
+def test_a_plugin_that_saves_state_gets_idle_saves_and_the_state_dir_cap(monkeypatch, tmp_path):
+    from freespec.vllm_plugins.v2 import speculator as v2
+
+    monkeypatch.setattr(v2, "_tokenizer_fingerprint", lambda path: FINGERPRINT)
+    config, states = v2_parts("freespec_recycle", {"state_dir": str(tmp_path)})
+    speculator = v2.FreespecSpeculator(config, torch.device("cpu"), req_states=states)
+    assert speculator.idle_save is not None
+    config, states = v2_parts("freespec_copy", None)
+    assert v2.FreespecSpeculator(config, torch.device("cpu"), req_states=states).idle_save is None
 
 
 def test_a_raising_plugin_drafts_nothing_that_step(monkeypatch):

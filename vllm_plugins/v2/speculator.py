@@ -23,10 +23,13 @@ import torch
 from vllm.config import VllmConfig
 from vllm.v1.worker.gpu.spec_decode.speculator import BaseSpeculator
 
+from freespec.proposers import exit_save
 from freespec.proposers.api import SHARED_SCOPE, Draft, EngineInfo, Row, StepContext
 from freespec.proposers.base import Proposer
 from freespec.proposers.registry import load_proposer_class
+from freespec.proposers.state_dir import cap_total
 from freespec.scorers.policy import cut
+from freespec.vllm_plugins.idle_save import IdleSave
 from freespec.vllm_plugins.v2.options import PREFIX, checked_speculator_options
 
 logger = logging.getLogger("freespec")
@@ -64,10 +67,15 @@ class FreespecSpeculator(BaseSpeculator):
         self.vocab_size = int(model.get_vocab_size())
         self.max_model_len = int(model.max_model_len)
         self.proposer = load_proposer_class(self.plugin)(options, self.k)
+        if adapter.state_dir is not None:  # at start, before this process's sources load and write their files
+            cap_total(adapter.state_dir, adapter.state_dir_max_bytes)
+        saving = len(exit_save.registered())
         self.proposer.bind(EngineInfo(vocab_size=self.vocab_size, model=str(model.model),
                                       tokenizer_fingerprint=lambda: _tokenizer_fingerprint(model.tokenizer),
                                       state_dir=adapter.state_dir, state_max_age_s=adapter.state_max_age_s,
                                       state_max_bytes=adapter.state_max_bytes))
+        # What the last requests before a quiet spell taught is saved without a next step (as on V1).
+        self.idle_save = IdleSave(self.proposer) if len(exit_save.registered()) > saving else None
         self.scope = adapter.scope
         if self.scope == "salt":
             logger.warning("freespec: plugin %r on Model Runner V2: no cache_salt route yet, so \"scope\": "
@@ -124,6 +132,13 @@ class FreespecSpeculator(BaseSpeculator):
         n = int(input_batch.num_reqs)
         if dummy_run or n == 0:
             return self.drafts[:n]
+        if self.idle_save is None:
+            return self._propose(input_batch, n, num_sampled, last_sampled, num_speculative_tokens)
+        with self.idle_save.step():
+            return self._propose(input_batch, n, num_sampled, last_sampled, num_speculative_tokens)
+
+    def _propose(self, input_batch: Any, n: int, num_sampled: torch.Tensor, last_sampled: torch.Tensor,
+                 num_speculative_tokens: int | None) -> torch.Tensor:
         idx = input_batch.idx_mapping[:n]
         slots = np.asarray(input_batch.idx_mapping_np[:n])
         # Host syncs: lengths, the histories, what the last step appended.
