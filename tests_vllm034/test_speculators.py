@@ -71,7 +71,7 @@ def test_the_stand_in_holds_what_vllms_request_state_holds():
     assert "def add_request(" in source and "def remove_request(" in source
 
 
-def v2_parts(method, options, max_reqs=4):
+def v2_parts(method, options, max_reqs=4, vocab=VOCAB):
     """vLLM 0.34's own SpeculativeConfig, a request state laid out as its RequestState, the config read."""
     from vllm.config import SpeculativeConfig
     from vllm.plugins import load_general_plugins
@@ -80,35 +80,35 @@ def v2_parts(method, options, max_reqs=4):
     spec = SpeculativeConfig(method=method, num_speculative_tokens=K, speculator_options=options)
     config = SimpleNamespace(
         speculative_config=spec,
-        model_config=SimpleNamespace(get_vocab_size=lambda: VOCAB, max_model_len=MAX_LEN, model="recorded",
+        model_config=SimpleNamespace(get_vocab_size=lambda: vocab, max_model_len=MAX_LEN, model="recorded",
                                      tokenizer="recorded"),
         scheduler_config=SimpleNamespace(max_num_seqs=max_reqs),
     )
     return config, HistoryState(max_reqs, MAX_LEN)
 
 
-def reference(plugin, options):
+def reference(plugin, options, vocab=VOCAB):
     from freespec.proposers.api import EngineInfo
     from freespec.vllm_plugins.v2.options import checked_speculator_options
     from freespec.proposers.registry import load_proposer_class
 
     checked, _ = checked_speculator_options(plugin, K, options)
     proposer = load_proposer_class(plugin)(checked, K)
-    proposer.bind(EngineInfo(vocab_size=VOCAB, model="recorded", tokenizer_fingerprint=lambda: FINGERPRINT))
+    proposer.bind(EngineInfo(vocab_size=vocab, model="recorded", tokenizer_fingerprint=lambda: FINGERPRINT))
     return proposer
 
 
-def run_lockstep(plugin, options, monkeypatch, turns=TURNS[:7], steps_cap=400, seed=0, max_live=3):
+def run_lockstep(plugin, options, monkeypatch, turns=TURNS[:7], steps_cap=400, seed=0, max_live=3, vocab=VOCAB):
     """Drive the V2 speculator and the V1 reference side by side; returns (steps, drafted tokens) compared."""
     from freespec.proposers.api import SHARED_SCOPE, Row
     from freespec.vllm_plugins.v2 import speculator as v2
 
     monkeypatch.setattr(v2, "_tokenizer_fingerprint", lambda path: FINGERPRINT)
-    config, states = v2_parts(f"freespec_{plugin}", options)
+    config, states = v2_parts(f"freespec_{plugin}", options, vocab=vocab)
     spec = config.speculative_config
     options = spec.speculator_options  # as vLLM's config left them (checked, defaults filled)
     speculator = v2.FreespecSpeculator(config, torch.device("cpu"), req_states=states)
-    ref = reference(plugin, options)
+    ref = reference(plugin, options, vocab)
     # The rows' scope as the V1 adapter sets it, where V2 can know it: "global" shares; "salt" (no salt route
     # on V2 yet) and "none" learn nothing across requests.
     scope = SHARED_SCOPE if options.get("scope") == "global" else None
@@ -186,6 +186,23 @@ def test_retrieval_drafts_what_its_proposer_drafts(datastore, monkeypatch, optio
     plugin = "retrieval" if not options else "hybrid"
     steps, drafted = run_lockstep(plugin, {"datastore": datastore, **options}, monkeypatch)
     assert drafted > 100
+
+
+def test_pearl_speculator_drafts_what_its_proposer_drafts(tmp_path, monkeypatch):
+    """pearl's draft model (a 2-layer Llama with random weights, in a thread of this process), on synthetic
+    turns over its 96-token vocabulary; its chain is exactly k long (no confidence cut, no adaptive length)."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path)
+    rng = random.Random(1)
+    turns = [{"prompt": [rng.randrange(96) for _ in range(12)], "output": [rng.randrange(96) for _ in range(24)]}
+             for _ in range(4)]
+    options = {"draft_model": str(tmp_path), "placement": "thread", "min_confidence": 0.0,
+               "adaptive_length": False}
+    steps, drafted = run_lockstep("pearl", options, monkeypatch, turns=turns, vocab=96)
+    assert drafted >= K * 10
 
 
 def test_recycle_drafts_nothing_on_v2_without_the_target_topk(monkeypatch):
