@@ -18,7 +18,7 @@ import os
 import re
 import time
 
-from freespec.proposers import state_dir
+from freespec.proposers import state_dir, state_purge
 from freespec.safe_files import printable
 
 # A writer's name as ``state_dir.writer_id`` makes it: the host name (``[A-Za-z0-9_.-]``, at most 64 characters,
@@ -124,7 +124,7 @@ def run_purge(args) -> int:
         gone = purge_scope(os.path.join(folder, "suffix"), scope_of(args.scope))
         print(f"{len(gone)} file(s) removed; running replicas forget the scope at their next save")
         return 0
-    gone = state_dir.purge(folder, older_than_s=None if older is None else older * 86_400.0, writer=writer)
+    gone = state_purge.purge(folder, older_than_s=None if older is None else older * 86_400.0, writer=writer)
     for path in gone:
         print(f"removed {_name(path, folder)}")
     print(f"{len(gone)} file(s) removed")

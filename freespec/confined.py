@@ -22,7 +22,6 @@ import os
 import stat
 from collections.abc import Callable, Iterator
 
-from freespec.safe_files import NotRegularFileError, PlantedLinkError, _kind
 
 logger = logging.getLogger("freespec")
 
@@ -34,6 +33,30 @@ DIR_MODE = 0o700
 # a boundary's spellings (as given, made absolute, and its real path) -> (its real path, trust others' files)
 _roots: dict[str, tuple[str, bool]] = {}
 _warned: set[str] = set()
+
+
+class NotRegularFileError(OSError):
+    """A path that is not a regular file (FIFO, device, socket, directory): refused before it is read."""
+
+
+class PlantedLinkError(OSError):
+    """A path freespec writes is a symbolic link or not a regular file: refused, nothing written through it."""
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def check_regular(path: str | os.PathLike) -> os.stat_result:
+    """``os.stat(path)``, or ``NotRegularFileError`` if it is not a regular file (``FileNotFoundError`` if missing)."""
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise NotRegularFileError(f"{os.fspath(path)!r} is {_kind(st.st_mode)}, not a regular file")
+    return st
 
 
 class UntrustedFileError(PlantedLinkError):
@@ -139,29 +162,37 @@ def is_confined(path: str) -> bool:
     return _split(path) is not None
 
 
-def open_read_fd(path: str) -> int:
-    """A read-only descriptor of the regular file ``path``: below a boundary, opened without following any link
-    and checked for its owner and mode (``UntrustedFileError``); elsewhere as ``safe_files.open_regular_fd``."""
+def open_read_fd(path: str | os.PathLike) -> int:
+    """A read-only descriptor of the regular file ``path``, never blocking on a FIFO (``safe_files``). Below a
+    boundary it is reached without following any link and its owner and mode are checked
+    (``UntrustedFileError``); elsewhere a link is followed (the file it names at the time of the open)."""
+    path = os.fspath(path)
     where = _split(path)
     if where is None:
-        from freespec.safe_files import open_regular_fd
-
-        return open_regular_fd(path)
-    root, parts = where
-    if not parts:
-        raise NotRegularFileError(f"{path!r} is a directory, not a regular file")
-    with folder(os.path.dirname(os.path.abspath(path))) as dfd:
-        try:
-            fd = os.open(parts[-1], _READ, dir_fd=dfd)
-        except OSError as e:
-            if e.errno == getattr(os, "ELOOP", 40):
-                raise _refuse(path, e) from None
-            raise
+        check_regular(path)
+        fd = os.open(path, _READ & ~_NOFOLLOW)
+        root = None
+    else:
+        root, parts = where
+        if not parts:
+            raise NotRegularFileError(f"{path!r} is a directory, not a regular file")
+        with folder(os.path.dirname(os.path.abspath(path))) as dfd:
+            st = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)  # nothing but a file is opened at all
+            if stat.S_ISLNK(st.st_mode):
+                raise PlantedLinkError(f"{path!r} is a symbolic link: freespec follows no link in a state directory")
+            if not stat.S_ISREG(st.st_mode):
+                raise NotRegularFileError(f"{path!r} is {_kind(st.st_mode)}, not a regular file")
+            try:
+                fd = os.open(parts[-1], _READ, dir_fd=dfd)
+            except OSError as e:
+                if e.errno == getattr(os, "ELOOP", 40):
+                    raise _refuse(path, e) from None
+                raise
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
+        if not stat.S_ISREG(st.st_mode):  # swapped between the check and the open
             raise NotRegularFileError(f"{path!r} is {_kind(st.st_mode)}, not a regular file")
-        if not _roots[root][1] and (st.st_uid != os.geteuid() or st.st_mode & 0o022):
+        if root is not None and not _roots[root][1] and (st.st_uid != os.geteuid() or st.st_mode & 0o022):
             raise UntrustedFileError(f"{path!r} belongs to another user or can be written by others "
                                      f"(uid {st.st_uid}, mode {st.st_mode & 0o777:o}): not read (option "
                                      "state_dir_trust_others allows it)")
@@ -228,8 +259,12 @@ def write_atomic(path: str, tmp_name: str, fill: Callable[[object], None], perms
     temporary file is removed and ``path`` left as it was."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
     name = os.path.basename(path)
-    with folder(os.path.dirname(os.path.abspath(path))) as dfd:
-        fd = os.open(tmp_name, flags, perms, dir_fd=dfd)
+    directory = os.path.dirname(os.path.abspath(path))
+    with folder(directory) as dfd:
+        try:
+            fd = os.open(tmp_name, flags, perms, dir_fd=dfd)
+        except OSError as e:  # named by its whole path, as an open by path would
+            raise type(e)(e.errno, e.strerror, os.path.join(directory, tmp_name)) from None
         try:
             with open(fd, "wb") as f:
                 fill(f)

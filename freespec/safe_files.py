@@ -35,13 +35,13 @@ import struct
 import unicodedata
 from typing import Any
 
+from freespec import confined
+# the errors and the check every reader shares, defined with the one reader in ``confined``
+from freespec.confined import NotRegularFileError, PlantedLinkError, _kind, check_regular  # noqa: F401
+
 MAX_JSON_DEPTH = 256
 MAX_NPY_HEADER_BYTES = 1 << 16  # numpy writes headers of a few hundred bytes; its own default limit is 10,000
 MESSAGE_CHARS = 300
-
-
-class NotRegularFileError(OSError):
-    """A path that is not a regular file (FIFO, device, socket, directory): refused before it is read."""
 
 
 class FileTooLargeError(ValueError):
@@ -92,42 +92,10 @@ def printable(text: Any, *, newlines: bool = False) -> str:
     return text
 
 
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory")):
-        if test(mode):
-            return name
-    return "not a regular file"
-
-
-def check_regular(path: str | os.PathLike) -> os.stat_result:
-    """``os.stat(path)``, or ``NotRegularFileError`` if it is not a regular file (``FileNotFoundError`` if missing)."""
-    st = os.stat(path)
-    if not stat.S_ISREG(st.st_mode):
-        raise NotRegularFileError(f"{os.fspath(path)!r} is {_kind(st.st_mode)}, not a regular file")
-    return st
-
-
 def open_regular_fd(path: str | os.PathLike) -> int:
     """A read-only descriptor of ``path``, a regular file; never blocks on a FIFO (see the module docstring).
     Below a state directory (``freespec.confined``) no link is followed and the file's owner is checked."""
-    from freespec import confined  # it builds on this module
-
-    if confined.is_confined(os.fspath(path)):
-        return confined.open_read_fd(os.fspath(path))
-    check_regular(path)
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
-    fd = os.open(path, flags)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):  # swapped between the check and the open
-            raise NotRegularFileError(f"{os.fspath(path)!r} is {_kind(st.st_mode)}, not a regular file")
-        if hasattr(os, "set_blocking"):
-            os.set_blocking(fd, True)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    return confined.open_read_fd(path)
 
 
 def open_regular(path: str | os.PathLike, mode: str = "rb", **kwargs):
@@ -217,10 +185,6 @@ def check_npy_header(member, limit: int = MAX_NPY_HEADER_BYTES) -> io.BytesIO:
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-
-
-class PlantedLinkError(OSError):
-    """A path freespec writes is a symbolic link or not a regular file: refused, nothing written through it."""
 
 
 def create_new(path: str | os.PathLike, mode: str = "wb", perms: int = 0o666, **kwargs):

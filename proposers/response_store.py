@@ -580,7 +580,7 @@ class ResponseStore:
         purged = self.purged() if self.purged is not None else None
         if not purged or not stored.entries:
             return stored
-        gone = purged.drops(digests_of([e.digest for e in stored.entries]))
+        gone = purged.drops(digests_of([e.digest for e in stored.entries]), [e.stamp for e in stored.entries])
         if not gone.any():
             return stored
         return Stored([e for e, out in zip(stored.entries, gone.tolist()) if not out], stored.horizon)
@@ -592,7 +592,7 @@ class ResponseStore:
             entries = list(self._entries.values())
             if not purged or not entries:
                 return 0
-            gone = purged.drops(digests_of([e.digest for e in entries]))
+            gone = purged.drops(digests_of([e.digest for e in entries]), [e.stamp for e in entries])
             for e, out in zip(entries, gone.tolist()):
                 if out:
                     del self._entries[e.digest]

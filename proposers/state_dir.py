@@ -35,7 +35,7 @@ DEFAULT_MAX_AGE_S = 30 * 86_400.0
 KEEP_NEWER_THAN_S = 3_600.0  # cap_total leaves files written this recently: a live writer's
 START_FILES = 64  # the newest peers' files a source reads at start; the others merge later, as they change
 CLOCK_SLACK_S = 300.0  # a file dated further ahead of this clock than this is treated as expired (``age``)
-TOMBSTONES = "purged"  # a source folder's tombstones of purged scopes (scoped_responses), kept until old
+TOMBSTONES = "purged"  # tombstones: suffix/purged/<scope> (scoped_responses), purged/*.purge (proposers.purges)
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
@@ -62,7 +62,10 @@ def writer_id() -> str:
 
 def open_root(state_dir: str, *, trust_others: bool = False) -> str:
     """At start: make ``state_dir`` this process's trust boundary (``freespec.confined``: created mode 0700 if
-    missing, a warning if others can write it, no link below it ever followed); returns it."""
+    missing, a warning if others can write it, no link below it ever followed); returns it. A Redis URL
+    (``proposers.learned``) is no folder: returned as it is."""
+    if state_dir.startswith(("redis://", "rediss://")):
+        return state_dir
     confined.confine(state_dir, trust_others=trust_others)
     return state_dir
 
@@ -125,7 +128,8 @@ def state_files(state_dir: str) -> list[tuple[str, float, int]]:
     and listed as links, never followed."""
     open_root(state_dir)
     out = []
-    for source in SOURCES:  # only the sources' own folders: a wrong DIR loses nothing else
+    # only the sources' own folders, and the purge records': a wrong DIR loses nothing else
+    for source in (*SOURCES, TOMBSTONES):
         folder = os.path.join(state_dir, source)
         for name, st in confined.entries(folder):
             path = os.path.join(folder, name)
@@ -145,7 +149,10 @@ def cap_total(state_dir: str, max_bytes: int, keep_newer_than_s: float = KEEP_NE
     """At a writer's start: while every writer's files together take more than ``max_bytes`` (option
     ``state_dir_max_mb``), remove the oldest, whoever wrote them (by age, as ``sweep_old``). A tombstone stays,
     and so does a file written in the last ``keep_newer_than_s`` (a live writer's: it saves what changed every
-    ``save_every_s``; what it held is in its peers' merges too). Returns the removed paths."""
+    ``save_every_s``; what it held is in its peers' merges too). Returns the removed paths. A Redis URL: none
+    (its streams are bounded by their MAXLEN)."""
+    if state_dir.startswith(("redis://", "rediss://")):
+        return []
     now = time.time() if now is None else now
     files = [f for f in state_files(state_dir) if not is_tombstone(f[0])]
     total = sum(size for _, _, size in files)
@@ -169,61 +176,3 @@ def cap_total(state_dir: str, max_bytes: int, keep_newer_than_s: float = KEEP_NE
                        "written in the last %.0f minutes: lower state_max_mb or raise state_dir_max_mb",
                        state_dir, total / 1e6, max_bytes / 1e6, keep_newer_than_s / 60)
     return gone
-
-
-def purge(state_dir: str, *, older_than_s: float | None = None, writer: str | None = None,
-          now: float | None = None) -> list[str]:
-    """Remove files of ``state_dir`` (every one, or those older than ``older_than_s``, or ``writer``'s own) and
-    record first what they held (``proposers.purges``), so that no replica keeps, writes back or merges it
-    again; returns the removed paths. A file whose content cannot be read is removed all the same (logged:
-    what replicas merged of it stays)."""
-    now = time.time() if now is None else now
-    chosen = []
-    for path, mtime, _ in state_files(state_dir):
-        name = os.path.basename(path)
-        if is_tombstone(path):
-            continue  # a scope's tombstone goes only when its scope holds no file (``scoped_responses``)
-        if older_than_s is not None and age(mtime, now) <= older_than_s:
-            continue
-        if writer is not None and name.rsplit(".", 1)[0] != writer and f"-{writer}." not in name:
-            continue
-        chosen.append(path)
-    digests, recycle_before = _contents(chosen)
-    if len(digests) or recycle_before:
-        from freespec.proposers.purges import write_record
-
-        write_record(state_dir, digests, recycle_before)
-    gone = []
-    for path in chosen:
-        try:
-            if confined.unlink(path):
-                gone.append(path)
-        except OSError:
-            continue
-    return gone
-
-
-def _contents(paths: list[str]):
-    """What the files ``paths`` hold, as a purge records it: their responses' digests and their newest recycle row
-    stamp."""
-    import numpy as np
-
-    from freespec.proposers.purges import digests_of
-    from freespec.proposers.recycle.matrix import MatrixFileError, read_matrix
-    from freespec.proposers.response_store import ResponseStoreError, read_any
-
-    digests, recycle_before = [], 0
-    for path in paths:
-        name = os.path.basename(path)
-        if name.startswith("."):
-            continue  # a temporary: never read by any replica
-        try:
-            if name.endswith(".bin"):
-                digests.append(digests_of([e.digest for e in read_any(path).entries]))
-            elif name.endswith(".npz"):
-                stamps = read_matrix(path).stamps
-                recycle_before = max(recycle_before, int(stamps.max()) if len(stamps) else 0)
-        except (OSError, ResponseStoreError, MatrixFileError, ValueError) as e:
-            logger.warning("freespec state purge: %s removed unread (%s): what replicas merged of it stays",
-                           path, e)
-    return (np.concatenate(digests) if digests else np.zeros(0, dtype="<u8")), recycle_before

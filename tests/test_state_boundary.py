@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from freespec import confined
-from freespec.proposers import state_dir
+from freespec.proposers import state_dir, state_purge
 from freespec.proposers.api import EngineInfo
 from freespec.proposers.purges import PurgeLog
 from freespec.proposers.response_store import ResponseStore
@@ -32,7 +32,7 @@ X, Y = scope_of("tenant-x"), scope_of("tenant-y")
 REPLICA = """
 import os, sys
 import numpy as np
-from freespec.proposers import state_dir
+from freespec.proposers import state_dir, state_purge
 from freespec.proposers.scoped_responses import ScopedResponses
 
 if os.environ.get("WRITER"):  # a name the test knows before the start (a planted link at it)
@@ -150,26 +150,42 @@ def test_a_purge_by_writer_or_age_sticks_on_replicas_that_merged_what_it_removed
         b.do(f"add {Y} 1 1 1 1")
         b.do("save")
         assert b.held(X) == 1  # b merged a's response, and saved it in its own file
-        if by == "age":  # a's files made old; b's stay new
-            old = time.time() - 3 * 86_400
-            for path in (folder / "suffix").rglob(f"{a.writer}.bin"):
-                os.utime(path, (old, old))
-        gone = state_dir.purge(str(folder), writer=a.writer if by == "writer" else None,
-                               older_than_s=86_400.0 if by == "age" else None)
-        assert gone and all(a.writer in p for p in gone) or by == "all"
+        time.sleep(0.05)  # every file and response older than the age purge's cutoff below
+        gone = state_purge.purge(str(folder), writer=a.writer if by == "writer" else None,
+                               older_than_s=0.01 if by == "age" else None)
+        assert gone and (all(a.writer in p for p in gone) or by != "writer")
         b.do("save")  # b forgets it, and its next save does not write it back
         assert b.held(X) == 0
         assert stores_hold(folder, X) == set()
-        assert stores_hold(folder, Y) == ({(1, 1, 1, 1)} if by != "all" else set())
-        a.close()  # a, stopping, holds it still: its final save is filtered too
+        assert stores_hold(folder, Y) == ({(1, 1, 1, 1)} if by == "writer" else set())
+        b.do(f"add {X} 5 6 7 8")  # the same text learned again after the purge is new learning: kept
+        b.do("save")
+        assert b.held(X) == 1 and stores_hold(folder, X) == {(5, 6, 7, 8)}
+        b.do(f"add {X} 0 0 0 0")
+        a.close()  # a, stopping, holds the old one still: its final save is filtered too
         b.close()
-        assert stores_hold(folder, X) == set()
+        assert stores_hold(folder, X) == {(5, 6, 7, 8), (0, 0, 0, 0)}
         c = Replica(folder)
-        assert c.held(X) == 0
+        assert c.held(X) == 2
         c.close()
     finally:
         for r in (a, b):
             r.proc.kill()
+
+
+def test_a_purge_record_drops_what_it_names_up_to_its_time_and_never_later_learning(folder):
+    from freespec.proposers import purges
+
+    confined.confine(str(folder))
+    purges.write_record(str(folder), digests=np.array([7, 9], dtype="<u8"), before_ns=1_000)
+    purges.write_record(str(folder), digests=np.array([7], dtype="<u8"), before_ns=5_000)
+    purges.write_record(str(folder), before_ns=100)  # by age: everything stamped before 100
+    p = PurgeLog(str(folder)).current()
+    keys = np.array([7, 7, 9, 9, 8, 8], dtype="<u8")
+    stamps = np.array([4_000, 6_000, 1_000, 1_001, 99, 100])
+    assert p.drops(keys, stamps).tolist() == [True, False, True, False, True, False]
+    (folder / "purged" / "junk.purge").write_bytes(b"FSPURGE1" + b"\0" * 7)  # damaged: skipped, the rest holds
+    assert PurgeLog(str(folder)).current().drops(keys, stamps).tolist() == [True, False, True, False, True, False]
 
 
 def test_a_file_written_for_an_older_purge_generation_is_never_merged_and_is_removed(folder):
@@ -368,7 +384,7 @@ def test_a_running_suffix_source_drafts_nothing_more_from_what_a_purge_by_writer
     running.store.add(kept)
     running._seed([kept])
     assert drafts(running, [9, *answer[:6]], 1)[:3] == answer[6:9].tolist()
-    state_dir.purge(str(folder), writer="host-a.1.1")
+    state_purge.purge(str(folder), writer="host-a.1.1")
     deadline = time.monotonic() + 10
     while running._purge_version != running._purges.latest.version or not running._purge_version:
         running._last_save = 0.0
@@ -401,7 +417,7 @@ def test_recycle_rows_a_purge_removed_are_cleared_and_never_merged_back(folder, 
     second = RecycleProposer(RecycleOptions(adaptive=False, save_every_s=0.01), 4)
     second.bind(info)
     assert second.propose([Row(1, np.asarray([3, 4, 5], dtype=np.int32), 1)])[0][:1] == [421]
-    state_dir.purge(str(folder), writer="host-a.1.1")
+    state_purge.purge(str(folder), writer="host-a.1.1")
     second._purges.current()  # as its background thread reads it
     second._last_save = 0.0
     second._files_tick()

@@ -1,0 +1,72 @@
+"""``freespec state purge``'s work on a state directory: choose the files, record what they held
+(``proposers.purges``), remove them. A library function: the command only checks its arguments and prints.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import numpy as np
+from freespec import confined
+from freespec.proposers.purges import digests_of, write_record
+from freespec.proposers.recycle.matrix import MatrixFileError, read_matrix
+from freespec.proposers.response_store import ResponseStoreError, read_any
+from freespec.proposers.state_dir import age, is_tombstone, state_files
+
+logger = logging.getLogger("freespec")
+
+
+def purge(folder: str, *, older_than_s: float | None = None, writer: str | None = None,
+          now: float | None = None) -> list[str]:
+    """Remove files of ``state_dir`` (every one, or those older than ``older_than_s``, or ``writer``'s own) and
+    record first what they held (``proposers.purges``), so that no replica keeps, writes back or merges it
+    again: by writer, the digests of its files' responses; by age or in whole, every response stamped before
+    the cutoff. Returns the removed paths. A writer's file whose content cannot be read is removed all the same
+    (logged: what replicas merged of it stays)."""
+    now = time.time() if now is None else now
+    cutoff = now - (older_than_s or 0.0)
+    chosen = []
+    for path, mtime, _ in state_files(folder):
+        name = os.path.basename(path)
+        if is_tombstone(path):
+            continue  # a scope's tombstone goes only when its scope holds no file (``scoped_responses``)
+        if older_than_s is not None and age(mtime, now) <= older_than_s:
+            continue
+        if writer is not None and name.rsplit(".", 1)[0] != writer and f"-{writer}." not in name:
+            continue
+        chosen.append(path)
+    if writer is not None:
+        digests, recycle_before = _contents(chosen)
+        if len(digests) or recycle_before:
+            write_record(folder, digests=digests, before_ns=int(cutoff * 1e9), recycle_before=recycle_before)
+    elif chosen:
+        write_record(folder, before_ns=int(cutoff * 1e9), recycle_before=int(cutoff))
+    gone = []
+    for path in chosen:
+        try:
+            if confined.unlink(path):
+                gone.append(path)
+        except OSError:
+            continue
+    return gone
+
+
+def _contents(paths: list[str]):
+    """What the files ``paths`` hold, as a purge by writer records it: their responses' digests and their newest
+    recycle row stamp."""
+    digests, recycle_before = [], 0
+    for path in paths:
+        name = os.path.basename(path)
+        if name.startswith("."):
+            continue  # a temporary: never read by any replica
+        try:
+            if name.endswith(".bin"):
+                digests.append(digests_of([e.digest for e in read_any(path).entries]))
+            elif name.endswith(".npz"):
+                stamps = read_matrix(path).stamps
+                recycle_before = max(recycle_before, int(stamps.max()) if len(stamps) else 0)
+        except (OSError, ResponseStoreError, MatrixFileError, ValueError) as e:
+            logger.warning("freespec state purge: %s removed unread (%s): what replicas merged of it stays",
+                           path, e)
+    return (np.concatenate(digests) if digests else np.zeros(0, dtype="<u8")), recycle_before
