@@ -4,8 +4,10 @@ One step: read each batch row's token history from V2's ``RequestState`` (``all_
 batch order through ``InputBatch.idx_mapping``), hand the rows to the plugin's proposer (``proposers/api.py``,
 the API the V1 ``custom_class`` path feeds too) and return its drafts as a ``[num_reqs, K]`` tensor.
 
-The invariant, and its price: **this path synchronizes with the host every step** (three small device-to-host
-copies before the drafts exist, one host-to-device copy after). The history it reads is the current one (vLLM
+The invariant, and its price: **this path synchronizes with the host every step** (device-to-host copies of
+the rows' lengths, the tokens added since the last step and the sampled counts before the drafts exist, one
+host-to-device copy after). The host keeps each slot's history, as V1's runner does, so a step copies only new
+tokens. The history it reads is the current one (vLLM
 writes the sampled tokens before ``propose``), so the drafts are those the V1 path gives for the same history.
 What is not built here yet (docs/architecture.md, "Model Runner V2"): the goodput policy's cut and step sizing
 (drafts are cut at each plugin's fixed bar, as with ``"policy": "fixed"``), the target's top-k
@@ -83,6 +85,9 @@ class FreespecSpeculator(BaseSpeculator):
         max_reqs = int(vllm_config.scheduler_config.max_num_seqs)
         self.drafts = torch.zeros((max_reqs, self.k), dtype=torch.int64, device=device)
         self.num_valid = torch.zeros(max_reqs, dtype=torch.int32, device=device)  # real (non-filler) tokens
+        # Each slot's token history on the host, and how much of it is copied (what V1's token_ids_cpu held).
+        self.host_tokens = np.zeros((max_reqs, self.max_model_len), dtype=np.int32)
+        self.known = np.zeros(max_reqs, dtype=np.int64)
         self.keys: dict[int, int] = {}  # request-state slot -> the proposer's key of the request in it
         self._next_key = 0
         self.errors = 0
@@ -99,6 +104,7 @@ class FreespecSpeculator(BaseSpeculator):
         """A new request in slot ``req_index``: a key of its own (a request that left the slot without
         finishing, a preempted one, is released first)."""
         self._release_slot(req_index)
+        self.known[req_index] = 0  # its history is read anew
         self.keys[req_index] = self._next_key
         self._next_key += 1
 
@@ -141,11 +147,11 @@ class FreespecSpeculator(BaseSpeculator):
                  num_speculative_tokens: int | None) -> torch.Tensor:
         idx = input_batch.idx_mapping[:n]
         slots = np.asarray(input_batch.idx_mapping_np[:n])
-        # Host syncs: lengths, the histories, what the last step appended.
-        lengths = self.req_states.total_len.gpu[idx].cpu().numpy()
-        history = self.req_states.all_token_ids.gpu[idx, : int(lengths.max())].cpu().numpy()
+        # Host syncs: lengths, the tokens added since the last step, what the last step sampled.
+        lengths = self.req_states.total_len.gpu[idx].cpu().numpy().astype(np.int64)
+        self._copy_new_tokens(idx, slots, lengths)
         num_new = num_sampled[:n].cpu().numpy()
-        rows = [Row(self._key(int(slot)), history[i, : lengths[i]], int(num_new[i]), self._scope())
+        rows = [Row(self._key(int(slot)), self.host_tokens[slot, : lengths[i]].copy(), int(num_new[i]), self._scope())
                 for i, slot in enumerate(slots)]
         k = self.k if num_speculative_tokens is None else min(self.k, int(num_speculative_tokens))
         rooms = [0 if num_new[i] == 0 else max(0, min(k, self.max_model_len - 1 - int(lengths[i])))
@@ -164,6 +170,19 @@ class FreespecSpeculator(BaseSpeculator):
         self.drafts[:n].copy_(torch.from_numpy(out), non_blocking=False)
         self.num_valid[:n].copy_(torch.as_tensor([len(t) for t in drafts], dtype=torch.int32))
         return self.drafts[:n]
+
+    def _copy_new_tokens(self, idx: torch.Tensor, slots: np.ndarray, lengths: np.ndarray) -> None:
+        """Bring each row's tokens past what the host holds into ``host_tokens``: one gather, one copy."""
+        known = self.known[slots]
+        known = np.where(known <= lengths, known, 0)  # a history that shrank (not seen in 0.34.0) is read anew
+        width = int((lengths - known).max())
+        if width > 0:
+            pos = np.minimum(known[:, None] + np.arange(width)[None, :], self.max_model_len - 1)
+            pos_t = torch.from_numpy(pos).to(idx.device)
+            window = self.req_states.all_token_ids.gpu[idx.long()[:, None], pos_t].cpu().numpy()
+            for i, slot in enumerate(slots):
+                self.host_tokens[slot, known[i]: lengths[i]] = window[i, : lengths[i] - known[i]]
+        self.known[slots] = lengths
 
     def _key(self, slot: int) -> int:
         if slot not in self.keys:  # a request vLLM added without add_request (not seen in 0.34.0)
