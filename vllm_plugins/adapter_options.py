@@ -59,7 +59,8 @@ class AdapterOptions(BaseModel):
     )
     state_dir: Optional[str] = Field(
         None, strict=True,
-        description="a folder where every source that learns across requests (suffix's responses, which also "
+        description="a folder (or a Redis URL redis://[user[:password]@]host:port/db, rediss:// with TLS: "
+                    "suffix's responses shared through it, docs/deployment.md) where every source that learns across requests (suffix's responses, which also "
                     "fill hybrid's copy source, and recycle's matrix; not the copy plugin alone) of every replica "
                     "and rank keeps its state, each process its own files (mode 0600), "
                     "merging the others' (docs/security.md); made (mode 0700) if missing; replaces responses_path, "
@@ -95,6 +96,10 @@ class AdapterOptions(BaseModel):
     @field_validator("state_dir")
     @classmethod
     def _existing_folder(cls, value: Optional[str]) -> Optional[str]:
+        if isinstance(value, str) and value.startswith(("redis://", "rediss://")):
+            from freespec.proposers.learned.redis_stream import check_url
+
+            return check_url(value)  # its ValueError names what is wrong, never the password
         if value is not None and (not value or "\0" in value or not os.path.isdir(value or ".")):
             parent = os.path.dirname(os.path.abspath(value)) if value and "\0" not in value else ""
             if not parent or not os.path.isdir(parent) or os.path.exists(value):
@@ -128,7 +133,12 @@ def adapter_options(raw: dict[str, Any]) -> AdapterOptions:
         return AdapterOptions.model_validate(given)
     except ValidationError as e:
         key = str(e.errors()[0]["loc"][0])
-        raise ValueError(f"freespec: speculative_config {key!r} {_allowed(key)}, got {short(given.get(key))}") from None
+        got = given.get(key)
+        if key == "state_dir" and isinstance(got, str):
+            from freespec.proposers.learned.redis_stream import redacted
+
+            got = redacted(got)  # a Redis URL's password never in a message
+        raise ValueError(f"freespec: speculative_config {key!r} {_allowed(key)}, got {short(got)}") from None
 
 
 def _allowed(key: str) -> str:
@@ -137,7 +147,8 @@ def _allowed(key: str) -> str:
     if key in ("step_aside", "state_dir_trust_others"):
         return "must be true or false"
     if key == "state_dir":
-        return "must be a folder, or a new one's path in a folder that exists (a string)"
+        return ("must be a folder, or a new one's path in a folder that exists, or a URL "
+                "redis://[user[:password]@]host:port/db (a string)")
     if key not in ("step_budget_ms", "state_max_age_days", "state_max_mb") and choices:
         return f"must be one of {list(choices)}"
     high = next(m.le for m in field.metadata if getattr(m, "le", None) is not None)

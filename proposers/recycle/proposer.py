@@ -49,7 +49,9 @@ the product of the widths so far, with depths up to k), refused at start naming
 """
 from __future__ import annotations
 
+
 import atexit
+import dataclasses
 import logging
 import os
 import time
@@ -215,6 +217,11 @@ class RecycleProposer(Proposer):
     def bind(self, info: EngineInfo) -> None:
         self._info = info
         self.matrix = Matrix.empty(info.vocab_size, self.options.candidates, "", info.model)
+        if info.state_dir is not None and info.state_dir.startswith(("redis://", "rediss://")):
+            # Redis shares the suffix source's responses only (issue 87): the matrix learns in memory here
+            logger.warning("freespec: recycle's matrix is not shared through a Redis state_dir yet: it learns in "
+                           "this process's memory only")
+            info = dataclasses.replace(info, state_dir=None)
         if info.state_dir is not None:
             from freespec.proposers import state_dir
 
