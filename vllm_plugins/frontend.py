@@ -75,7 +75,7 @@ MAX_SPECULATIVE_TOKENS = 64
 # the freespec replacement, instead of vLLM's bare "Unexpected keyword argument" at engine start.
 REFUSED_KEYS = {
     "disable_by_batch_size": (
-        "is not a SpeculativeConfig field in any supported vLLM release (0.31 to 0.33), which would refuse it. "
+        "is not a SpeculativeConfig field in any supported vLLM release (0.31 to 0.34), which would refuse it. "
         "freespec's load-aware policy does that job: \"policy\": \"goodput\" (the default) stops drafting "
         "when verification costs more than the drafts save, e.g. under a large batch (docs/policy.md); "
         "remove the key"

@@ -7,14 +7,20 @@ import sys
 from typing import Any, Iterator
 
 
+V2_PREFIX = "freespec_"  # a freespec plugin's registered method on vLLM >= 0.34 (``vllm_plugins.v2``)
+
+
 def is_freespec_spec(spec: Any) -> bool:
     """Whether a speculative config as given (a dict) asks for a freespec plugin: ``{"plugin": ...}``, or vLLM's
-    own spelling ``{"method": "custom_class", "model": <freespec's adapter>}``."""
+    own spelling ``{"method": "custom_class", "model": <freespec's adapter>}`` or, from vLLM 0.34, a registered
+    ``{"method": "freespec_<plugin>"}``."""
     from freespec.vllm_plugins.frontend import ADAPTER_CLASS
 
     if not isinstance(spec, dict):
         return False
-    return "plugin" in spec or (spec.get("method") == "custom_class" and spec.get("model") == ADAPTER_CLASS)
+    method = spec.get("method")
+    return ("plugin" in spec or (method == "custom_class" and spec.get("model") == ADAPTER_CLASS)
+            or (isinstance(method, str) and method.startswith(V2_PREFIX)))
 
 
 def flag_name(arg: str) -> str:
@@ -52,5 +58,6 @@ def uses_freespec(vllm_config) -> bool:
 
     spec = getattr(vllm_config, "speculative_config", None)
     additional = getattr(vllm_config, "additional_config", None)
-    return (getattr(spec, "method", None) == "custom_class" and isinstance(additional, dict)
-            and ADDITIONAL_CONFIG_KEY in additional)
+    custom = getattr(spec, "custom_method", None)  # vLLM 0.34 moves a registered method's name here
+    return ((getattr(spec, "method", None) == "custom_class" and isinstance(additional, dict)
+             and ADDITIONAL_CONFIG_KEY in additional) or (isinstance(custom, str) and custom.startswith(V2_PREFIX)))
