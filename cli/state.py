@@ -19,6 +19,7 @@ import re
 import time
 
 from freespec.proposers import state_dir, state_purge
+from freespec.proposers.learned import is_url
 from freespec.safe_files import printable
 
 # A writer's name as ``state_dir.writer_id`` makes it: the host name (``[A-Za-z0-9_.-]``, at most 64 characters,
@@ -59,7 +60,7 @@ def add_parser(subparsers) -> None:
     sub = p.add_subparsers(dest="state_command", required=True)
     ls = sub.add_parser("list", help="every file, by source, with its age and size")
     ls.add_argument("dir", metavar="DIR",
-                    help="the state directory (the state_dir option, freespec serve --state-dir)")
+                    help="the state directory (the state_dir option, freespec serve --state-dir), or its Redis URL")
     ls.set_defaults(func=run_list)
     rm = sub.add_parser("purge", help="remove files: all of them, or by age or writer")
     rm.add_argument("dir", metavar="DIR", help="the state directory")
@@ -74,7 +75,12 @@ def add_parser(subparsers) -> None:
 
 
 def _checked(folder: str) -> str:
-    """``folder`` if it is an existing directory; ``ValueError`` naming DIR otherwise."""
+    """``folder`` if it is an existing directory (or a Redis URL, ``proposers.learned``, checked); ``ValueError``
+    naming DIR otherwise (never a URL's password)."""
+    if is_url(folder):
+        from freespec.proposers.learned.redis_stream import check_url
+
+        return check_url(folder)
     try:
         is_dir = os.path.isdir(folder)
         exists = is_dir or os.path.lexists(folder)
@@ -91,9 +97,30 @@ def _name(path: str, folder: str) -> str:
     return printable(os.path.relpath(path, folder))
 
 
+def _on_redis(url: str, work, *args, **kwargs):
+    """``work(url, ...)`` with a Redis failure as a ``ValueError`` naming the server (never its password)."""
+    import redis
+
+    from freespec.proposers.learned.redis_stream import redacted
+
+    try:
+        return work(url, *args, **kwargs)
+    except redis.RedisError as e:
+        raise ValueError(f"freespec state: Redis {redacted(url)}: {type(e).__name__}: {e}") from None
+
+
 def run_list(args) -> int:
     now = time.time()
     folder = _checked(args.dir)
+    if is_url(folder):
+        from freespec.proposers.learned.redis_stream import list_state
+
+        streams = _on_redis(folder, list_state)
+        for s in streams:
+            print(f"{printable(s.name)}\t{s.newest_age_s / 86_400:.1f} days\t{s.records} records\t{s.bytes} bytes")
+        print(f"{len(streams)} stream(s), {sum(s.records for s in streams)} records, {sum(s.bytes for s in streams)} "
+              "bytes")
+        return 0
     files = state_dir.state_files(folder)
     for path, mtime, size in files:
         print(f"{_name(path, folder)}\t{(now - mtime) / 86_400:.1f} days\t{size} bytes")
@@ -121,8 +148,20 @@ def run_purge(args) -> int:
         from freespec.proposers.scoped_responses import purge_scope
         from freespec.vllm_plugins.request_ids import scope_of
 
+        if is_url(folder):
+            from freespec.proposers.learned import redis_stream
+
+            n = _on_redis(folder, redis_stream.purge_scope, scope_of(args.scope))
+            print(f"{n} record(s) removed; running replicas forget the scope within a second")
+            return 0
         gone = purge_scope(os.path.join(folder, "suffix"), scope_of(args.scope))
         print(f"{len(gone)} file(s) removed; running replicas forget the scope at their next save")
+        return 0
+    if is_url(folder):
+        from freespec.proposers.learned import redis_stream
+
+        n = _on_redis(folder, redis_stream.purge, older_than_s=None if older is None else older * 86_400.0, writer=writer)
+        print(f"{n} record(s) removed; running replicas drop them within a second")
         return 0
     gone = state_purge.purge(folder, older_than_s=None if older is None else older * 86_400.0, writer=writer)
     for path in gone:

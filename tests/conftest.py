@@ -1,6 +1,7 @@
 """Fixtures shared by the pearl unit tests: a tiny random Llama checkpoint and its greedy reference."""
 import pytest
 from pearl_helpers import VOCAB
+from redis_helpers import redis_server  # noqa: F401 - a real redis-server for tests/test_redis_state.py
 
 
 @pytest.fixture(scope="module")

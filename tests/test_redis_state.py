@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from redis_helpers import RedisServer, redis_missing, redis_server, wait_until  # noqa: F401 - a fixture
+from redis_helpers import RedisServer, redis_missing, wait_until
 
 from freespec.proposers.api import SHARED_SCOPE
 from freespec.vllm_plugins.request_ids import scope_of
@@ -108,7 +108,7 @@ def test_a_corrupt_record_is_refused_naming_why_once_per_kind_and_the_rest_go_on
         a.add(SHARED_SCOPE, np.array([3, 4]))
         assert got.has(SHARED_SCOPE, [3, 4])
     refused = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
-    assert len(refused) == 4 and b.refused == 5
+    assert len(set(refused)) == 4 and len(refused) <= 8 and b.refused == 5  # once per kind, by each replica
     assert any("token out of vocabulary" in m for m in refused) and any("missing field" in m for m in refused)
     assert all(5000 not in t and 6000 not in t for _, t in got.new)
 
@@ -371,3 +371,48 @@ def test_the_suffix_source_drafts_on_one_replica_what_another_learned_through_re
     finally:
         one.close()
         two.close()
+
+
+def run_cli(argv: list[str]) -> int:
+    from freespec.cli.main import main
+
+    try:
+        return main(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
+
+
+@pytest.mark.parametrize("extra", [["--older-than", "nan"], ["--older-than", "-1"], ["--writer", "h.1"],
+                                   ["--scope", ""], ["--scope", "t", "--writer", "h.1.10"]])
+def test_state_purge_of_a_url_refuses_a_bad_argument_and_removes_nothing(pair, redis_server, capsys, extra):
+    a, _, _, got = pair
+    a.add(X, np.array([1, 2]))
+    assert got.has(X, [1, 2])
+    before = redis_server.client().xlen(a.keys.stream(X))
+    assert run_cli(["state", "purge", redis_server.url, *extra]) in (1, 2)
+    assert redis_server.client().xlen(a.keys.stream(X)) == before == 1
+
+
+def test_state_list_and_purge_work_against_a_url(pair, redis_server, capsys):
+    a, b, _, got = pair
+    a.add(SHARED_SCOPE, np.array([1, 2]))
+    a.add(X, np.array([3, 4]))
+    b.add(SHARED_SCOPE, np.array([5, 6]))
+    assert got.has(X, [3, 4]) and b.wait_idle()
+    assert run_cli(["state", "list", redis_server.url]) == 0
+    out = capsys.readouterr().out
+    assert "2 stream(s), 3 records" in out and f"/{X}\t" in out and "/shared\t" in out
+    assert run_cli(["state", "purge", redis_server.url, "--scope", "tenant-x"]) == 0
+    assert "1 record(s) removed" in capsys.readouterr().out
+    assert wait_until(lambda: (got(), X in got.forget)[1], 5)
+    assert run_cli(["state", "purge", redis_server.url, "--writer", "node-a.1.1"]) == 0
+    assert "1 record(s) removed" in capsys.readouterr().out
+    assert run_cli(["state", "purge", redis_server.url]) == 0
+    assert "1 record(s) removed" in capsys.readouterr().out
+
+
+def test_state_against_a_url_whose_server_is_down_fails_naming_it_without_the_password(tmp_path, capsys):
+    url = f"redis://:pw-s3cret@127.0.0.1:{RedisServer(tmp_path).port}/0"
+    assert run_cli(["state", "list", url]) == 1
+    err = capsys.readouterr().err
+    assert "127.0.0.1" in err and "pw-s3cret" not in err
