@@ -36,7 +36,9 @@ class Row:
 
     ``key`` is stable for the life of a request (inferred, see
     ``request_tracker``); ``tokens`` is its whole sequence so far (prompt and
-    output, read-only); ``num_new`` is how many tokens the last step appended
+    output, read-only; on vLLM's V1 runner a view into a buffer whose row another request takes once this one
+    finishes: valid only during the call, so copy what is kept, tests/test_row_views.py); ``num_new`` is how
+    many tokens the last step appended
     (accepted drafts plus the bonus token; 0 during a partial prefill).
     ``scope`` (docs/security.md): a source that learns across requests drafts for this row only from requests
     of the same scope, and what it learns from this row serves only them; ``SHARED_SCOPE`` for requests without
