@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from freespec import confined
-from freespec.proposers.state_dir import age
+from freespec.proposers.state_dir import CLOCK_SLACK_S, age
 
 logger = logging.getLogger("freespec")
 
@@ -47,6 +47,7 @@ MAGIC = b"FSPURGE1"
 _HEAD = struct.Struct("<8sqqQ")
 MAX_DIGESTS = 1 << 22  # all records together: 32 MB of digests, 4,194,304 responses
 KEEP_EXTRA_S = 86_400.0
+SLACK_NS = int(CLOCK_SLACK_S * 10**9)
 
 
 def digests_of(entries_digests: list[bytes]) -> np.ndarray:
@@ -71,14 +72,22 @@ class Purged:
         return bool(len(self.digests)) or self.before_ns > 0 or self.recycle_before > 0
 
     def drops(self, keys: np.ndarray, stamps: np.ndarray) -> np.ndarray:
-        """A boolean mask: which responses (their keys, uint64, and stamps, ns) are purged."""
+        """A boolean mask: which responses (their keys, uint64, and stamps, ns) are purged. Each time is taken
+        ``SLACK_NS`` later: a response stamped by a clock ahead (peers' stamps may be up to that far ahead, and
+        a replica's own stamps follow the newest it merged) is still caught; what is learned that soon after a
+        purge goes with it."""
         stamps = np.asarray(stamps, dtype=np.int64)
-        out = stamps < self.before_ns
+        out = stamps < self.before_ns + SLACK_NS if self.before_ns else np.zeros(len(stamps), dtype=bool)
         if len(self.digests) and len(keys):
             at = np.searchsorted(self.digests, keys)
             at[at == len(self.digests)] = 0
-            out |= (self.digests[at] == keys) & (stamps <= self.digest_before[at])
+            out |= (self.digests[at] == keys) & (stamps <= self.digest_before[at] + SLACK_NS)
         return out
+
+    @property
+    def recycle_cut(self) -> int:
+        """Recycle rows stamped up to this (seconds) are purged: the recorded stamp, ``CLOCK_SLACK_S`` later."""
+        return self.recycle_before + int(CLOCK_SLACK_S) if self.recycle_before else 0
 
 
 NOTHING = Purged(np.zeros(0, dtype="<u8"), np.zeros(0, dtype=np.int64))
@@ -145,19 +154,30 @@ class PurgeLog:
             for name in [n for n in self._records if n not in listing]:
                 del self._records[name]
             total = sum(len(r[1]) for r in self._records.values())
+            now = time.time()
             for name, st in sorted(listing.items()):
+                path = os.path.join(self.folder, name)
+                if st.st_mtime - now > CLOCK_SLACK_S:  # dated ahead: re-dated to now, its first sight
+                    try:
+                        confined.touch(path, now)
+                        st = confined.lstat(path)
+                    except OSError:
+                        continue
                 key = (st.st_ino, st.st_mtime_ns, st.st_size)
                 if self._records.get(name, (None,))[0] == key:
                     continue
                 try:
-                    record = _read_record(os.path.join(self.folder, name), st.st_size)
-                    if total + len(record[0]) > MAX_DIGESTS:
+                    digests, when, cutoff, recycle_before = _read_record(path, st.st_size)
+                    if total + len(digests) > MAX_DIGESTS:
                         raise ValueError(f"purge records hold more than {MAX_DIGESTS:,} responses in all")
                 except (OSError, ValueError) as e:
                     if name not in self._warned:
                         self._warned.add(name)
                         logger.warning("freespec: state_dir: purge record skipped (%s)", e)
                     continue
+                # never later than the record's own date: a record that says the future hides no later learning
+                record = (digests, min(when, st.st_mtime_ns), min(cutoff, st.st_mtime_ns),
+                          min(recycle_before, int(st.st_mtime)))
                 self._records[name] = (key, *record)
                 total += len(record[0])
             version = tuple(sorted((n, r[0]) for n, r in self._records.items()))

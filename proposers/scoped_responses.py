@@ -56,32 +56,39 @@ def fingerprint_for(fingerprint: str, generation: str | None) -> str:
 
 
 def purge_scope(root: str, scope: str) -> list[str]:
-    """Remove every file of ``scope`` under ``root`` (``<state_dir>/suffix``) and leave its tombstone with a
-    new generation; the paths removed. A link at the scope's name is removed itself, never followed, and so
-    is every other link below the state directory (``root``'s folder, made this process's boundary)."""
+    """Leave ``scope``'s tombstone with a new generation, then remove every file of the scope under ``root``
+    (``<state_dir>/suffix``); the paths removed. The fact comes first: once the tombstone is written no replica
+    keeps the scope, whatever the removal meets (an entry it cannot remove is left and named in the log, and is
+    never read again: it is of an older generation). A link at the scope's name is removed itself, never
+    followed, and so is every other link below the state directory (``root``'s folder, this process's boundary)."""
     state_dir.open_root(os.path.dirname(os.path.abspath(root)))
-    folder = os.path.join(root, scope)
-    gone = []
-    try:
-        st = confined.lstat(folder)
-    except FileNotFoundError:
-        st = None
-    if st is not None and not stat.S_ISDIR(st.st_mode):
-        confined.unlink(folder)
-        gone.append(folder)
-    elif st is not None:
-        for name, _ in confined.entries(folder):
-            if confined.unlink(os.path.join(folder, name)):
-                gone.append(os.path.join(folder, name))
-        try:
-            confined.rmdir(folder)
-        except OSError:
-            pass
     marks = tombstone_dir(root)
     confined.makedirs(marks)
     generation = secrets.token_hex(16)
     confined.write_atomic(os.path.join(marks, scope), f".{scope}.{os.getpid()}.{secrets.token_hex(4)}.tmp",
                           lambda f: f.write(generation.encode()), state_dir.FILE_MODE)
+    folder = os.path.join(root, scope)
+    try:
+        st = confined.lstat(folder)
+    except FileNotFoundError:
+        return []
+    if not stat.S_ISDIR(st.st_mode):
+        confined.unlink(folder)
+        return [folder]
+    gone = []
+    for name, est in confined.entries(folder):
+        path = os.path.join(folder, name)
+        try:
+            if stat.S_ISDIR(est.st_mode):
+                raise IsADirectoryError(f"{path!r} is a folder, not a file of freespec's")
+            if confined.unlink(path):
+                gone.append(path)
+        except OSError as e:
+            logger.warning("freespec state purge: %s left in place (%s); the scope is purged all the same", path, e)
+    try:
+        confined.rmdir(folder)
+    except OSError:
+        pass
     return gone
 
 
@@ -139,10 +146,12 @@ class Tombstones:
         now = time.time() if now is None else now
         marks = tombstone_dir(self.root)
         for name, st in confined.entries(marks):
-            if state_dir.age(st.st_mtime, now) <= max_age_s or confined.entries(os.path.join(self.root, name)):
-                continue
+            path = os.path.join(marks, name)
             try:
-                confined.unlink(os.path.join(marks, name))
+                if st.st_mtime - now > state_dir.CLOCK_SLACK_S:  # dated ahead: it ages from now on
+                    confined.touch(path, now)
+                elif now - st.st_mtime > max_age_s and not confined.entries(os.path.join(self.root, name)):
+                    confined.unlink(path)
             except OSError:
                 pass
 
@@ -202,6 +211,25 @@ class ScopedResponses:
             pass
         return True
 
+    def _files_of(self, scope: str, now: float, sweep: bool = False) -> list[tuple[str, os.stat_result]]:
+        """The store files in ``scope``'s folder (this writer's and its peers': regular files, not temporaries,
+        within the age bound), from one listing; ``sweep``: what is past the bound (or dated ahead) is removed."""
+        folder = os.path.join(self.root, scope)
+        out = []
+        for name, st in confined.entries(folder):
+            if stat.S_ISDIR(st.st_mode):
+                continue
+            if state_dir.age(st.st_mtime, now) > self.max_age_s:
+                if sweep:
+                    try:
+                        confined.unlink(os.path.join(folder, name))
+                    except OSError:
+                        pass
+                continue
+            if stat.S_ISREG(st.st_mode) and name.endswith(".bin") and not name.startswith("."):
+                out.append((name, st))
+        return out
+
     def load(self) -> dict[str, list[np.ndarray]]:
         """At start: the newest ``MERGE_FILES`` files of all scope folders (this writer's and its peers'; the
         rest merge in the background, ``MERGE_FILES`` an interval), of the scope's purge generation; a bad file
@@ -209,20 +237,14 @@ class ScopedResponses:
         self.tombstones.sweep(self.max_age_s)
         self._seen_tombstones = dict(self.tombstones.read())
         candidates = []
+        now = time.time()
         for scope, st in confined.entries(self.root):
             if not _is_scope(scope) or not stat.S_ISDIR(st.st_mode):
                 continue
-            folder = os.path.join(self.root, scope)
-            state_dir.sweep_old(folder, self.max_age_s)
-            own = os.path.join(folder, f"{self.writer}.bin")
-            try:
-                self._on_disk[scope] = confined.lstat(own).st_size  # an earlier incarnation's, taken back
-            except OSError:
-                pass
-            files = state_dir.peer_files(own, self.max_age_s)
-            if confined.exists(own):
-                files.append(own)
-            candidates += [(confined.lstat(p).st_mtime if confined.exists(p) else 0.0, scope, p) for p in files]
+            for name, fst in self._files_of(scope, now, sweep=True):
+                if name == f"{self.writer}.bin":
+                    self._on_disk[scope] = fst.st_size  # an earlier incarnation's, taken back
+                candidates.append((fst.st_mtime, scope, os.path.join(self.root, scope, name)))
         candidates.sort(reverse=True)  # newest first
         for _, scope, path in sorted(candidates[:MERGE_FILES]):  # oldest first, as the responses were added
             store = self._store(scope)
@@ -413,28 +435,25 @@ class ScopedResponses:
         marks = self.tombstones.read()
         new = [s for s, g in marks.items() if self._seen_tombstones.get(s) != g]
         self._seen_tombstones.update(marks)
-        merges = []
+        merges, reads, now = [], 0, time.time()
         for scope, st in confined.entries(self.root):
-            if len(merges) >= MERGE_FILES:
+            if reads >= MERGE_FILES:
                 break
             if not _is_scope(scope) or scope in new or not stat.S_ISDIR(st.st_mode):
                 continue
-            own = os.path.join(self.root, scope, f"{self.writer}.bin")
             current = fingerprint_for(self.fingerprint, marks.get(scope))
-            for path in state_dir.peer_files(own, self.max_age_s):
-                try:
-                    pst = confined.lstat(path)
-                except OSError:
-                    continue
-                if self._peer_seen.get(path) == (pst.st_mtime_ns, pst.st_size):
+            for name, pst in sorted(self._files_of(scope, now), key=lambda f: f[1].st_mtime):
+                path = os.path.join(self.root, scope, name)
+                if name == f"{self.writer}.bin" or self._peer_seen.get(path) == (pst.st_mtime_ns, pst.st_size):
                     continue  # unchanged: no store made for it (nor brought back after the byte bound dropped it)
+                reads += 1  # a file that fails to read counts too: a folder of bad files costs no more
                 if self._purged_file(path, current):
                     continue
                 store = self._store(scope, touch=False)
                 prepared = store._read_peer(path, self._peer_seen, self._peer_errors)
                 if prepared is not None:
                     merges.append((scope, store, prepared))
-                if len(merges) >= MERGE_FILES:
+                if reads >= MERGE_FILES:
                     break
         if new or merges:
             yield new, merges

@@ -56,6 +56,7 @@ from typing import Optional
 
 import numpy as np
 from freespec import confined
+from freespec.proposers.state_dir import CLOCK_SLACK_S
 from freespec.safe_files import check_npy_header, clip, loads_json, open_regular, process_alive, short
 
 FORMAT = "freespec-recycle-matrix"
@@ -70,7 +71,7 @@ MAX_META_BYTES = 1 << 20
 MAX_META_DEPTH = 8  # the header is a flat object; a deeper one is refused before it is walked
 # A row's stamp may be at most this far ahead of this server's clock (seconds): a peer whose clock (or file)
 # says later would win every merge for good (2**32 - 1 wins against every real stamp).
-MAX_CLOCK_AHEAD_S = 3600
+MAX_CLOCK_AHEAD_S = int(CLOCK_SLACK_S)  # the one skew allowed between replicas (``state_dir``)
 
 
 class MatrixFileError(ValueError):

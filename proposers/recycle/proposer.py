@@ -380,7 +380,7 @@ class RecycleProposer(Proposer):
         the background thread or start), else the last read (the engine's thread)."""
         if self._purges is None:
             return 0
-        cut = (self._purges.current() if fresh else self._purges.latest).recycle_before
+        cut = (self._purges.current() if fresh else self._purges.latest).recycle_cut
         return clear_rows_up_to(m, cut)
 
     def _write(self, m: Matrix) -> None:
@@ -478,8 +478,8 @@ class RecycleProposer(Proposer):
         if self._files is None:
             return
         self._apply_merges()
-        if self._purges is not None and self._purges.latest.recycle_before > self._recycle_cut:
-            self._recycle_cut = self._purges.latest.recycle_before
+        if self._purges is not None and self._purges.latest.recycle_cut > self._recycle_cut:
+            self._recycle_cut = self._purges.latest.recycle_cut
             if self._clear_purged(self.matrix, fresh=False):
                 self.updates += 1  # saved again without them
         if time.monotonic() - self._last_save >= self.options.save_every_s:
