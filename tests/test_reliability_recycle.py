@@ -81,7 +81,7 @@ def test_a_merge_from_stat_error_never_raises_in_propose_and_is_logged_once(tmp_
     peers.unlink()
     peers.mkdir()
     m = Matrix.empty(VOCAB, 8, FP, "peer")
-    m.ids[1, 0], m.stamps[1] = 7, int(time.time()) + 600  # newer than its own rows, within the clock bound
+    m.ids[1, 0], m.stamps[1] = 7, int(time.time()) + 120  # newer than its own rows, within the clock bound (300 s)
     write_matrix(peer, m)
     p.propose([row(0, 1)])
     assert p.wait_files(10)

@@ -24,7 +24,7 @@ a failure is logged once per kind and tried again with a back-off, while the ser
 learned (the engine's thread never calls Redis: ``add``/``take`` touch memory only). What could not be appended
 waits (bounded: ``max_saved_responses``); a replica whose scope's stream is gone (Redis restarted empty) appends
 again what it holds of it. A record is checked when read (fields present, length, ids in the vocabulary, stamp
-not past now + 1 h); a bad one is refused, logged once per kind naming why, and skipped.
+not past now + 5 min, ``CLOCK_SLACK_S``); a bad one is refused, logged once per kind naming why, and skipped.
 
 Bounds: records read per stream and call (``READ_COUNT``), streams followed (``MAX_STREAMS``), purge digests
 (``purges.MAX_DIGESTS``), tokens a record (``max_saved_tokens``); a record's bytes beyond that are bounded only by
@@ -204,7 +204,7 @@ def parse_record(fields: dict, vocab_size: int, max_tokens: int, now_ns: int) ->
     if len(w) > MAX_WRITER_BYTES or not w.isascii() or not w.decode().isprintable():
         raise BadRecord("bad writer", "not a writer's name")
     if not (s.isdigit() and len(s) <= 19 and 0 < int(s) <= now_ns + MAX_CLOCK_AHEAD_NS):
-        raise BadRecord("bad stamp", "not a time in ns up to now + 1 h")
+        raise BadRecord("bad stamp", "not a time in ns up to now + 5 min")
     tokens.flags.writeable = False
     return tokens, w.decode(), int(s)
 
