@@ -32,7 +32,7 @@ X, Y = scope_of("tenant-x"), scope_of("tenant-y")
 REPLICA = """
 import os, sys
 import numpy as np
-from freespec.proposers import state_dir, state_purge
+from freespec.proposers import state_dir
 from freespec.proposers.scoped_responses import ScopedResponses
 
 if os.environ.get("WRITER"):  # a name the test knows before the start (a planted link at it)
