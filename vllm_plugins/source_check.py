@@ -405,12 +405,23 @@ def _v2(src: Source) -> bool:
 NOT_THIS_RUNNER = "not used: this release runs freespec through V1's custom_class"
 
 
-def check_v2_registry(src: Source) -> str:
-    """Model Runner V2's speculator registry, which freespec's plugins register with (vLLM >= 0.34)."""
-    if not _v2(src):
-        return NOT_THIS_RUNNER
-    facts(src, "v2_registry")
-    return BY_NAME["v2_registry"].ok
+def _v2_facts(name: str) -> Callable[[Source], str]:
+    """The check of a V2 seam that is its facts alone (``seams.py``), where V2's registry is the seam."""
+
+    def check(src: Source) -> str:
+        if not _v2(src):
+            return NOT_THIS_RUNNER
+        facts(src, name)
+        return BY_NAME[name].ok
+
+    check.__name__ = f"check_{name}"
+    return check
+
+
+# Model Runner V2's speculator registry (freespec's plugins register with it, vLLM >= 0.34), RequestState's token
+# history, and the route a cache_salt would take to the speculator.
+check_v2_registry, check_v2_token_history, check_v2_salt_route = (
+    _v2_facts(name) for name in ("v2_registry", "v2_token_history", "v2_salt_route"))
 
 
 def check_v2_propose(src: Source) -> str:
@@ -427,18 +438,6 @@ def check_v2_propose(src: Source) -> str:
     return BY_NAME["v2_propose"].ok
 
 
-def check_v2_token_history(src: Source) -> str:
-    if not _v2(src):
-        return NOT_THIS_RUNNER
-    facts(src, "v2_token_history")
-    return BY_NAME["v2_token_history"].ok
-
-
-def check_v2_salt_route(src: Source) -> str:
-    if not _v2(src):
-        return NOT_THIS_RUNNER
-    facts(src, "v2_salt_route")
-    return BY_NAME["v2_salt_route"].ok
 
 
 def blocking_for(src: Source) -> tuple[str, ...]:
