@@ -13,9 +13,10 @@ whatever the order of saves, stops and starts:
   back, even by a save already asked for), and out of every file read (never merged or loaded again);
 - recycle rows stamped at or before the recorded stamp are cleared and never merged back (rows carry no
   writer, so a purge by writer takes other writers' rows of that age too: recycle relearns them);
-- the same text learned again after the purge is a new response (a later stamp) and is kept: a purge never
-  hides later learning. Stamps come from each server's clock: only a response learned within the clocks'
-  skew of the purge (NTP: milliseconds) could fall on the wrong side.
+- the same text learned again later is a new response (a later stamp) and is kept. Stamps come from each
+  server's clock, so every comparison is taken ``CLOCK_SLACK_S`` (5 minutes, the one skew allowed) later: a
+  response stamped by a clock ahead is still caught, and what is learned within 5 minutes after a purge by age
+  or in whole goes with it.
 
 A record is kept for ``state_max_age_s`` and a day more, longer than any file that could still hold what it
 names; one dated ahead of the clock is re-dated to now.
@@ -37,17 +38,17 @@ from dataclasses import dataclass
 
 import numpy as np
 from freespec import confined
-from freespec.proposers.state_dir import CLOCK_SLACK_S, age
+from freespec.proposers.state_dir import CLOCK_SLACK_NS, CLOCK_SLACK_S, TOMBSTONES, redated
 
 logger = logging.getLogger("freespec")
 
-FOLDER = "purged"  # <state_dir>/purged: the records of purges by age, writer or in whole
+FOLDER = TOMBSTONES  # <state_dir>/purged: the records of purges by age, writer or in whole
 SUFFIX = ".purge"
 MAGIC = b"FSPURGE1"
 _HEAD = struct.Struct("<8sqqQ")
 MAX_DIGESTS = 1 << 22  # all records together: 32 MB of digests, 4,194,304 responses
 KEEP_EXTRA_S = 86_400.0
-SLACK_NS = int(CLOCK_SLACK_S * 10**9)
+SLACK_NS = CLOCK_SLACK_NS
 
 
 def digests_of(entries_digests: list[bytes]) -> np.ndarray:
@@ -157,12 +158,10 @@ class PurgeLog:
             now = time.time()
             for name, st in sorted(listing.items()):
                 path = os.path.join(self.folder, name)
-                if st.st_mtime - now > CLOCK_SLACK_S:  # dated ahead: re-dated to now, its first sight
-                    try:
-                        confined.touch(path, now)
-                        st = confined.lstat(path)
-                    except OSError:
-                        continue
+                try:
+                    st = redated(path, st, now)
+                except OSError:
+                    continue
                 key = (st.st_ino, st.st_mtime_ns, st.st_size)
                 if self._records.get(name, (None,))[0] == key:
                     continue
@@ -193,9 +192,7 @@ class PurgeLog:
                 continue
             path = os.path.join(self.folder, name)
             try:
-                if age(st.st_mtime, now) == float("inf"):  # dated ahead: it ages from now on, never forever
-                    confined.touch(path, now)
-                elif age(st.st_mtime, now) > max_age_s + KEEP_EXTRA_S:
+                if now - redated(path, st, now).st_mtime > max_age_s + KEEP_EXTRA_S:
                     confined.unlink(path)
             except OSError:
                 pass

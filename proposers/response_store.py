@@ -57,7 +57,7 @@ import numpy as np
 from freespec import confined
 from freespec.proposers.file_worker import FileWorker, error_kind
 from freespec.proposers.purges import Purged, digests_of
-from freespec.proposers.state_dir import CLOCK_SLACK_S
+from freespec.proposers.state_dir import CLOCK_SLACK_NS
 from freespec.safe_files import clip, open_lock_file, open_regular, process_alive, short
 
 logger = logging.getLogger("freespec")
@@ -83,7 +83,7 @@ FIND_PEERS = "\0find-peers"  # asked of merge_async: the peers find_peers lists,
 # A stamp (or horizon) in a file may be at most this far ahead of this server's clock: a peer's file that
 # says later would win every merge and, as a horizon, erase every response of this replica; near 2**63 the
 # next stamp overflows and no save is written again. Such a file is refused (``CORRUPT``).
-MAX_CLOCK_AHEAD_NS = int(CLOCK_SLACK_S * 10**9)  # the one skew allowed between replicas (``state_dir``)
+MAX_CLOCK_AHEAD_NS = CLOCK_SLACK_NS  # the one skew allowed between replicas (``state_dir``)
 
 
 class ResponseStoreError(ValueError):

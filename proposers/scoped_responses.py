@@ -118,11 +118,10 @@ class Tombstones:
             if not _is_scope(name) or not stat.S_ISREG(st.st_mode):
                 continue
             path = os.path.join(marks, name)
-            if st.st_mtime - now > state_dir.CLOCK_SLACK_S:  # dated ahead: it ages from now on, like the rest
-                try:
-                    confined.touch(path, now)
-                except OSError:
-                    pass
+            try:
+                st = state_dir.redated(path, st, now)
+            except OSError:
+                pass  # read as it is: a generation is decided by its content
             key = (st.st_ino, st.st_mtime_ns, st.st_size)
             cached = self._cache.get(name)
             if cached is not None and cached[0] == key:
@@ -148,9 +147,8 @@ class Tombstones:
         for name, st in confined.entries(marks):
             path = os.path.join(marks, name)
             try:
-                if st.st_mtime - now > state_dir.CLOCK_SLACK_S:  # dated ahead: it ages from now on
-                    confined.touch(path, now)
-                elif now - st.st_mtime > max_age_s and not confined.entries(os.path.join(self.root, name)):
+                st = state_dir.redated(path, st, now)
+                if now - st.st_mtime > max_age_s and not confined.entries(os.path.join(self.root, name)):
                     confined.unlink(path)
             except OSError:
                 pass

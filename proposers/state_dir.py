@@ -35,6 +35,7 @@ DEFAULT_MAX_AGE_S = 30 * 86_400.0
 KEEP_NEWER_THAN_S = 3_600.0  # cap_total leaves files written this recently: a live writer's
 START_FILES = 64  # the newest peers' files a source reads at start; the others merge later, as they change
 CLOCK_SLACK_S = 300.0  # a file dated further ahead of this clock than this is treated as expired (``age``)
+CLOCK_SLACK_NS = int(CLOCK_SLACK_S * 10**9)  # the same, for stamps in nanoseconds
 TOMBSTONES = "purged"  # tombstones: suffix/purged/<scope> (scoped_responses), purged/*.purge (proposers.purges)
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
@@ -87,6 +88,16 @@ def age(mtime: float, now: float) -> float:
     """How old a file is. One dated more than ``CLOCK_SLACK_S`` ahead of this clock counts as infinitely old:
     neither merged nor kept (a clock gone wrong, or a planted date), so it never outlives the age bound."""
     return float("inf") if mtime - now > CLOCK_SLACK_S else now - mtime
+
+
+def redated(path: str, st: os.stat_result, now: float) -> os.stat_result:
+    """The ``lstat`` of a file that must outlive what it names (a tombstone, a purge record): one dated more than
+    ``CLOCK_SLACK_S`` ahead of this clock is re-dated to ``now`` first, so that it ages from its first sight,
+    never forever. ``OSError`` if it cannot be."""
+    if st.st_mtime - now <= CLOCK_SLACK_S:
+        return st
+    confined.touch(path, now)
+    return confined.lstat(path)
 
 
 def peer_files(own: str, max_age_s: float = DEFAULT_MAX_AGE_S, now: float | None = None) -> list[str]:

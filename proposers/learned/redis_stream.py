@@ -44,7 +44,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 
-from freespec.proposers.state_dir import CLOCK_SLACK_S
+from freespec.proposers.state_dir import CLOCK_SLACK_NS
 from freespec.proposers.api import SHARED_SCOPE
 from freespec.proposers.learned import Learned, LearnedResponses
 from freespec.proposers.purges import MAX_DIGESTS, digests_of
@@ -58,7 +58,7 @@ REFRESH_S = 1.0  # the registry and this replica's streams checked (new streams,
 READ_COUNT = 256  # records per stream and read
 MAX_STREAMS = 65_536
 MAX_WRITER_BYTES = 160
-MAX_CLOCK_AHEAD_NS = int(CLOCK_SLACK_S * 10**9)  # the one skew allowed between replicas (``state_dir``)
+MAX_CLOCK_AHEAD_NS = CLOCK_SLACK_NS  # the one skew allowed between replicas (``state_dir``)
 TAKE_PER_CALL = 512  # records the engine's thread applies per ``take`` (the rest wait for the next)
 _NS = re.compile(r"[0-9a-f]{16}")
 _STREAM = re.compile(rb"freespec:v1:\{([0-9a-f]{16})\}:suffix:(shared|[0-9a-f]{32})")
