@@ -411,34 +411,6 @@ def test_a_running_suffix_source_drafts_nothing_more_from_what_a_purge_by_writer
     fresh.close()
 
 
-def test_recycle_rows_a_purge_removed_are_cleared_and_never_merged_back(folder, monkeypatch):
-    from freespec.proposers.api import Row, ScoredPositions
-    from freespec.proposers.recycle.proposer import RecycleOptions, RecycleProposer
-
-    info = EngineInfo(vocab_size=1000, model="m", tokenizer_fingerprint=lambda: FP, state_dir=str(folder))
-    monkeypatch.setattr(state_dir, "writer_id", lambda: "host-a.1.1")
-    first = RecycleProposer(RecycleOptions(adaptive=False), 4)
-    first.bind(info)
-    ids = np.asarray([[421, 422]], dtype=np.int32)
-    first.observe(ScoredPositions(np.asarray([5], dtype=np.int32), ids, np.full(ids.shape, 0.9, np.float32)))
-    first.close()
-    monkeypatch.setattr(state_dir, "writer_id", lambda: "host-b.1.1")
-    second = RecycleProposer(RecycleOptions(adaptive=False, save_every_s=0.01), 4)
-    second.bind(info)
-    assert second.propose([Row(1, np.asarray([3, 4, 5], dtype=np.int32), 1)])[0][:1] == [421]
-    state_purge.purge(str(folder), writer="host-a.1.1")
-    second._purges.current()  # as its background thread reads it
-    second._last_save = 0.0
-    second._files_tick()
-    assert second.propose([Row(2, np.asarray([3, 4, 5], dtype=np.int32), 1)])[0][:1] != [421]
-    second.close()
-    monkeypatch.setattr(state_dir, "writer_id", lambda: "host-c.1.1")
-    third = RecycleProposer(RecycleOptions(adaptive=False), 4)
-    third.bind(info)
-    assert third.propose([Row(3, np.asarray([3, 4, 5], dtype=np.int32), 1)])[0][:1] != [421]
-    third.close()
-
-
 def test_a_tombstone_dated_ahead_survives_a_start_and_the_purge_holds(folder):
     a = Replica(folder)
     try:
@@ -496,30 +468,37 @@ def test_a_folder_planted_in_a_scope_stops_no_purge(folder, caplog):
         a.proc.kill()
 
 
-def test_a_recycle_row_stamped_ahead_is_purged_too(folder, monkeypatch):
+@pytest.mark.parametrize("ahead_s, purge", [(0, {"writer": "host-a.1.1"}), (200, {})],
+                         ids=["by writer", "a row stamped 200 s ahead, in whole"])
+def test_recycle_rows_a_purge_removed_are_cleared_and_never_merged_back(folder, monkeypatch, ahead_s, purge):
     from freespec.proposers.api import Row, ScoredPositions
     from freespec.proposers.recycle.proposer import RecycleOptions, RecycleProposer
 
     info = EngineInfo(vocab_size=1000, model="m", tokenizer_fingerprint=lambda: FP, state_dir=str(folder))
-    monkeypatch.setattr(state_dir, "writer_id", lambda: "host-a.1.1")
-    first = RecycleProposer(RecycleOptions(adaptive=False), 4)
-    first.bind(info)
+
+    def source(writer: str, **options) -> RecycleProposer:
+        monkeypatch.setattr(state_dir, "writer_id", lambda: writer)
+        p = RecycleProposer(RecycleOptions(adaptive=False, **options), 4)
+        p.bind(info)
+        return p
+
+    def first_draft(p: RecycleProposer, key: int) -> list[int]:
+        return p.propose([Row(key, np.asarray([3, 4, 5], dtype=np.int32), 1)])[0][:1]
+
+    first = source("host-a.1.1")
     ids = np.asarray([[421, 422]], dtype=np.int32)
     first.observe(ScoredPositions(np.asarray([5], dtype=np.int32), ids, np.full(ids.shape, 0.9, np.float32)))
-    first.matrix.stamps[5] = int(time.time()) + 200  # a writer whose clock runs 200 s ahead
+    if ahead_s:
+        first.matrix.stamps[5] = int(time.time()) + ahead_s  # a writer whose clock runs ahead
     first.close()
-    monkeypatch.setattr(state_dir, "writer_id", lambda: "host-b.1.1")
-    second = RecycleProposer(RecycleOptions(adaptive=False, save_every_s=0.01), 4)
-    second.bind(info)  # merged the row, stamped ahead
-    assert second.propose([Row(1, np.asarray([3, 4, 5], dtype=np.int32), 1)])[0][:1] == [421]
-    state_purge.purge(str(folder))  # in whole, its cutoff now
+    second = source("host-b.1.1", save_every_s=0.01)  # merged the row
+    assert first_draft(second, 1) == [421]
+    state_purge.purge(str(folder), **purge)
     second._purges.current()  # as its background thread reads it
     second._last_save = 0.0
     second._files_tick()
-    assert second.propose([Row(2, np.asarray([3, 4, 5], dtype=np.int32), 1)])[0][:1] != [421]
+    assert first_draft(second, 2) != [421]
     second.close()
-    monkeypatch.setattr(state_dir, "writer_id", lambda: "host-c.1.1")
-    third = RecycleProposer(RecycleOptions(adaptive=False), 4)
-    third.bind(info)
-    assert third.propose([Row(3, np.asarray([3, 4, 5], dtype=np.int32), 1)])[0][:1] != [421]
+    third = source("host-c.1.1")
+    assert first_draft(third, 3) != [421]
     third.close()
