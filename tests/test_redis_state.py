@@ -6,14 +6,11 @@ corrupt record) cost no request a wait and lose nothing once Redis is back; the 
 from __future__ import annotations
 
 import logging
-import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
+from script_process import ScriptProcess
 from redis_helpers import RedisServer, redis_missing, wait_until
 
 from freespec.proposers.api import SHARED_SCOPE
@@ -21,7 +18,6 @@ from freespec.vllm_plugins.request_ids import scope_of
 
 pytestmark = pytest.mark.skipif(redis_missing() is not None, reason=str(redis_missing()))
 
-REPO = Path(__file__).resolve().parents[1]
 X, Y = scope_of("tenant-x"), scope_of("tenant-y")
 KW = dict(fingerprint="sha256:tok-a", vocab_size=1000, max_responses=100, max_tokens=100_000)
 
@@ -304,32 +300,24 @@ for line in sys.stdin:
 """
 
 
-class Replica:
+class Replica(ScriptProcess):
     def __init__(self, url: str, writer: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-c", REPLICA, url, writer], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+        super().__init__(REPLICA, url, writer)
         self.seen: list[str] = []
-        assert self.proc.stdout.readline().startswith("ok")
-
-    def say(self, line: str) -> str:
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
-        return self.proc.stdout.readline().strip()
 
     def sees(self, item: str, timeout: float = 10.0) -> bool:
-        return bool(wait_until(lambda: (self.seen.extend(self.say("take").split()[1:]), item in self.seen)[1],
-                               timeout))
+        return bool(wait_until(lambda: (self.seen.extend(self.do("take").split()), item in self.seen)[1], timeout))
 
     def close(self) -> None:
-        self.say("close")
+        self.do("close")
         self.proc.wait(10)
 
 
 def test_two_replica_processes_learn_from_each_other_through_redis(redis_server):
     one, two = Replica(redis_server.url, "node-1.1.1"), Replica(redis_server.url, "node-2.1.2")
     try:
-        one.say("add - 1 2 3")
-        two.say(f"add {X} 4 5 6")
+        one.do("add - 1 2 3")
+        two.do(f"add {X} 4 5 6")
         assert two.sees("-:1,2,3") and one.sees(f"{X}:4,5,6")
         assert not any(s.startswith(f"{X}:") for s in two.seen)  # its own are not applied back
     finally:

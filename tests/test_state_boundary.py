@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from script_process import ScriptProcess
 from freespec import confined
 from freespec.proposers import state_dir, state_purge
 from freespec.proposers.api import EngineInfo
@@ -70,23 +71,10 @@ for line in sys.stdin:
 """
 
 
-class Replica:
+class Replica(ScriptProcess):
     def __init__(self, folder: Path, writer: str = "") -> None:
-        self.proc = subprocess.Popen([sys.executable, "-c", REPLICA, str(folder)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     env={**os.environ, "PYTHONPATH": str(REPO), "WRITER": writer})
-        self.writer = self._answer()
-
-    def _answer(self) -> str:
-        line = self.proc.stdout.readline()
-        if not line.startswith("ok"):
-            raise AssertionError(f"replica: {line!r} {self.proc.stderr.read()[-3000:]}")
-        return line[2:].strip()
-
-    def do(self, command: str) -> str:
-        self.proc.stdin.write(command + "\n")
-        self.proc.stdin.flush()
-        return self._answer()
+        super().__init__(REPLICA, str(folder), WRITER=writer)
+        self.writer = self.greeting
 
     def held(self, scope: str) -> int:
         return int(self.do(f"held {scope}"))
