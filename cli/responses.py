@@ -89,7 +89,7 @@ def choose_prompts(texts: Iterable[str], limit: int, keep: Callable[[str], bool]
 
 def run_build(args: argparse.Namespace) -> int:
     from freespec.model_ref import ModelRefError, resolve_model
-    from freespec.proposers.response_store import ResponseStore
+    from freespec.proposers.learned.response_store import ResponseStore
     from freespec.proposers.retrieval.readers import InputError, check_input, exclusion_filter, iter_documents
 
     out = Path(args.out)

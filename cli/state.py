@@ -18,7 +18,7 @@ import os
 import re
 import time
 
-from freespec.proposers import state_dir, state_purge
+from freespec.proposers.learned import state_dir, state_purge
 from freespec.proposers.learned import is_url
 from freespec.safe_files import printable
 
@@ -145,7 +145,7 @@ def run_purge(args) -> int:
         if older is not None or writer is not None:
             raise ValueError("freespec state: --scope removes all of a tenant's learning: not with --older-than "
                              "or --writer")
-        from freespec.proposers.scoped_responses import purge_scope
+        from freespec.proposers.learned.scoped_responses import purge_scope
         from freespec.vllm_plugins.request_ids import scope_of
 
         if is_url(folder):

@@ -1,6 +1,6 @@
 """Files under a trust boundary: a state directory that other processes (and maybe other users) can write.
 
-``confine(root)`` declares a folder a boundary, once per process (``proposers.state_dir`` does it for
+``confine(root)`` declares a folder a boundary, once per process (``proposers.learned.state_dir`` does it for
 ``state_dir``). From then on every path below it that freespec reads, writes, lists or removes through this
 module is reached one component at a time from a descriptor of ``root``, each opened with ``O_NOFOLLOW``
 (``openat``): a symbolic link planted anywhere below the root (a scope folder, a tombstone folder, a writer's

@@ -39,7 +39,7 @@ DRAFT_EVERY_STEP = {"policy": "fixed", "step_aside": False}
 def stored(path, identity: tuple[str, int]) -> list[list[int]]:
     """The responses a response store file holds, for a tokenizer ``identity`` (fingerprint, vocabulary size);
     the whole file is checked as a replica reads it."""
-    from freespec.proposers.response_store import MAX_RESPONSES, MAX_TOKENS, read_store
+    from freespec.proposers.learned.response_store import MAX_RESPONSES, MAX_TOKENS, read_store
 
     fingerprint, vocab = identity
     found = read_store(str(path), fingerprint=fingerprint, vocab_size=vocab, max_responses=MAX_RESPONSES,

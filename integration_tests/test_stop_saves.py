@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from freespec.bench.errors import BenchError
-from freespec.proposers import response_store
+from freespec.proposers.learned import response_store
 from integration_tests.serving import chat, start_server
 
 pytestmark = pytest.mark.integration

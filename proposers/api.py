@@ -59,7 +59,7 @@ class EngineInfo:
     model: str = ""
     # Lazy: computing it loads the tokenizer, so only proposers with on-disk state ask for it.
     tokenizer_fingerprint: Optional[Callable[[], str]] = None
-    # The operator's state directory (option ``state_dir``, ``proposers.state_dir``): where a source that learns
+    # The operator's state directory (option ``state_dir``, ``proposers.learned.state_dir``): where a source that learns
     # across requests keeps its files; None: only its own per-source options, if any. Files older than
     # ``state_max_age_s`` are neither merged nor kept; one process's files of all scopes together take at most
     # ``state_max_bytes`` (``scoped_responses``).

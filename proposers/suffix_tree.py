@@ -24,7 +24,7 @@ arctic-inference is optional (``bench``/``cpu``/``cuda`` extras); ``available()`
 supported version (``SUPPORTED``) is importable.
 
 Learning across restarts and replicas (``responses_path``, ``merge_from``): every finished response of the
-shared scope (requests without a ``cache_salt``; every request with ``"scope": "global"``) is also kept in a bounded ``ResponseStore`` (``proposers/response_store.py``), saved atomically in a
+shared scope (requests without a ``cache_salt``; every request with ``"scope": "global"``) is also kept in a bounded ``ResponseStore`` (``proposers/learned/response_store.py``), saved atomically in a
 background thread every ``save_every_s`` and at exit or SIGTERM, and loaded into the global tree at the
 next start, as if those requests had just run; replicas merge each other's files. A bad file is refused
 at start, naming it.
@@ -54,7 +54,7 @@ from typing import Optional, Sequence
 import numpy as np
 from freespec.proposers.api import SHARED_SCOPE, Draft, EngineInfo, Row, StepContext
 from freespec.proposers.base import Proposer, ProposerOptions
-from freespec.proposers.known_answers import Follow, KnownAnswers
+from freespec.proposers.learned.known_answers import Follow, KnownAnswers
 from freespec.option_checks import check_path_options
 from freespec.scorers.acceptance import matched_prefix
 from freespec.scorers.calibration import TokenCalibration
@@ -242,7 +242,7 @@ class SuffixTreeProposer(Proposer):
     def bind(self, info: EngineInfo) -> None:
         """Load the persisted responses (and the replicas') into the global tree; a bad file stops the start.
 
-        With a state directory (``info.state_dir``, ``proposers.state_dir``) this process's file is
+        With a state directory (``info.state_dir``, ``proposers.learned.state_dir``) this process's file is
         ``<state_dir>/suffix/<writer>.bin`` and its peers every other file there, read again every save."""
         o = self.options
         path, perms = o.responses_path, 0o666
@@ -252,8 +252,8 @@ class SuffixTreeProposer(Proposer):
             self._bind_learned(info)
             return
         if info.state_dir is not None:
-            from freespec.proposers import state_dir
-            from freespec.proposers.response_store import FIND_PEERS
+            from freespec.proposers.learned import state_dir
+            from freespec.proposers.learned.response_store import FIND_PEERS
 
             if o.responses_path is not None or o.merge_from:
                 logger.warning("freespec: suffix responses_path/merge_from are ignored: state_dir %s is given",
@@ -267,13 +267,13 @@ class SuffixTreeProposer(Proposer):
             # size (the others merge in the background, as they change)
             self._peers = lambda: tuple(state_dir.peer_files(path, info.state_max_age_s)[-state_dir.START_FILES:])
             self._peers_later = lambda: (FIND_PEERS,)  # then listed in the background thread
-            from freespec.proposers.purges import PurgeLog
+            from freespec.proposers.learned.purges import PurgeLog
 
             self._purges = PurgeLog(info.state_dir)  # purges by age or writer: honoured before anything is read
             self._purges.sweep(info.state_max_age_s)
             self._purges.current()
         elif path is not None:
-            from freespec.proposers.state_dir import legacy_warning
+            from freespec.proposers.learned.state_dir import legacy_warning
 
             legacy_warning("suffix responses_path/merge_from")
         if path is None:
@@ -281,8 +281,8 @@ class SuffixTreeProposer(Proposer):
         if info.tokenizer_fingerprint is None:
             raise ValueError("suffix responses_path/merge_from need the tokenizer's identity, which this engine "
                              "does not give")
-        from freespec.proposers.exit_save import save_at_exit
-        from freespec.proposers.response_store import ResponseStore, ResponseStoreError
+        from freespec.proposers.learned.exit_save import save_at_exit
+        from freespec.proposers.learned.response_store import ResponseStore, ResponseStoreError
 
         try:
             purged = self._purges.current if self._purges is not None else None
@@ -313,7 +313,7 @@ class SuffixTreeProposer(Proposer):
             raise ValueError(f"suffix responses_path: {e}") from e
         self._seed(self.store.responses())  # what the bounds kept of every file read
         if info.state_dir is not None:  # the salted tenants' responses, one folder per scope
-            from freespec.proposers.scoped_responses import ScopedResponses
+            from freespec.proposers.learned.scoped_responses import ScopedResponses
 
             self.scoped = ScopedResponses(os.path.dirname(path), fingerprint=self.store.fingerprint,
                                           vocab_size=info.vocab_size, max_responses=o.max_saved_responses,
@@ -330,7 +330,7 @@ class SuffixTreeProposer(Proposer):
         """``state_dir`` is a Redis URL (``proposers.learned.redis_stream``): every scope's responses are shared
         through it. Nothing waits on Redis here: its thread catches up with the fleet, and ``_files_tick`` seeds
         what it read, a bounded share per step."""
-        from freespec.proposers.exit_save import save_at_exit
+        from freespec.proposers.learned.exit_save import save_at_exit
         from freespec.proposers.learned.redis_stream import RedisResponses, check_url, redacted
 
         o = self.options
@@ -495,7 +495,7 @@ class SuffixTreeProposer(Proposer):
             self._to_seed.extend(got.new)
 
     def _apply_purge(self) -> None:
-        """A purge by age or writer was recorded (``proposers.purges``; read in the background): the stores forget
+        """A purge by age or writer was recorded (``proposers.learned.purges``; read in the background): the stores forget
         what it removed, and the trees are rebuilt from what they kept, a bounded share per step (a purge is an
         operator's rare act; the trees may hold what the stores evicted, so they are not filtered in place)."""
         purged = self._purges.latest

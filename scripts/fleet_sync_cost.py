@@ -212,9 +212,9 @@ def observed(args) -> dict:
     rng = np.random.default_rng(os.getpid())
     n = args.fleet
     if args.backend == "snapshots":
-        from freespec.proposers import state_dir
-        from freespec.proposers.purges import PurgeLog
-        from freespec.proposers.response_store import FIND_PEERS, ResponseStore
+        from freespec.proposers.learned import state_dir
+        from freespec.proposers.learned.purges import PurgeLog
+        from freespec.proposers.learned.response_store import FIND_PEERS, ResponseStore
 
         own = state_dir.own_file(args.where, "suffix", "bin")
         purges = PurgeLog(args.where)
@@ -313,8 +313,8 @@ def driver(args) -> None:
     if args.backend == "snapshots":
         from collections import deque
 
-        from freespec.proposers import state_dir
-        from freespec.proposers.response_store import NO_HORIZON, Stored, _digest, _Entry, write_store
+        from freespec.proposers.learned import state_dir
+        from freespec.proposers.learned.response_store import NO_HORIZON, Stored, _digest, _Entry, write_store
 
         state_dir.open_root(args.where)
         folder = state_dir.source_dir(args.where, "suffix")

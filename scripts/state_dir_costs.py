@@ -17,8 +17,8 @@ import statistics
 import time
 
 import numpy as np
-from freespec.proposers import state_dir
-from freespec.proposers.response_store import ResponseStore
+from freespec.proposers.learned import state_dir
+from freespec.proposers.learned.response_store import ResponseStore
 
 FP, VOCAB = "sha256:costs", 50_000
 

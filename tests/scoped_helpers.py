@@ -1,5 +1,5 @@
 """What the scoped response-store tests share: a save as the suffix source's save interval asks for one."""
-from freespec.proposers.scoped_responses import ScopedResponses
+from freespec.proposers.learned.scoped_responses import ScopedResponses
 
 
 def save(sr: ScopedResponses) -> None:

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from freespec.proposers import exit_save
+from freespec.proposers.learned import exit_save
 from freespec.vllm_plugins.idle_save import IdleSave
 
 IDLE = 0.2

@@ -1,7 +1,7 @@
 """KnownAnswers and Follow: earlier answers found by how their prompt ended, bounded, per scope."""
 import numpy as np
 
-from freespec.proposers.known_answers import PER_KEY, Follow, KnownAnswers
+from freespec.proposers.learned.known_answers import PER_KEY, Follow, KnownAnswers
 
 
 def seq(*tokens):

@@ -326,7 +326,7 @@ def test_two_replica_processes_learn_from_each_other_through_redis(redis_server)
 
 
 def test_the_suffix_source_drafts_on_one_replica_what_another_learned_through_redis(redis_server, monkeypatch):
-    from freespec.proposers import state_dir
+    from freespec.proposers.learned import state_dir
     from freespec.proposers.base import EngineInfo, Row
     from freespec.proposers.suffix_tree import SuffixOptions, SuffixTreeProposer, available
 

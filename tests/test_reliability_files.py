@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 from freespec.cli.main import main
 from freespec.option_checks import check_path_option
-from freespec.proposers import response_store as rs
+from freespec.proposers.learned import response_store as rs
 from freespec.proposers.recycle.matrix import Matrix, MatrixFileError, read_matrix, save_matrix, write_matrix
-from freespec.proposers.response_store import ResponseStore, ResponseStoreError, Stored, read_store, write_store
+from freespec.proposers.learned.response_store import ResponseStore, ResponseStoreError, Stored, read_store, write_store
 from freespec.proposers.retrieval.build import build_datastore
 from freespec.proposers.retrieval.datastore import Datastore, DatastoreError, file_sha256, read_manifest
 from freespec.proposers.retrieval.readers import InputError, iter_documents

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from freespec.proposers import response_store as rs
-from freespec.proposers.response_store import ResponseStore, ResponseStoreError, Stored, merge
+from freespec.proposers.learned import response_store as rs
+from freespec.proposers.learned.response_store import ResponseStore, ResponseStoreError, Stored, merge
 
 FP = "sha256:test-vocab"
 VOCAB = 1000
@@ -251,7 +251,7 @@ def test_a_crash_between_temporary_write_and_rename_leaves_the_old_file(tmp_path
     # A process killed after writing and fsyncing the temporary file, before the rename.
     code = (
         "import os, sys\n"
-        "from freespec.proposers import response_store as rs\n"
+        "from freespec.proposers.learned import response_store as rs\n"
         "rs.os.replace = lambda src, dst, **kw: os._exit(17)\n"
         f"s = rs.ResponseStore({path!r}, fingerprint={FP!r}, vocab_size={VOCAB})\n"
         "s.load(); s.add([3, 4]); s.close()\n"

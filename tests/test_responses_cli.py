@@ -7,7 +7,7 @@ import json
 import pytest
 from freespec.cli.main import main
 from freespec.cli.responses import MIN_PROMPT_CHARS, choose_prompts
-from freespec.proposers.response_store import ResponseStore, read_store
+from freespec.proposers.learned.response_store import ResponseStore, read_store
 
 LONG = "x" * MIN_PROMPT_CHARS
 

@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 from script_process import ScriptProcess
 from freespec import confined
-from freespec.proposers import state_dir, state_purge
+from freespec.proposers.learned import state_dir, state_purge
 from freespec.proposers.api import EngineInfo
-from freespec.proposers.purges import PurgeLog
-from freespec.proposers.response_store import ResponseStore
-from freespec.proposers.scoped_responses import ScopedResponses, Tombstones, fingerprint_for, purge_scope
+from freespec.proposers.learned.purges import PurgeLog
+from freespec.proposers.learned.response_store import ResponseStore
+from freespec.proposers.learned.scoped_responses import ScopedResponses, Tombstones, fingerprint_for, purge_scope
 from freespec.vllm_plugins.request_ids import scope_of
 
 REPO = Path(__file__).resolve().parents[1]
@@ -33,13 +33,13 @@ X, Y = scope_of("tenant-x"), scope_of("tenant-y")
 REPLICA = """
 import os, sys
 import numpy as np
-from freespec.proposers import state_dir
-from freespec.proposers.scoped_responses import ScopedResponses
+from freespec.proposers.learned import state_dir
+from freespec.proposers.learned.scoped_responses import ScopedResponses
 
 if os.environ.get("WRITER"):  # a name the test knows before the start (a planted link at it)
     state_dir.writer_id = lambda: os.environ["WRITER"]
 
-from freespec.proposers.purges import PurgeLog
+from freespec.proposers.learned.purges import PurgeLog
 
 root = state_dir.source_dir(state_dir.open_root(sys.argv[1]), "suffix")
 log = PurgeLog(sys.argv[1])
@@ -161,7 +161,7 @@ def test_a_purge_by_writer_or_age_sticks_on_replicas_that_merged_what_it_removed
 
 
 def test_a_purge_record_drops_what_it_names_up_to_its_time_and_never_later_learning(folder):
-    from freespec.proposers import purges
+    from freespec.proposers.learned import purges
 
     confined.confine(str(folder))
     now = time.time_ns()
@@ -322,7 +322,7 @@ def test_a_start_with_a_thousand_peer_files_reads_within_the_bounds(folder):
 TWO_WRITERS = """
 import sys, time
 import numpy as np
-from freespec.proposers.response_store import ResponseStore
+from freespec.proposers.learned.response_store import ResponseStore
 store = ResponseStore(sys.argv[1], fingerprint="sha256:tok-a", vocab_size=1000)
 try:
     store.load()

@@ -109,7 +109,7 @@ def test_good_arguments_still_purge(tmp_path, capsys):
 
 def test_argument_types_accept_what_they_should():
     from freespec.cli.state import days, salt, writer_name
-    from freespec.proposers import state_dir
+    from freespec.proposers.learned import state_dir
 
     assert days("0") == 0.0 and days("-0") == 0.0 and days("1.5") == 1.5 and days("1e3") == 1000.0
     assert writer_name(state_dir.writer_id()) == state_dir.writer_id()  # this machine's own name

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from freespec.proposers import state_dir
+from freespec.proposers.learned import state_dir
 from freespec.proposers.api import EngineInfo, Row
-from freespec.proposers.response_store import ResponseStore
+from freespec.proposers.learned.response_store import ResponseStore
 from freespec.proposers.suffix_tree import SuffixOptions, SuffixTreeProposer, available
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,8 +35,8 @@ needs_root = pytest.mark.skipif(not ROOT, reason="needs root and unshare (separa
 WRITER = """
 import sys, time
 import numpy as np
-from freespec.proposers import state_dir
-from freespec.proposers.response_store import ResponseStore
+from freespec.proposers.learned import state_dir
+from freespec.proposers.learned.response_store import ResponseStore
 
 folder, index, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 own = state_dir.own_file(folder, "suffix", "bin")
@@ -134,7 +134,7 @@ def test_a_failed_final_save_in_a_read_only_folder_is_said_plainly(tmp_path):
     script = (
         "import logging, sys, numpy as np\n"
         "logging.basicConfig(level=logging.INFO)\n"
-        "from freespec.proposers.response_store import ResponseStore\n"
+        "from freespec.proposers.learned.response_store import ResponseStore\n"
         "s = ResponseStore(sys.argv[1] + '/r.bin', fingerprint='f', vocab_size=1000)\n"
         "s.add(np.array([1, 2, 3], dtype=np.int32))\n"
         "s.close()\n"

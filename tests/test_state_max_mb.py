@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from freespec.proposers import state_dir
-from freespec.proposers.response_store import ResponseStore, file_bytes
-from freespec.proposers.scoped_responses import ScopedResponses
+from freespec.proposers.learned import state_dir
+from freespec.proposers.learned.response_store import ResponseStore, file_bytes
+from freespec.proposers.learned.scoped_responses import ScopedResponses
 from scoped_helpers import save
 
 FP = "sha256:tok-a"

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from freespec.proposers import exit_save
+from freespec.proposers.learned import exit_save
 from freespec.vllm_plugins.adapter import warn_if_stop_skips_saves
 from freespec.vllm_plugins.patches import json_flag_values, plugin_requested
 from freespec.vllm_plugins.vllm_cli import STOP_GRACE_S, keeps_state, with_stop_grace

@@ -28,10 +28,10 @@ from contextlib import nullcontext
 
 import numpy as np
 
-from freespec.proposers import exit_save
+from freespec.proposers.learned import exit_save
 from freespec.proposers.api import SHARED_SCOPE, EngineInfo, Row, StepContext
 from freespec.proposers.registry import load_proposer_class
-from freespec.proposers.state_dir import cap_total, open_root
+from freespec.proposers.learned.state_dir import cap_total, open_root
 from freespec.proposers.vocab import vocab_fingerprint
 from freespec.scorers.controller import DraftController
 from freespec.vllm_plugins.accounting import (

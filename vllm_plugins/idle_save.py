@@ -5,7 +5,7 @@ next step. An engine with no more requests takes no step, so without this a serv
 (a pod evicted at night, a crash) lost what its last requests taught, however long ago they finished.
 
 ``IdleSave`` runs one daemon thread per adapter, only for a plugin that saves learned state at exit (its
-``bind`` registered a save with ``proposers.exit_save``). Every ``IDLE_S`` without a step it calls the
+``bind`` registered a save with ``proposers.learned.exit_save``). Every ``IDLE_S`` without a step it calls the
 proposer's ``idle()`` (``proposers.base.Proposer.idle``: keep the outputs of requests not yet released, save
 when a save is due), holding the step lock so no step runs at the same time, and inside
 ``exit_save.between_saves`` so no final save does; at once again while it says more work waits (a replica's
@@ -26,7 +26,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from freespec.proposers import exit_save
+from freespec.proposers.learned import exit_save
 
 logger = logging.getLogger("freespec")
 

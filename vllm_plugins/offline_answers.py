@@ -1,6 +1,6 @@
 """The target model's own greedy answers to a list of prompts, with an offline vLLM ``LLM``.
 
-``freespec responses build`` stores them as a response store file (``proposers.response_store``), which the
+``freespec responses build`` stores them as a response store file (``proposers.learned.response_store``), which the
 ``suffix`` source loads at start (``responses_path``): a new server then drafts from its model's own phrasing
 from its first request, as one that has already served that traffic would. vLLM's offline API only
 (``LLM``, ``SamplingParams``, ``LLM.chat``, ``LLM.get_tokenizer``, ``LLM.llm_engine.model_config``); the

@@ -8,7 +8,7 @@ source calls it only from the engine's thread and only through these methods, no
   of responses, and responses other replicas learned, new here;
 - ``close()``: at exit (may wait a bounded time to hand the last responses on).
 
-Backends, by the ``state_dir`` option's form (``backend_kind``): a folder (``proposers.state_dir``; its
+Backends, by the ``state_dir`` option's form (``backend_kind``): a folder (``proposers.learned.state_dir``; its
 snapshot files, today still driven by ``suffix_tree``) and ``redis://``/``rediss://`` (``redis_stream``: one
 append-only stream per scope). A third backend is one module with this class's three methods.
 """

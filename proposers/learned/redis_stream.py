@@ -14,7 +14,7 @@ generation in the ``generations`` hash, logs it in the ``purges`` stream, then d
 replica forgets the scope when it reads the log (within one read), and an append carries the generation its
 writer knows, checked in the same Lua script that appends (``_APPEND``): a writer that has not yet seen the
 purge never writes the purged text back. A purge by writer logs the digests of the records it removes (the
-first 8 bytes of ``response_store``'s digest, as ``proposers.purges``) with the purge's time; by age or in whole,
+first 8 bytes of ``response_store``'s digest, as ``proposers.learned.purges``) with the purge's time; by age or in whole,
 a cutoff; then it removes them. Every replica drops what they name (a digest stamped up to its purge's time,
 anything stamped before the cutoff) from memory, from its reads and from what it appends; the same text learned
 after the purge is new learning, kept (``Purges``).
@@ -44,10 +44,10 @@ from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 
-from freespec.proposers.state_dir import CLOCK_SLACK_NS
+from freespec.proposers.learned.state_dir import CLOCK_SLACK_NS
 from freespec.proposers.api import SHARED_SCOPE
 from freespec.proposers.learned import Learned, LearnedResponses
-from freespec.proposers.purges import MAX_DIGESTS, digests_of
+from freespec.proposers.learned.purges import MAX_DIGESTS, digests_of
 
 logger = logging.getLogger("freespec")
 
@@ -174,7 +174,7 @@ def scope_of_key(key: bytes) -> str | None:
 
 def digest(tokens: np.ndarray) -> bytes:
     """A response's digest, as ``response_store`` makes it (purges name responses by its first 8 bytes)."""
-    from freespec.proposers.response_store import _digest
+    from freespec.proposers.learned.response_store import _digest
 
     return _digest(tokens)
 
@@ -335,7 +335,7 @@ class RedisResponses(LearnedResponses):
 
     def __init__(self, url: str, *, fingerprint: str, vocab_size: int, max_responses: int, max_tokens: int,
                  writer: str | None = None, block_ms: int = BLOCK_MS, refresh_s: float = REFRESH_S) -> None:
-        from freespec.proposers.state_dir import writer_id
+        from freespec.proposers.learned.state_dir import writer_id
 
         self.url = check_url(url)
         self.where = redacted(url)

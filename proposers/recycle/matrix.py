@@ -56,7 +56,7 @@ from typing import Optional
 
 import numpy as np
 from freespec import confined
-from freespec.proposers.state_dir import CLOCK_SLACK_S
+from freespec.proposers.learned.state_dir import CLOCK_SLACK_S
 from freespec.safe_files import check_npy_header, clip, loads_json, open_regular, process_alive, short
 
 FORMAT = "freespec-recycle-matrix"
@@ -342,7 +342,7 @@ def load_matrix(path: str, *, vocab_size: int, candidates: int, tokenizer: str, 
 
 
 def clear_rows_up_to(m: Matrix, stamp: int) -> int:
-    """Empty the rows of ``m`` stamped at or before ``stamp`` (a purge, ``proposers.purges``); how many."""
+    """Empty the rows of ``m`` stamped at or before ``stamp`` (a purge, ``proposers.learned.purges``); how many."""
     if stamp <= 0:
         return 0
     gone = (m.stamps > 0) & (m.stamps <= stamp)

@@ -37,7 +37,7 @@ retried (the server keeps what it has).
 
 File work never runs inside ``propose`` after start: saving (write and fsync,
 possibly to a network filesystem) and reading peers' files happen in one
-background thread (``proposers/file_worker.py``). ``propose`` only hands it a copy of the matrix
+background thread (``proposers/learned/file_worker.py``). ``propose`` only hands it a copy of the matrix
 (one slot: a newer copy replaces one not yet written, only the latest matters)
 and merges a peer matrix the thread has read and checked (one slot: the thread
 waits until it is taken). Memory: at most two extra matrices (one copy being
@@ -62,8 +62,8 @@ from freespec import confined
 from freespec.kernels.tree import expand_tree, tree_template
 from freespec.proposers.api import SHARED_SCOPE, Draft, EngineInfo, Row, ScoredPositions, StepContext
 from freespec.proposers.base import Proposer, ProposerOptions
-from freespec.proposers.exit_save import save_at_exit
-from freespec.proposers.file_worker import FileWorker, error_kind
+from freespec.proposers.learned.exit_save import save_at_exit
+from freespec.proposers.learned.file_worker import FileWorker, error_kind
 from freespec.option_checks import check_path_options
 from freespec.proposers.recycle.matrix import (
     STAMP_MAX,
@@ -223,7 +223,7 @@ class RecycleProposer(Proposer):
                            "this process's memory only")
             info = dataclasses.replace(info, state_dir=None)
         if info.state_dir is not None:
-            from freespec.proposers import state_dir
+            from freespec.proposers.learned import state_dir
 
             if self.options.matrix_path is not None or self.options.merge_from:
                 logger.warning("freespec: recycle matrix_path/merge_from are ignored: state_dir %s is given",
@@ -234,13 +234,13 @@ class RecycleProposer(Proposer):
                 raise ValueError(f"state_dir {info.state_dir!r}: {e}") from e
             self._perms = state_dir.FILE_MODE
             state_dir.sweep_old(os.path.dirname(self._path), info.state_max_age_s)
-            from freespec.proposers.purges import PurgeLog
+            from freespec.proposers.learned.purges import PurgeLog
 
             self._purges = PurgeLog(info.state_dir)  # rows a purge removed are cleared and never merged back
             # the newest peers only: a start's and a merge's work follow the bounds, not the folder's size
             self._peers = lambda: tuple(state_dir.peer_files(self._path, info.state_max_age_s)[-state_dir.START_FILES:])
         elif self.options.matrix_path is not None or self.options.merge_from:
-            from freespec.proposers.state_dir import legacy_warning
+            from freespec.proposers.learned.state_dir import legacy_warning
 
             legacy_warning("recycle matrix_path/merge_from")
         path = self._path
@@ -376,7 +376,7 @@ class RecycleProposer(Proposer):
         self._write(self.matrix)
 
     def _clear_purged(self, m: Matrix, fresh: bool) -> int:
-        """Clear ``m``'s rows a purge removed (``proposers.purges``); ``fresh``: read the records now (file I/O:
+        """Clear ``m``'s rows a purge removed (``proposers.learned.purges``); ``fresh``: read the records now (file I/O:
         the background thread or start), else the last read (the engine's thread)."""
         if self._purges is None:
             return 0

@@ -25,11 +25,11 @@ import torch
 from vllm.config import VllmConfig
 from vllm.v1.worker.gpu.spec_decode.speculator import BaseSpeculator
 
-from freespec.proposers import exit_save
+from freespec.proposers.learned import exit_save
 from freespec.proposers.api import SHARED_SCOPE, Draft, EngineInfo, Row, StepContext
 from freespec.proposers.base import Proposer
 from freespec.proposers.registry import load_proposer_class
-from freespec.proposers.state_dir import cap_total
+from freespec.proposers.learned.state_dir import cap_total
 from freespec.scorers.policy import cut
 from freespec.vllm_plugins.idle_save import IdleSave
 from freespec.vllm_plugins.v2.options import PREFIX, checked_speculator_options

@@ -36,7 +36,7 @@ KEEP_NEWER_THAN_S = 3_600.0  # cap_total leaves files written this recently: a l
 START_FILES = 64  # the newest peers' files a source reads at start; the others merge later, as they change
 CLOCK_SLACK_S = 300.0  # a file dated further ahead of this clock than this is treated as expired (``age``)
 CLOCK_SLACK_NS = int(CLOCK_SLACK_S * 10**9)  # the same, for stamps in nanoseconds
-TOMBSTONES = "purged"  # tombstones: suffix/purged/<scope> (scoped_responses), purged/*.purge (proposers.purges)
+TOMBSTONES = "purged"  # tombstones: suffix/purged/<scope> (scoped_responses), purged/*.purge (proposers.learned.purges)
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 

@@ -1,5 +1,5 @@
 """``freespec state purge``'s work on a state directory: choose the files, record what they held
-(``proposers.purges``), remove them. A library function: the command only checks its arguments and prints.
+(``proposers.learned.purges``), remove them. A library function: the command only checks its arguments and prints.
 """
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import time
 
 import numpy as np
 from freespec import confined
-from freespec.proposers.purges import digests_of, write_record
+from freespec.proposers.learned.purges import digests_of, write_record
 from freespec.proposers.recycle.matrix import MatrixFileError, read_matrix
-from freespec.proposers.response_store import ResponseStoreError, read_any
-from freespec.proposers.state_dir import age, is_tombstone, state_files
+from freespec.proposers.learned.response_store import ResponseStoreError, read_any
+from freespec.proposers.learned.state_dir import age, is_tombstone, state_files
 
 logger = logging.getLogger("freespec")
 
@@ -20,7 +20,7 @@ logger = logging.getLogger("freespec")
 def purge(folder: str, *, older_than_s: float | None = None, writer: str | None = None,
           now: float | None = None) -> list[str]:
     """Remove files of ``state_dir`` (every one, or those older than ``older_than_s``, or ``writer``'s own) and
-    record first what they held (``proposers.purges``), so that no replica keeps, writes back or merges it
+    record first what they held (``proposers.learned.purges``), so that no replica keeps, writes back or merges it
     again: by writer, the digests of its files' responses; by age or in whole, every response stamped before
     the cutoff. Returns the removed paths. A writer's file whose content cannot be read is removed all the same
     (logged: what replicas merged of it stays)."""

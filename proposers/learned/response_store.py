@@ -55,9 +55,9 @@ from dataclasses import dataclass
 
 import numpy as np
 from freespec import confined
-from freespec.proposers.file_worker import FileWorker, error_kind
-from freespec.proposers.purges import Purged, digests_of
-from freespec.proposers.state_dir import CLOCK_SLACK_NS
+from freespec.proposers.learned.file_worker import FileWorker, error_kind
+from freespec.proposers.learned.purges import Purged, digests_of
+from freespec.proposers.learned.state_dir import CLOCK_SLACK_NS
 from freespec.safe_files import clip, open_lock_file, open_regular, process_alive, short
 
 logger = logging.getLogger("freespec")
@@ -392,7 +392,7 @@ class ResponseStore:
         self.path, self.fingerprint, self.vocab_size = path, fingerprint, vocab_size
         self.perms = perms  # of the files it creates (a state directory's: 0600)
         self.find_peers = find_peers  # lists the peers' files (a state directory's), in the background thread
-        self.purged = purged  # what purges removed (``proposers.purges``): never merged, loaded or saved again
+        self.purged = purged  # what purges removed (``proposers.learned.purges``): never merged, loaded or saved again
         self.max_responses, self.max_tokens = max_responses, max_tokens
         self._lock = threading.Lock()  # in-memory state only; never held during file I/O
         self._entries: OrderedDict[bytes, _Entry] = OrderedDict()  # digest -> entry, oldest first

@@ -33,9 +33,9 @@ from collections import OrderedDict
 import numpy as np
 
 from freespec import confined
-from freespec.proposers import state_dir
-from freespec.proposers.file_worker import FileWorker
-from freespec.proposers.response_store import ResponseStore, ResponseStoreError, file_bytes, read_fingerprint
+from freespec.proposers.learned import state_dir
+from freespec.proposers.learned.file_worker import FileWorker
+from freespec.proposers.learned.response_store import ResponseStore, ResponseStoreError, file_bytes, read_fingerprint
 
 logger = logging.getLogger("freespec")
 
@@ -162,7 +162,7 @@ class ScopedResponses:
         self.root, self.fingerprint, self.vocab_size = root, fingerprint, vocab_size
         self.max_responses, self.max_tokens, self.max_age_s = max_responses, max_tokens, max_age_s
         self.max_bytes = max_bytes
-        self.purged = purged  # what purges by age or writer removed (``proposers.purges``), for every store
+        self.purged = purged  # what purges by age or writer removed (``proposers.learned.purges``), for every store
         self.writer = state_dir.writer_id()
         self.stores: OrderedDict[str, ResponseStore] = OrderedDict()  # least recently used first
         self._dirty: set[str] = set()
@@ -262,7 +262,7 @@ class ScopedResponses:
             return {scope: store.responses() for scope, store in self.stores.items() if len(store)}
 
     def drop_purged(self, purged) -> int:
-        """Forget in every scope what a purge by age or writer removed (``proposers.purges``); how many."""
+        """Forget in every scope what a purge by age or writer removed (``proposers.learned.purges``); how many."""
         with self._stores_lock:
             stores = list(self.stores.items())
         gone = 0

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from freespec import confined
-from freespec.proposers.state_dir import CLOCK_SLACK_NS, CLOCK_SLACK_S, TOMBSTONES, redated
+from freespec.proposers.learned.state_dir import CLOCK_SLACK_NS, CLOCK_SLACK_S, TOMBSTONES, redated
 
 logger = logging.getLogger("freespec")
 
