@@ -9,12 +9,16 @@ import time
 
 import numpy as np
 from freespec import confined
+from freespec.proposers.learned.folder_log import read_segment, segment_name
 from freespec.proposers.learned.purges import digests_of, write_record
 from freespec.proposers.recycle.matrix import MatrixFileError, read_matrix
-from freespec.proposers.learned.response_store import ResponseStoreError, read_any
+from freespec.proposers.learned.response_store import MAX_TOKENS, ResponseStoreError, _digest, read_any
 from freespec.proposers.learned.state_dir import age, is_tombstone, state_files
 
 logger = logging.getLogger("freespec")
+
+MAX_VOCAB = 1 << 31  # a segment's ids are checked against its own tokenizer by the replicas; here only read
+MAX_SEGMENT_BYTES = 4 * MAX_TOKENS + (64 << 20)  # a writer's segment: twice its bounds at most (folder_log)
 
 
 def purge(folder: str, *, older_than_s: float | None = None, writer: str | None = None,
@@ -33,7 +37,7 @@ def purge(folder: str, *, older_than_s: float | None = None, writer: str | None 
             continue  # a scope's tombstone goes only when its scope holds no file (``scoped_responses``)
         if older_than_s is not None and age(mtime, now) <= older_than_s:
             continue
-        if writer is not None and name.rsplit(".", 1)[0] != writer and f"-{writer}." not in name:
+        if writer is not None and _writer_of(name) != writer and f"-{writer}." not in name:
             continue
         chosen.append(path)
     if writer is not None:
@@ -52,6 +56,12 @@ def purge(folder: str, *, older_than_s: float | None = None, writer: str | None 
     return gone
 
 
+def _writer_of(name: str) -> str:
+    """The writer of a file: ``<writer>.<ext>`` (snapshots, matrices) or ``<writer>.<seq>.log`` (log segments)."""
+    segment = segment_name(name)
+    return segment[0] if segment is not None else name.rsplit(".", 1)[0]
+
+
 def _contents(paths: list[str]):
     """What the files ``paths`` hold, as a purge by writer records it: their responses' digests and their newest
     recycle row stamp."""
@@ -63,6 +73,9 @@ def _contents(paths: list[str]):
         try:
             if name.endswith(".bin"):
                 digests.append(digests_of([e.digest for e in read_any(path).entries]))
+            elif segment_name(name) is not None:  # a log segment: its records' digests, whatever its tokenizer
+                _, _, records = read_segment(path, vocab_size=MAX_VOCAB, max_tokens=MAX_TOKENS, limit=MAX_SEGMENT_BYTES)
+                digests.append(digests_of([_digest(tokens) for tokens, _ in records]))
             elif name.endswith(".npz"):
                 stamps = read_matrix(path).stamps
                 recycle_before = max(recycle_before, int(stamps.max()) if len(stamps) else 0)
