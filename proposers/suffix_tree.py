@@ -45,7 +45,6 @@ import itertools
 import logging
 import math
 import operator
-import os
 import time
 from collections import OrderedDict, deque
 from importlib import metadata
@@ -213,11 +212,8 @@ class SuffixTreeProposer(Proposer):
                       if options.prompt_tail > 0 else None)
         self.known_calibration = TokenCalibration()
         self._live: dict[int, _Live] = {}
-        self.store = None  # ResponseStore, when responses are persisted (bind)
-        self.learned = None  # LearnedResponses, when state_dir is a Redis URL (bind; ``proposers.learned``)
-        self.scoped = None  # ScopedResponses: the salted scopes' responses, in a state directory (bind)
-        self._purges = None  # PurgeLog: purges by age or writer in the state directory (bind)
-        self._purge_version: tuple = ()
+        self.store = None  # ResponseStore, with the legacy responses_path (bind)
+        self.learned = None  # LearnedResponses, with a state_dir, folder or Redis (bind; ``proposers.learned``)
         # responses merged from replicas, put into the tree a few per step; at most what the store holds (the
         # oldest go first: many merges between steps cannot pile up more than the bounds)
         self._to_seed: deque = deque(maxlen=options.max_saved_responses)
@@ -227,8 +223,7 @@ class SuffixTreeProposer(Proposer):
         self._cached: dict = {}  # scope -> {departed request's key in its global tree: output tokens}, oldest first
         self._cached_tokens = 0
         self._cached_count = 0
-        self._peers = lambda: self.options.merge_from  # the files merged in (with a state directory: found anew)
-        self._peers_later = lambda: self.options.merge_from
+        self._peers = lambda: self.options.merge_from  # the legacy responses_path's replicas' files
         # Another source that learns from the same outputs (hybrid's ``copy``): told of every response loaded or
         # merged from the files, and of every purged scope, so the one store persists both (``share_outputs``).
         self._output_sharers: list = []
@@ -245,39 +240,15 @@ class SuffixTreeProposer(Proposer):
         With a state directory (``info.state_dir``, ``proposers.learned.state_dir``) this process's file is
         ``<state_dir>/suffix/<writer>.bin`` and its peers every other file there, read again every save."""
         o = self.options
-        path, perms = o.responses_path, 0o666
-        from freespec.proposers.learned import is_url
-
-        if is_url(info.state_dir):
+        if info.state_dir is not None:
             self._bind_learned(info)
             return
-        if info.state_dir is not None:
-            from freespec.proposers.learned import state_dir
-            from freespec.proposers.learned.response_store import FIND_PEERS
-
-            if o.responses_path is not None or o.merge_from:
-                logger.warning("freespec: suffix responses_path/merge_from are ignored: state_dir %s is given",
-                               info.state_dir)
-            try:
-                path, perms = state_dir.own_file(info.state_dir, "suffix", "bin"), state_dir.FILE_MODE
-            except OSError as e:  # a link planted at suffix/, or a folder that cannot be made
-                raise ValueError(f"state_dir {info.state_dir!r}: {e}") from e
-            state_dir.sweep_old(os.path.dirname(path), info.state_max_age_s)
-            # at start, the newest peers only: the start's work follows the store's bounds, not the folder's
-            # size (the others merge in the background, as they change)
-            self._peers = lambda: tuple(state_dir.peer_files(path, info.state_max_age_s)[-state_dir.START_FILES:])
-            self._peers_later = lambda: (FIND_PEERS,)  # then listed in the background thread
-            from freespec.proposers.learned.purges import PurgeLog
-
-            self._purges = PurgeLog(info.state_dir)  # purges by age or writer: honoured before anything is read
-            self._purges.sweep(info.state_max_age_s)
-            self._purges.current()
-        elif path is not None:
-            from freespec.proposers.learned.state_dir import legacy_warning
-
-            legacy_warning("suffix responses_path/merge_from")
+        path = o.responses_path
         if path is None:
             return
+        from freespec.proposers.learned.state_dir import legacy_warning
+
+        legacy_warning("suffix responses_path/merge_from")
         if info.tokenizer_fingerprint is None:
             raise ValueError("suffix responses_path/merge_from need the tokenizer's identity, which this engine "
                              "does not give")
@@ -285,60 +256,54 @@ class SuffixTreeProposer(Proposer):
         from freespec.proposers.learned.response_store import ResponseStore, ResponseStoreError
 
         try:
-            purged = self._purges.current if self._purges is not None else None
             self.store = ResponseStore(path, fingerprint=info.tokenizer_fingerprint(), vocab_size=info.vocab_size,
-                                       max_responses=o.max_saved_responses, max_tokens=o.max_saved_tokens,
-                                       perms=perms, find_peers=self._peers, purged=purged)
-            try:
-                self.store.load()
-            except ResponseStoreError as e:
-                if info.state_dir is None:
-                    raise
-                # its own file in a shared folder (a link planted at its name, a damaged save): the next save
-                # replaces it, never writing through a link; never a reason not to start
-                logger.warning("freespec: suffix state_dir: this writer's earlier file is skipped (%s)", e)
+                                       max_responses=o.max_saved_responses, max_tokens=o.max_saved_tokens)
+            self.store.load()
             for peer in self._peers():
-                try:
-                    self.store.merge_from(peer)
-                except ResponseStoreError as e:
-                    if info.state_dir is None:
-                        raise
-                    # another writer's file in a shared folder: never a reason not to start
-                    logger.warning("freespec: suffix state_dir: a peer's file is skipped (%s)", e)
-                    continue
+                self.store.merge_from(peer)
                 self._merges += 1
         except ResponseStoreError as e:
             raise ValueError(f"suffix responses_path/merge_from: {e}") from e
         except ValueError as e:
             raise ValueError(f"suffix responses_path: {e}") from e
         self._seed(self.store.responses())  # what the bounds kept of every file read
-        if info.state_dir is not None:  # the salted tenants' responses, one folder per scope
-            from freespec.proposers.learned.scoped_responses import ScopedResponses
-
-            self.scoped = ScopedResponses(os.path.dirname(path), fingerprint=self.store.fingerprint,
-                                          vocab_size=info.vocab_size, max_responses=o.max_saved_responses,
-                                          max_tokens=o.max_saved_tokens, max_age_s=info.state_max_age_s,
-                                          max_bytes=info.state_max_bytes, purged=purged)
-            for scope, responses in self.scoped.load().items():
-                self._seed(responses, scope)
-        if self._purges is not None:
-            self._purge_version = self._purges.latest.version  # the loads above honoured these
         self._last_save = time.monotonic()
         save_at_exit(self.close, "suffix responses")
 
     def _bind_learned(self, info: EngineInfo) -> None:
-        """``state_dir`` is a Redis URL (``proposers.learned.redis_stream``): every scope's responses are shared
-        through it. Nothing waits on Redis here: its thread catches up with the fleet, and ``_files_tick`` seeds
-        what it read, a bounded share per step."""
+        """A state directory: a folder (``proposers.learned.folder_log``, its newest segments read here, at start)
+        or a Redis URL (``proposers.learned.redis_stream``); either shares every scope's responses as an
+        append-only log. Nothing waits on a file or on Redis later: the backend's thread catches up with the fleet,
+        and ``_files_tick`` seeds what it read, a bounded share per step."""
+        from freespec.proposers.learned import is_url
         from freespec.proposers.learned.exit_save import save_at_exit
-        from freespec.proposers.learned.redis_stream import RedisResponses, check_url, redacted
 
         o = self.options
+        if is_url(info.state_dir):
+            from freespec.proposers.learned.redis_stream import check_url, redacted
+
+            where = redacted(info.state_dir)
+        else:
+            where = info.state_dir
         if o.responses_path is not None or o.merge_from:
-            logger.warning("freespec: suffix responses_path/merge_from are ignored: state_dir %s is given",
-                           redacted(info.state_dir))
+            logger.warning("freespec: suffix responses_path/merge_from are ignored: state_dir %s is given", where)
         if info.tokenizer_fingerprint is None:
             raise ValueError("suffix state_dir needs the tokenizer's identity, which this engine does not give")
+        if not is_url(info.state_dir):
+            from freespec.proposers.learned.folder_log import FolderLog
+
+            try:
+                self.learned = FolderLog(info.state_dir, fingerprint=info.tokenizer_fingerprint(),
+                                         vocab_size=info.vocab_size, max_responses=o.max_saved_responses,
+                                         max_tokens=o.max_saved_tokens, max_age_s=info.state_max_age_s,
+                                         max_bytes=info.state_max_bytes, interval_s=o.save_every_s)
+            except OSError as e:  # a link planted at suffix/, or a folder that cannot be made
+                raise ValueError(f"state_dir {info.state_dir!r}: {e}") from e
+            for scope, tokens in self.learned.loaded:
+                self._seed([tokens], scope)
+            self.learned.loaded = []
+            save_at_exit(self.close, "suffix responses")
+            return
         try:
             check_url(info.state_dir)
             import redis  # noqa: F401
@@ -347,10 +312,12 @@ class SuffixTreeProposer(Proposer):
         except ImportError:
             raise ValueError("state_dir redis://...: the redis client is not installed (pip install "
                              "'vllm-freespec[fleet]')") from None
+        from freespec.proposers.learned.redis_stream import RedisResponses
+
         self.learned = RedisResponses(info.state_dir, fingerprint=info.tokenizer_fingerprint(),
                                       vocab_size=info.vocab_size, max_responses=o.max_saved_responses,
                                       max_tokens=o.max_saved_tokens)
-        logger.info("freespec: suffix responses shared through Redis %s", redacted(info.state_dir))
+        logger.info("freespec: suffix responses shared through Redis %s", where)
         save_at_exit(self.close, "suffix responses")
 
     def _persists(self) -> bool:
@@ -446,8 +413,6 @@ class SuffixTreeProposer(Proposer):
         n = 0
         if self.learned is not None:
             self._take_learned()
-        elif self._purges is not None and self._purges.latest.version != self._purge_version:
-            self._apply_purge()
         merged = self.store.take_merged() if self.store is not None else ()
         if merged:
             self._merges += 1
@@ -463,14 +428,7 @@ class SuffixTreeProposer(Proposer):
             if keep_live:
                 self._keep_live()
             self.store.save_async()
-            if self.scoped is not None:
-                purged, merged = self.scoped.tick()
-                for scope in purged:
-                    self._forget(scope)
-                    self._to_seed = deque((item for item in self._to_seed if item[0] != scope),
-                                          maxlen=self._to_seed.maxlen)
-                self._to_seed.extend(merged)
-            peers = self._peers_later()  # no directory listing here: the background thread's
+            peers = self._peers()
             if peers:
                 self.store.merge_async(peers)
 
@@ -487,30 +445,12 @@ class SuffixTreeProposer(Proposer):
             for scope in list(self._cached):
                 self._forget(scope, quiet=True)
             self._to_seed.clear()
-            logger.info("freespec: suffix: a purge was recorded in Redis; the trees rebuilt from the %d response(s) "
+            logger.info("freespec: suffix: a purge was recorded in the state directory; the trees rebuilt from the %d response(s) "
                         "kept", len(got.rebuild))
             self._to_seed.extend(got.rebuild)
         if got.new:
             self._merges += 1
             self._to_seed.extend(got.new)
-
-    def _apply_purge(self) -> None:
-        """A purge by age or writer was recorded (``proposers.learned.purges``; read in the background): the stores forget
-        what it removed, and the trees are rebuilt from what they kept, a bounded share per step (a purge is an
-        operator's rare act; the trees may hold what the stores evicted, so they are not filtered in place)."""
-        purged = self._purges.latest
-        self._purge_version = purged.version
-        gone = self.store.drop_purged(purged) + (self.scoped.drop_purged(purged) if self.scoped is not None else 0)
-        for scope in list(self._cached):
-            self._forget(scope, quiet=True)
-        self._to_seed.clear()
-        self._to_seed.extend((SHARED_SCOPE, r) for r in self.store.responses())
-        if self.scoped is not None:
-            with self.scoped._stores_lock:
-                kept = [(scope, store.responses()) for scope, store in self.scoped.stores.items()]
-            self._to_seed.extend((scope, r) for scope, responses in kept for r in responses)
-        logger.info("freespec: suffix: a purge was recorded in the state directory: %d stored response(s) "
-                    "forgotten, the trees rebuilt from the %d kept", gone, len(self._to_seed))
 
     def idle(self) -> bool:
         """The engine is idle (``Proposer.idle``): when a save is due, the outputs of requests not yet released
@@ -538,8 +478,6 @@ class SuffixTreeProposer(Proposer):
             self.learned.close()
             return
         self.store.close()
-        if self.scoped is not None:
-            self.scoped.close()
 
     def _keep_live(self) -> None:
         """Requests not yet released keep what they answered so far (the engine tells the adapter a request
@@ -548,18 +486,14 @@ class SuffixTreeProposer(Proposer):
             self._keep(st)
 
     def _keep(self, st: _Live) -> None:
-        # The shared scope's responses go to its file; a salted scope's only to its own, in a state directory.
+        # A state directory keeps every scope's (each apart); the legacy file only the shared scope's.
         new, st.kept = st.pieces[st.kept :], len(st.pieces)
         if new and self.learned is not None and st.scope is not NO_SCOPE:
             self.learned.add(st.scope, np.concatenate(new))
             return
-        if new and (st.scope == SHARED_SCOPE or (self.scoped is not None and st.scope is not NO_SCOPE)):
+        if new and st.scope == SHARED_SCOPE:
             try:
-                tokens = np.concatenate(new)
-                if st.scope == SHARED_SCOPE:
-                    self.store.add(tokens)
-                else:
-                    self.scoped.add(st.scope, tokens)
+                self.store.add(np.concatenate(new))
             except ValueError as e:  # ids outside the vocabulary: not kept
                 logger.debug("freespec: suffix response not stored: %s", e)
 

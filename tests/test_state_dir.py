@@ -18,12 +18,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from unittest.mock import patch
 
 import numpy as np
 import pytest
 from freespec.proposers.learned import state_dir
 from freespec.proposers.api import EngineInfo, Row
-from freespec.proposers.learned.response_store import ResponseStore
+from freespec.proposers.learned.folder_log import EXT, FolderLog
 from freespec.proposers.suffix_tree import SuffixOptions, SuffixTreeProposer, available
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,29 +32,25 @@ INFO = EngineInfo(vocab_size=1000, model="m", tokenizer_fingerprint=lambda: "sha
 ROOT = os.geteuid() == 0 and shutil.which("unshare") is not None
 needs_root = pytest.mark.skipif(not ROOT, reason="needs root and unshare (separate PID or mount namespaces)")
 
-# A writer process: its own file in <dir>/suffix, ROUNDS rounds of adding responses, saving and merging its peers.
+# A writer process: its own segment in <dir>/suffix, ROUNDS rounds of adding responses, appending them and reading
+# its peers' (one file round of the folder log).
 WRITER = """
 import sys, time
 import numpy as np
 from freespec.proposers.learned import state_dir
-from freespec.proposers.learned.response_store import ResponseStore
+from freespec.proposers.learned.folder_log import FolderLog
 
 folder, index, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-own = state_dir.own_file(folder, "suffix", "bin")
-store = ResponseStore(own, fingerprint="sha256:tok-a", vocab_size=1000, max_responses=100000, max_tokens=10**7,
-                      perms=state_dir.FILE_MODE)
-store.load()
+log = FolderLog(folder, fingerprint="sha256:tok-a", vocab_size=1000, max_responses=100000, max_tokens=10**7,
+                interval_s=0)
 for r in range(rounds):
     for i in range(20):
-        store.add(np.array([index, r, i, 7, 8, 9], dtype=np.int32))
-    store.save()
-    for peer in state_dir.peer_files(own):
-        try:
-            store.merge_from(peer)
-        except ValueError:
-            pass
+        log.add("", np.array([index, r, i, 7, 8, 9], dtype=np.int32))
+    log.sync()
+    log.take()
     print("saved", r, flush=True)
-store.close()
+log.close()
+print("held", len(log.held), flush=True)
 print("writer", state_dir.writer_id(), flush=True)
 """
 
@@ -78,14 +75,20 @@ def run_writer(folder: Path, index: int, rounds: int, pid_namespace: bool) -> su
                             env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
-def responses_in(folder: Path) -> set[tuple[int, ...]]:
-    """Every response of every file in the folder's suffix/ (a fresh reader merging all of them)."""
-    seen: set[tuple[int, ...]] = set()
-    for path in sorted((folder / "suffix").glob("*.bin")):
-        store = ResponseStore(str(path), fingerprint="sha256:tok-a", vocab_size=1000, max_responses=100000,
-                              max_tokens=10**7)
-        seen |= {tuple(int(t) for t in r) for r in store.load()}
-    return seen
+def responses_in(folder: Path, scope: str = "") -> set[tuple[int, ...]]:
+    """Every response of ``scope`` (the shared one: no cache_salt) in every segment of the folder's suffix/ (a fresh
+    reader of all of them, checking each record: a damaged one would be refused and counted)."""
+    with patch.object(state_dir, "START_FILES", 10_000):
+        log = FolderLog(str(folder), fingerprint="sha256:tok-a", vocab_size=1000, max_responses=100000,
+                        max_tokens=10**7, interval_s=0, writer="reader.0.0")
+    log.close()
+    assert log.refused == 0
+    return {tuple(int(t) for t in r) for s, r in log.loaded if s == scope}
+
+
+def segment(folder: Path, writer: str, scope: str = "") -> Path:
+    """A writer's first segment of ``scope`` (``folder_log``)."""
+    return folder / "suffix" / scope / f"{writer}.1{EXT}"
 
 
 @needs_root
@@ -95,15 +98,13 @@ def test_writers_in_separate_pid_namespaces_on_one_folder_lose_nothing(tmp_path)
     assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
     writers = [o[0].split("writer ")[-1].strip() for o in outs]
     assert len(set(writers)) == 3 and all(w.endswith(".1") for w in writers)  # each is pid 1 in its namespace
-    files = sorted((tmp_path / "suffix").glob("*.bin"))
+    files = sorted((tmp_path / "suffix").glob(f"*{EXT}"))
     assert len(files) == 3 and all(f.stat().st_mode & 0o777 == 0o600 for f in files)
     assert not list((tmp_path / "suffix").glob(".*.tmp"))  # no temporary left, none removed under a writer
     want = {(i, r, k, 7, 8, 9) for i in range(3) for r in range(4) for k in range(20)}
     assert responses_in(tmp_path) == want
-    last = files[-1]  # the last writer to finish merged every other's last save
-    store = ResponseStore(str(last), fingerprint="sha256:tok-a", vocab_size=1000, max_responses=100000,
-                          max_tokens=10**7)
-    assert len(store.load()) >= 3 * 20
+    held = [int(o[0].split("held ")[-1].split()[0]) for o in outs]
+    assert max(held) >= 4 * 20 + 2 * 20  # the last writer to finish read the others' appends too
 
 
 @needs_root
@@ -178,7 +179,7 @@ def test_a_replica_drafts_from_what_another_saved_in_the_state_directory(tmp_pat
     first.bind(info)
     serve(first, 1, np.concatenate([[1, 2, 3], answer]).astype(np.int32))
     first.close()
-    saved = tmp_path / "suffix" / "host-a.1.1.bin"
+    saved = segment(tmp_path, "host-a.1.1")
     assert saved.stat().st_mode & 0o777 == 0o600
     monkeypatch.setattr(state_dir, "writer_id", lambda: "host-b.1.1")
     second = SuffixTreeProposer(SuffixOptions(min_token_prob=0.0), 4)
@@ -252,10 +253,10 @@ def test_freespec_serve_puts_the_state_dir_into_the_speculative_config():
 
 def test_a_bad_peer_file_in_the_state_directory_never_stops_a_start(tmp_path, monkeypatch, caplog):
     info = dataclasses.replace(INFO, state_dir=str(tmp_path))
-    (Path(state_dir.source_dir(str(tmp_path), "suffix")) / "peer.1.1.bin").write_bytes(b"not a store")
+    (Path(state_dir.source_dir(str(tmp_path), "suffix")) / f"peer.1.1.1{EXT}").write_bytes(b"not a segment")
     with caplog.at_level(logging.WARNING, logger="freespec"):
         SuffixTreeProposer(SuffixOptions(), 4).bind(info)
-    assert "peer's file is skipped" in caplog.text
+    assert "a segment refused" in caplog.text and "not a segment" in caplog.text
 
 
 def test_recycles_matrix_is_shared_through_the_state_directory(tmp_path, monkeypatch):
@@ -298,9 +299,9 @@ def test_a_tenants_responses_persist_in_its_own_scope_and_purge_removes_them_eve
     first.propose([Row(1, seq, len(seq) - 4, x)])
     first.release(1)
     first.close()
-    mine = tmp_path / "suffix" / x / "host-a.1.1.bin"
+    mine = segment(tmp_path, "host-a.1.1", x)
     assert mine.stat().st_mode & 0o777 == 0o600
-    assert responses_in(tmp_path) == set()  # nothing of tenant x in the shared file
+    assert responses_in(tmp_path) == set() and responses_in(tmp_path, x)  # nothing of tenant x in the shared scope
 
     def drafts(p, scope, key):
         out = p.propose([Row(key, context, 1, scope)])[0]
@@ -310,11 +311,9 @@ def test_a_tenants_responses_persist_in_its_own_scope_and_purge_removes_them_eve
     running = scoped_source(info, "host-b.1.1", monkeypatch, save_every_s=0.01)  # a replica that loaded x
     assert drafts(running, x, 5)[:3] == answer[6:9].tolist()
     assert drafts(running, y, 6) == [] and drafts(running, "", 7) == []  # another tenant, and no salt: cold
-    running.scoped.add(x, answer)  # it holds x in memory and on disk
-    running._last_save = 0.0
-    running.candidates([])
-    assert running.scoped._files.wait(10)
-    assert (tmp_path / "suffix" / x / "host-b.1.1.bin").exists()
+    running.learned.add(x, answer[::-1].copy())  # it holds x in memory and on disk
+    running.learned.sync()
+    assert segment(tmp_path, "host-b.1.1", x).exists()
 
     assert main(["state", "purge", str(tmp_path), "--scope", "tenant-x"]) == 0
     assert not mine.exists()
@@ -325,8 +324,7 @@ def test_a_tenants_responses_persist_in_its_own_scope_and_purge_removes_them_eve
         running.candidates([])
         time.sleep(0.05)
     assert x not in running._cached and drafts(running, x, 8) == []
-    running.scoped._files.wait(10)
-    assert not (tmp_path / "suffix" / x / "host-b.1.1.bin").exists()
+    assert not segment(tmp_path, "host-b.1.1", x).exists() and not (tmp_path / "suffix" / x).exists()
     running.close()
     fresh = scoped_source(info, "host-c.1.1", monkeypatch)  # and a start loads none of it
     assert drafts(fresh, x, 9) == []
@@ -373,10 +371,13 @@ def test_the_adapter_hands_the_state_dir_to_every_learned_source_of_hybrid(tmp_p
     adapter = adapter_for({"plugin": "hybrid", "num_speculative_tokens": 4, "sources": ["suffix", "recycle"],
                            "state_dir": str(tmp_path), "state_max_age_days": 7},
                           tokenizer=str(SMOLLM2), vocab_size=49152)
+    suffix = adapter.proposer.sources["suffix"]
+    suffix.learned.add("", np.arange(10, 20, dtype=np.int32))
     for source in adapter.proposer.sources.values():
         source.close()
     mine = state_dir.writer_id()
-    assert (tmp_path / "suffix" / f"{mine}.bin").exists() and (tmp_path / "recycle" / f"{mine}.npz").exists()
+    assert isinstance(suffix.learned, FolderLog) and suffix.learned.root == str(tmp_path)
+    assert segment(tmp_path, mine).exists() and (tmp_path / "recycle" / f"{mine}.npz").exists()
 
 
 def test_hybrids_copy_source_is_filled_from_the_suffix_sources_files_and_forgets_a_purged_scope(
