@@ -2,8 +2,9 @@
 saves, stops and starts; no link below the folder followed; clocks that cannot keep a file alive or hide later
 learning; starts bounded by the stores, not the folder; one file never shared by two writers.
 
-Replicas are real processes (``REPLICA`` below: the scoped response stores of one writer, driven line by line
-over stdin), writing and reading real files in one folder.
+Replicas are real processes (``REPLICA`` below: one writer's folder log, driven line by line over stdin), writing
+and reading real files in one folder; a peer's segment is planted with ``plant`` where a test needs one written
+by hand (another user's, dated ahead, of an older purge generation).
 """
 from __future__ import annotations
 
@@ -20,51 +21,39 @@ from script_process import ScriptProcess
 from freespec import confined
 from freespec.proposers.learned import state_dir, state_purge
 from freespec.proposers.api import EngineInfo
+from freespec.proposers.learned.folder_log import EXT, FolderLog, encode_record, segment_header
 from freespec.proposers.learned.purges import PurgeLog
-from freespec.proposers.learned.response_store import ResponseStore
-from freespec.proposers.learned.scoped_responses import ScopedResponses, Tombstones, fingerprint_for, purge_scope
+from freespec.proposers.learned.scoped_responses import Tombstones, fingerprint_for, purge_scope
 from freespec.vllm_plugins.request_ids import scope_of
 
 REPO = Path(__file__).resolve().parents[1]
 FP = "sha256:tok-a"
 X, Y = scope_of("tenant-x"), scope_of("tenant-y")
 
-# One replica: its scoped stores in <dir>/suffix; commands on stdin, one per line, each answered "ok ...".
+# One replica: its folder log in <dir>; commands on stdin, one per line, each answered "ok ...".
 REPLICA = """
 import os, sys
 import numpy as np
 from freespec.proposers.learned import state_dir
-from freespec.proposers.learned.scoped_responses import ScopedResponses
+from freespec.proposers.learned.folder_log import FolderLog
 
-if os.environ.get("WRITER"):  # a name the test knows before the start (a planted link at it)
-    state_dir.writer_id = lambda: os.environ["WRITER"]
-
-from freespec.proposers.learned.purges import PurgeLog
-
-root = state_dir.source_dir(state_dir.open_root(sys.argv[1]), "suffix")
-log = PurgeLog(sys.argv[1])
-sr = ScopedResponses(root, fingerprint="sha256:tok-a", vocab_size=1000, max_responses=1000, max_tokens=100000,
-                     max_age_s=86400.0, max_bytes=10**8, purged=log.current)
-sr.load()
-seen = log.current().version
-print("ok", state_dir.writer_id(), flush=True)
+log = FolderLog(sys.argv[1], fingerprint="sha256:tok-a", vocab_size=1000, max_responses=1000, max_tokens=100000,
+                max_age_s=86400.0, max_bytes=10**8, interval_s=0, writer=os.environ.get("WRITER") or None)
+log.take()
+print("ok", log.writer, flush=True)
 for line in sys.stdin:
     cmd, *args = line.split()
     if cmd == "add":
-        sr.add(args[0], np.array([int(a) for a in args[1:]], dtype=np.int32))
-    elif cmd == "save":  # one save interval: apply what the background read, save, read tombstones and peers
+        log.add(args[0], np.array([int(a) for a in args[1:]], dtype=np.int32))
+    elif cmd == "save":  # one file round (append, purges, peers' new bytes), applied as the suffix source does
         for _ in range(3):
-            sr.tick()
-            sr._files.wait(10)
-            if log.latest.version != seen:  # as the suffix source does on its thread
-                seen = log.latest.version
-                sr.drop_purged(log.latest)
+            log.sync()
+            log.take()
     elif cmd == "held":
-        store = sr.stores.get(args[0])
-        print("ok", 0 if store is None else len(store), flush=True)
+        print("ok", len(log.held.of(args[0])), flush=True)
         continue
     elif cmd == "close":
-        sr.close()
+        log.close()
         print("ok", flush=True)
         break
     print("ok", flush=True)
@@ -85,10 +74,27 @@ class Replica(ScriptProcess):
 
 
 def stores_hold(folder: Path, scope: str) -> set[tuple[int, ...]]:
-    """What a fresh writer loads of ``scope``, all files of the folder read (in this process)."""
-    sr = ScopedResponses(str(folder / "suffix"), fingerprint=FP, vocab_size=1000, max_responses=1000,
-                         max_tokens=100000, max_age_s=86400.0, max_bytes=10**8, purged=PurgeLog(str(folder)).current)
-    return {tuple(int(t) for t in r) for r in sr.load().get(scope, [])}
+    """What a fresh writer loads of ``scope``, every segment of the folder read (in this process)."""
+    log = FolderLog(str(folder), fingerprint=FP, vocab_size=1000, max_responses=1000, max_tokens=100000,
+                    max_age_s=86400.0, max_bytes=10**8, interval_s=0, writer="reader.0.0")
+    log.close()
+    return {tuple(int(t) for t in r) for s, r in log.loaded if s == scope}
+
+
+def plant(path: Path, responses: list[list[int]], fingerprint: str = FP, stamp_ns: int | None = None) -> Path:
+    """A peer's segment written by hand (``folder_log``'s format): its writer from its name, its scope from its
+    folder (``suffix/``: the shared one)."""
+    scope = "" if path.parent.name == "suffix" else path.parent.name
+    writer = path.name[: -len(EXT)].rsplit(".", 1)[0]
+    header = segment_header(fingerprint, 1000, writer, scope)
+    stamp = time.time_ns() if stamp_ns is None else stamp_ns
+    data = header + b"".join(encode_record(header[-8:], np.array(r, dtype=np.int32), stamp + i)
+                             for i, r in enumerate(responses))
+    confined.makedirs(str(path.parent))
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with open(fd, "wb") as f:
+        f.write(data)
+    return path
 
 
 @pytest.fixture
@@ -137,7 +143,7 @@ def test_a_purge_by_writer_or_age_sticks_on_replicas_that_merged_what_it_removed
         a.do("save")
         b.do(f"add {Y} 1 1 1 1")
         b.do("save")
-        assert b.held(X) == 1  # b merged a's response, and saved it in its own file
+        assert b.held(X) == 1  # b read a's response
         time.sleep(0.05)  # every file and response older than the age purge's cutoff below
         gone = state_purge.purge(str(folder), writer=a.writer if by == "writer" else None,
                                older_than_s=0.01 if by == "age" else None)
@@ -191,12 +197,9 @@ def test_a_file_written_for_an_older_purge_generation_is_never_merged_and_is_rem
     try:
         purge_scope(str(root), X)
         # A writer that had not seen the tombstone (a save racing the purge) writes x's text after it.
-        confined.makedirs(str(root / X))
-        stale = ResponseStore(str(root / X / "late.0.1.bin"), fingerprint=FP, vocab_size=1000, perms=0o600)
-        stale.add(np.array([4, 4, 4, 4], dtype=np.int32))
-        stale.save()
+        stale = plant(root / X / f"late.0.1.1{EXT}", [[4, 4, 4, 4]])
         a.do("save")
-        assert a.held(X) == 0 and not (root / X / "late.0.1.bin").exists()
+        assert a.held(X) == 0 and not stale.exists()
         a.close()
     finally:
         a.proc.kill()
@@ -210,9 +213,7 @@ def test_links_planted_in_the_state_directory_are_never_followed(folder, tmp_pat
     root = folder / "suffix"
     root.mkdir(mode=0o700)
     (root / Y).mkdir(mode=0o700)
-    y = ResponseStore(str(root / Y / "peer.0.1.bin"), fingerprint=FP, vocab_size=1000, perms=0o600)
-    y.add(np.array([3, 1, 4, 1, 5], dtype=np.int32))
-    y.save()
+    plant(root / Y / f"peer.0.1.1{EXT}", [[3, 1, 4, 1, 5]])
     if planted == "scope folder":  # x's folder is y's: x must neither read y's text nor write into y's folder
         os.symlink(root / Y, root / X)
     elif planted == "tombstone folder":
@@ -221,7 +222,7 @@ def test_links_planted_in_the_state_directory_are_never_followed(folder, tmp_pat
         (folder / "recycle").symlink_to(outside)
     if planted == "own file":  # at the file a start reads and its saves replace
         (root / X).mkdir(mode=0o700)
-        (root / X / "host-t.1.1.bin").symlink_to(secret)
+        (root / X / f"host-t.1.1.1{EXT}").symlink_to(secret)
     before = sorted(p.name for p in outside.iterdir())
     a = Replica(folder, writer="host-t.1.1")
     try:
@@ -229,7 +230,7 @@ def test_links_planted_in_the_state_directory_are_never_followed(folder, tmp_pat
         a.do("save")
         assert a.held(X) <= 1 and a.held(Y) == 1
         if planted == "scope folder":
-            assert sorted(p.name for p in (root / Y).iterdir()) == ["peer.0.1.bin"]  # nothing written through
+            assert sorted(p.name for p in (root / Y).iterdir()) == [f"peer.0.1.1{EXT}"]  # nothing written through
             assert a.held(X) == 1  # its own response only; y's not merged into x
         a.close()
     finally:
@@ -245,11 +246,8 @@ def test_links_planted_in_the_state_directory_are_never_followed(folder, tmp_pat
 def test_a_peer_file_of_another_user_or_writable_by_others_is_refused_unless_trusted(folder, caplog):
     root = folder / "suffix"
     confined.confine(str(folder))
-    confined.makedirs(str(root / X))
-    peer = ResponseStore(str(root / X / "peer.0.1.bin"), fingerprint=FP, vocab_size=1000, perms=0o600)
-    peer.add(np.array([8, 8, 8, 8], dtype=np.int32))
-    peer.save()
-    os.chmod(root / X / "peer.0.1.bin", 0o666)
+    peer = plant(root / X / f"peer.0.1.1{EXT}", [[8, 8, 8, 8]])
+    os.chmod(peer, 0o666)
     assert stores_hold(folder, X) == set()
     assert "state_dir_trust_others" in caplog.text
     confined.confine(str(folder), trust_others=True)
@@ -273,14 +271,11 @@ def test_a_missing_state_directory_is_made_private_and_a_world_writable_one_is_w
 def test_files_dated_ahead_of_the_clock_neither_live_forever_nor_hide_later_learning(folder):
     root = folder / "suffix"
     confined.confine(str(folder))
-    confined.makedirs(str(root / X))
     future = time.time() + 10 * 86_400
-    peer = ResponseStore(str(root / X / "peer.0.1.bin"), fingerprint=FP, vocab_size=1000, perms=0o600)
-    peer.add(np.array([2, 2, 2, 2], dtype=np.int32))
-    peer.save()
-    os.utime(root / X / "peer.0.1.bin", (future, future))
+    peer = plant(root / X / f"peer.0.1.1{EXT}", [[2, 2, 2, 2]])
+    os.utime(peer, (future, future))
     # a file dated ahead counts as expired: not merged, and the start's sweep removes it
-    assert stores_hold(folder, X) == set() and not (root / X / "peer.0.1.bin").exists()
+    assert stores_hold(folder, X) == set() and not peer.exists()
     assert state_dir.age(future, time.time()) == float("inf")
     # a tombstone dated ahead ages from now on, and learning after it is kept (no clock decides a purge)
     purge_scope(str(root), X)
@@ -288,11 +283,7 @@ def test_files_dated_ahead_of_the_clock_neither_live_forever_nor_hide_later_lear
     os.utime(mark, (future, future))
     generation = Tombstones(str(root)).read()[X]
     assert mark.stat().st_mtime <= time.time() + 1
-    confined.makedirs(str(root / X))
-    later = ResponseStore(str(root / X / "later.0.1.bin"), fingerprint=fingerprint_for(FP, generation),
-                          vocab_size=1000, perms=0o600)
-    later.add(np.array([6, 6, 6, 6], dtype=np.int32))
-    later.save()
+    plant(root / X / f"later.0.1.1{EXT}", [[6, 6, 6, 6]], fingerprint=fingerprint_for(FP, generation))
     assert stores_hold(folder, X) == {(6, 6, 6, 6)}
 
 
@@ -305,17 +296,14 @@ def test_a_start_with_a_thousand_peer_files_reads_within_the_bounds(folder):
     confined.confine(str(folder))
     confined.makedirs(str(root))
     for i in range(1000):
-        peer = ResponseStore(str(root / f"peer.0.{i}.bin"), fingerprint=FP, vocab_size=1000, perms=0o600)
-        for j in range(30):
-            peer.add(np.array([i % 1000, j, 5, 6, 7], dtype=np.int32))
-        peer.save()
+        plant(root / f"peer.0.{i}.1{EXT}", [[i % 1000, j, 5, 6, 7] for j in range(30)])
     info = EngineInfo(vocab_size=1000, model="m", tokenizer_fingerprint=lambda: FP)
     p = SuffixTreeProposer(SuffixOptions(max_saved_responses=500, max_cached_requests=500), 4)
     started = time.perf_counter()
     p.bind(dataclasses.replace(info, state_dir=str(folder)))
     took = time.perf_counter() - started
-    assert p._seeded <= 500 and len(p.store) <= 500
-    assert took < 3.0, took  # 64 files of 30 responses at most, not 30,000 responses into the tree
+    assert p._seeded <= 500 and len(p.learned.held) <= 500
+    assert took < 3.0, took  # 64 segments of 30 responses at most, not 30,000 responses into the tree
     p.close()
 
 
@@ -375,18 +363,17 @@ def test_a_running_suffix_source_drafts_nothing_more_from_what_a_purge_by_writer
         return out
 
     first = source("host-a.1.1")
-    first.store.add(answer)
+    first.learned.add("", answer)
     first.close()
     running = source("host-b.1.1")  # loaded what a learned, and learns on
-    running.store.add(kept)
+    running.learned.add("", kept)
     running._seed([kept])
     assert drafts(running, [9, *answer[:6]], 1)[:3] == answer[6:9].tolist()
     state_purge.purge(str(folder), writer="host-a.1.1")
     deadline = time.monotonic() + 10
-    while running._purge_version != running._purges.latest.version or not running._purge_version:
-        running._last_save = 0.0
+    while not running.learned._purge_applied:  # its thread reads the record; the engine's thread applies it
         running.candidates([])
-        running.store.wait_files(5)
+        time.sleep(0.01)
         if time.monotonic() > deadline:
             raise AssertionError("the purge was not seen")
     while running.idle():
@@ -422,13 +409,11 @@ def test_a_peers_clock_ahead_lets_nothing_escape_a_purge(folder):
     root = folder / "suffix"
     confined.confine(str(folder))
     confined.makedirs(str(root / X))
-    ahead = ResponseStore(str(root / X / "fast.0.1.bin"), fingerprint=FP, vocab_size=1000, perms=0o600)
-    ahead._last_stamp = time.time_ns() + 250 * 10**9  # a writer whose clock runs 250 s ahead (the bound: 300 s)
-    ahead.add(np.array([4, 4, 4, 4], dtype=np.int32))
-    ahead.save()
+    # a writer whose clock runs 250 s ahead (the bound: 300 s)
+    plant(root / X / f"fast.0.1.1{EXT}", [[4, 4, 4, 4]], stamp_ns=time.time_ns() + 250 * 10**9)
     a = Replica(folder)
     try:
-        a.do("save")  # merges the fast peer: its own later stamps follow the newest it merged
+        a.do("save")  # reads the fast peer's record
         a.do(f"add {X} 5 6 7 8")
         a.do("save")
         state_purge.purge(str(folder))  # in whole
