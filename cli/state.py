@@ -117,7 +117,8 @@ def run_list(args) -> int:
 
         streams = _on_redis(folder, list_state)
         for s in streams:
-            print(f"{printable(s.name)}\t{s.newest_age_s / 86_400:.1f} days\t{s.records} records\t{s.bytes} bytes")
+            rows = "" if s.rows is None else f"\t{s.rows} rows"  # recycle's snapshot
+            print(f"{printable(s.name)}\t{s.newest_age_s / 86_400:.1f} days\t{s.records} records{rows}\t{s.bytes} bytes")
         print(f"{len(streams)} stream(s), {sum(s.records for s in streams)} records, {sum(s.bytes for s in streams)} "
               "bytes")
         return 0

@@ -26,6 +26,11 @@ waits (bounded: ``max_saved_responses``); a replica whose scope's stream is gone
 again what it holds of it. A record is checked when read (fields present, length, ids in the vocabulary, stamp
 not past now + 5 min, ``CLOCK_SLACK_S``); a bad one is refused, logged once per kind naming why, and skipped.
 
+Shared with ``recycle``'s backend (``proposers.recycle.shared_rows``): the connection (``connect``), the key names
+(``Keys`` by source), the thread with its fault handling (``RedisThread``), the record checks (``writer_and_stamp``)
+and the operator's tools: ``list_state`` lists its stream and snapshot, ``purge`` raises its cut (rows carry no
+writer: a purge by writer takes every row up to its time).
+
 Bounds: records read per stream and call (``READ_COUNT``), streams followed (``MAX_STREAMS``), purge digests
 (``purges.MAX_DIGESTS``), tokens a record (``max_saved_tokens``); a record's bytes beyond that are bounded only by
 the server's ``proto-max-bulk-len`` (the reply is read whole before it is checked).
@@ -131,18 +136,23 @@ def connect(url: str, socket_timeout: float = SOCKET_TIMEOUT_S):
                                 retry=Retry(NoBackoff(), 0), health_check_interval=0, **extra)
 
 
-def namespace(fingerprint: str, vocab_size: int) -> str:
-    """The key names' hash of a tokenizer: records of another tokenizer live under other keys."""
-    return hashlib.blake2b(f"{fingerprint}\0{vocab_size}".encode(), digest_size=8).hexdigest()
+def namespace(fingerprint: str, vocab_size: int, candidates: int | None = None) -> str:
+    """The key names' hash of a tokenizer (and of ``recycle``'s candidates per token): records of another
+    tokenizer, or rows of another width, live under other keys."""
+    extra = "" if candidates is None else f"\0{candidates}"
+    return hashlib.blake2b(f"{fingerprint}\0{vocab_size}{extra}".encode(), digest_size=8).hexdigest()
 
 
 @dataclass(frozen=True)
 class Keys:
+    """A namespace's key names for one source (``suffix``, ``recycle``): ``freespec:v1:{<ns>}:<source>:...``."""
+
     ns: str
+    source: str = "suffix"
 
     @property
     def prefix(self) -> str:
-        return f"freespec:v1:{{{self.ns}}}:suffix"
+        return f"freespec:v1:{{{self.ns}}}:{self.source}"
 
     def stream(self, scope: str) -> str:
         return f"{self.prefix}:{scope or 'shared'}"
@@ -162,6 +172,16 @@ class Keys:
     @property
     def announce(self) -> str:
         return f"{self.prefix}:new-streams"
+
+    @property
+    def rows(self) -> str:
+        """``recycle``: the compacted snapshot, a hash of every row's newest version (token id -> row)."""
+        return f"{self.stream(SHARED_SCOPE)}:rows"
+
+    @property
+    def cut(self) -> str:
+        """``recycle``: the row stamp (Unix seconds) up to which purges removed rows."""
+        return f"{self.prefix}:cut"
 
 
 def scope_of_key(key: bytes) -> str | None:
@@ -201,12 +221,18 @@ def parse_record(fields: dict, vocab_size: int, max_tokens: int, now_ns: int) ->
     if int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size:
         raise BadRecord("token out of vocabulary", f"ids in [{tokens.min()}, {tokens.max()}], the vocabulary "
                                                    f"is [0, {vocab_size})")
+    writer, stamp = writer_and_stamp(w, s, now_ns)
+    tokens.flags.writeable = False
+    return tokens, writer, stamp
+
+
+def writer_and_stamp(w: bytes, s: bytes, now_ns: int) -> tuple[str, int]:
+    """A record's writer and stamp (ns), checked; ``BadRecord`` naming why otherwise."""
     if len(w) > MAX_WRITER_BYTES or not w.isascii() or not w.decode().isprintable():
         raise BadRecord("bad writer", "not a writer's name")
     if not (s.isdigit() and len(s) <= 19 and 0 < int(s) <= now_ns + MAX_CLOCK_AHEAD_NS):
         raise BadRecord("bad stamp", "not a time in ns up to now + 5 min")
-    tokens.flags.writeable = False
-    return tokens, w.decode(), int(s)
+    return w.decode(), int(s)
 
 
 @dataclass(frozen=True, eq=False)
@@ -329,16 +355,95 @@ class Held:
         return self._count[True] + self._count[False]
 
 
-class RedisResponses(LearnedResponses):
+class RedisThread:
+    """One backend's Redis work on one background thread (every source that shares through Redis: ``suffix``'s
+    ``RedisResponses``, ``recycle``'s ``proposers.recycle.shared_rows``): its client (short socket timeouts, no
+    retries), its rounds (``_round``) tried again with a back-off after a failure, each kind of failure logged once
+    per outage, its last work at exit (``_at_exit``). A subclass calls ``_start`` at the end of its constructor."""
+
+    what = "learned state"  # how its log lines name the source
+
+    def __init__(self, url: str, thread_name: str) -> None:
+        self.url = check_url(url)
+        self.where = redacted(url)
+        self._client = None
+        self._primed = False  # caught up since the last (re)connection
+        self._logged: set[str] = set()  # kinds of bad records (and the like) logged
+        self._faults: set[str] = set()  # kinds of faults logged in this outage
+        self._down: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=thread_name, daemon=True)
+
+    def _start(self) -> None:
+        self._thread.start()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the thread; it does its last work first (``_at_exit``, bounded by the socket timeout)."""
+        self._stop.set()
+        self._thread.join(timeout)
+
+    def _round(self) -> None:
+        raise NotImplementedError
+
+    def _at_exit(self) -> None:
+        """The thread's last work (what waits, appended once)."""
+
+    def _connected(self, client) -> None:
+        """A new client: scripts to register."""
+
+    def _run(self) -> None:
+        backoff = 0.05
+        while not self._stop.is_set():
+            try:
+                self._round()
+                backoff = 0.05
+                if self._down is not None:
+                    self._faults.clear()  # a fault of the next outage is logged again
+                    logger.info("freespec: %s: Redis %s answers again; catching up", self.what, self.where)
+                    self._down = None
+            except Exception as e:  # noqa: BLE001 - never let the thread die: logged, tried again
+                self._fault(e)
+                self._primed = False
+                self._stop.wait(backoff)
+                backoff = min(2 * backoff, 2.0)
+        self._at_exit()
+
+    def _fault(self, e: BaseException) -> None:
+        import redis
+
+        kind = type(e).__name__
+        if isinstance(e, redis.ResponseError):
+            kind += " " + (str(e).split(" ", 1)[0] if str(e) else "")
+        self._down = kind
+        if kind not in self._faults:
+            self._faults.add(kind)
+            logger.warning("freespec: %s: Redis %s failed (%s: %s); the server goes on with what this replica "
+                           "learned and tries again (logged once per kind and outage)", self.what, self.where,
+                           type(e).__name__, str(e)[:200])
+
+    def _redis(self):
+        if self._client is None:
+            self._client = connect(self.url)
+            self._connected(self._client)
+        return self._client
+
+    def _log_once(self, kind: str, message: str, *args) -> None:
+        if kind not in self._logged:
+            self._logged.add(kind)
+            logger.warning(f"freespec: {self.what}: " + message, *args)
+
+
+class RedisResponses(RedisThread, LearnedResponses):
     """The Redis backend (see the module docstring): ``add``/``take``/``close`` on the engine's thread, every
     Redis call on its own thread ``freespec-redis``."""
+
+    what = "suffix learned state"
 
     def __init__(self, url: str, *, fingerprint: str, vocab_size: int, max_responses: int, max_tokens: int,
                  writer: str | None = None, block_ms: int = BLOCK_MS, refresh_s: float = REFRESH_S) -> None:
         from freespec.proposers.learned.state_dir import writer_id
 
-        self.url = check_url(url)
-        self.where = redacted(url)
+        super().__init__(url, "freespec-redis")
         self.vocab_size, self.max_responses, self.max_tokens = vocab_size, max_responses, max_tokens
         self.keys = Keys(namespace(fingerprint, vocab_size))
         self.writer = writer or writer_id()
@@ -355,18 +460,11 @@ class RedisResponses(LearnedResponses):
         self._last: dict[bytes, bytes] = {}  # stream key -> the last id read
         self._purge_last = b"0-0"
         self._announce_last: bytes | None = None
-        self._client = None
         self._script = None
-        self._primed = False
         self._refreshed = 0.0
-        self._logged: set[str] = set()  # kinds of bad records (and the like) logged
-        self._faults: set[str] = set()  # kinds of faults logged in this outage
-        self._down: str | None = None
         self.appended = self.applied = self.refused = self.reappended = 0
         self.lags_ns: deque = deque(maxlen=10_000)  # a record's stamp to its ``take`` here (others' records)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="freespec-redis", daemon=True)
-        self._thread.start()
+        self._start()
 
     # ---------------------------------------------------------------- the engine's thread: memory only
     def add(self, scope: str, tokens: np.ndarray) -> None:
@@ -398,11 +496,6 @@ class RedisResponses(LearnedResponses):
                 self.lags_ns.append(now - stamp)
         return out
 
-    def close(self, timeout: float = 5.0) -> None:
-        """Stop the thread; it appends what waits first (bounded by the socket timeout)."""
-        self._stop.set()
-        self._thread.join(timeout)
-
     def wait_idle(self, timeout: float = 10.0) -> bool:
         """Tests: until nothing waits to be appended (True), or ``timeout``."""
         deadline = time.monotonic() + timeout
@@ -411,21 +504,7 @@ class RedisResponses(LearnedResponses):
         return not self._out
 
     # ---------------------------------------------------------------- the Redis thread
-    def _run(self) -> None:
-        backoff = 0.05
-        while not self._stop.is_set():
-            try:
-                self._round()
-                backoff = 0.05
-                if self._down is not None:
-                    self._faults.clear()  # a fault of the next outage is logged again
-                    logger.info("freespec: suffix learned state: Redis %s answers again; catching up", self.where)
-                    self._down = None
-            except Exception as e:  # noqa: BLE001 - never let the thread die: logged, tried again
-                self._fault(e)
-                self._primed = False
-                self._stop.wait(backoff)
-                backoff = min(2 * backoff, 2.0)
+    def _at_exit(self) -> None:
         try:
             self._flush()  # at exit: what waits, once, within the socket timeout
         except Exception as e:  # noqa: BLE001
@@ -433,24 +512,8 @@ class RedisResponses(LearnedResponses):
                 logger.warning("freespec: suffix learned state: %d response(s) not appended to Redis %s at exit "
                                "(%s)", len(self._out), self.where, type(e).__name__)
 
-    def _fault(self, e: BaseException) -> None:
-        import redis
-
-        kind = type(e).__name__
-        if isinstance(e, redis.ResponseError):
-            kind += " " + (str(e).split(" ", 1)[0] if str(e) else "")
-        self._down = kind
-        if kind not in self._faults:
-            self._faults.add(kind)
-            logger.warning("freespec: suffix learned state: Redis %s failed (%s: %s); the server goes on with what "
-                           "this replica learned and tries again (logged once per kind and outage)", self.where, type(e).__name__,
-                           str(e)[:200])
-
-    def _redis(self):
-        if self._client is None:
-            self._client = connect(self.url)
-            self._script = self._client.register_script(_APPEND)
-        return self._client
+    def _connected(self, client) -> None:
+        self._script = client.register_script(_APPEND)
 
     def _round(self) -> None:
         import redis
@@ -635,19 +698,15 @@ class RedisResponses(LearnedResponses):
         self._out.clear()
         self._out.extend(kept)
 
-    def _log_once(self, kind: str, message: str, *args) -> None:
-        if kind not in self._logged:
-            self._logged.add(kind)
-            logger.warning("freespec: suffix learned state: " + message, *args)
-
 
 # ---------------------------------------------------------------- the operator's tools (freespec state URL)
 @dataclass(frozen=True)
 class StreamInfo:
-    name: str  # "<namespace>/<scope or shared>"
+    name: str  # "<namespace>/<scope or shared>"; recycle's "<namespace>/recycle"
     records: int
-    bytes: int
+    bytes: int  # recycle's: the stream and the snapshot
     newest_age_s: float
+    rows: int | None = None  # recycle's: rows in the snapshot
 
 
 def _namespaces(c) -> list[str]:
@@ -675,6 +734,13 @@ def list_state(url: str) -> list[StreamInfo]:
             age = (now - int(newest[0][0].split(b"-")[0])) / 1000 if newest else float("nan")
             out.append(StreamInfo(key.decode().rsplit(":", 1)[1].join((f"{ns}/", "")), int(c.xlen(key)),
                                   int(c.memory_usage(key) or 0), age))
+        rk = Keys(ns, "recycle")
+        stream = rk.stream(SHARED_SCOPE)
+        if c.exists(stream, rk.rows):
+            newest = c.xrevrange(stream, count=1)
+            age = (now - int(newest[0][0].split(b"-")[0])) / 1000 if newest else float("nan")
+            out.append(StreamInfo(f"{ns}/recycle", int(c.xlen(stream)), int(c.memory_usage(stream) or 0)
+                                  + int(c.memory_usage(rk.rows) or 0), age, int(c.hlen(rk.rows))))
     return out
 
 
@@ -734,6 +800,49 @@ def purge(url: str, *, older_than_s: float | None = None, writer: str | None = N
                                          "b": str(now_ns)}, maxlen=10_000, approximate=True)
             for i in range(0, len(chosen), 1000):
                 gone += int(c.xdel(key, *chosen[i: i + 1000]))
+        # recycle's rows carry no writer: a purge by writer takes every row up to its time, as the folder's does
+        gone += _purge_rows(c, Keys(ns, "recycle"), now_ns // 1_000_000_000 if cutoff is None else cutoff // 1_000_000_000)
+    return gone
+
+
+# Raise a namespace's recycle cut (it never falls) and log it in the stream: KEYS cut, stream; ARGV cut, maxlen.
+_RAISE_CUT = """
+local old = tonumber(redis.call('GET', KEYS[1]) or '0')
+local new = math.max(old, tonumber(ARGV[1]))
+redis.call('SET', KEYS[1], tostring(new))
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'k', 'cut', 'b', tostring(new))
+return tostring(new)
+"""
+
+
+def _purge_rows(c, keys: "Keys", cut_s: int) -> int:
+    """Purge recycle's rows stamped at or before ``cut_s``: the cut first (every replica clears them when it reads
+    it, and no writer that has not seen it appends), then the snapshot's rows and the stream's records of them.
+    Rows and records removed."""
+    stream = keys.stream(SHARED_SCOPE)
+    if cut_s <= 0 or not c.exists(stream, keys.rows):
+        return 0
+    c.eval(_RAISE_CUT, 2, keys.cut, stream, cut_s, 1000)
+    gone, cursor = 0, 0
+    while True:
+        cursor, page = c.hscan(keys.rows, cursor, count=1000)
+        old = [k for k, v in page.items() if len(v) < 4 or int.from_bytes(v[:4], "little") <= cut_s]
+        if old:
+            gone += int(c.hdel(keys.rows, *old))
+        if not cursor:
+            break
+    chosen, start = [], b"-"
+    while True:
+        page = c.xrange(stream, min=start, count=1000)
+        for entry_id, fields in page:
+            s = fields.get(b"s", b"")
+            if fields.get(b"k") == b"rows" and (not s.isdigit() or int(s) // 1_000_000_000 <= cut_s):
+                chosen.append(entry_id)
+        if len(page) < 1000:
+            break
+        start = b"(" + page[-1][0]
+    for i in range(0, len(chosen), 1000):
+        gone += int(c.xdel(stream, *chosen[i: i + 1000]))
     return gone
 
 

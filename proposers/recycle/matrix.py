@@ -365,6 +365,55 @@ def merge_into(dst: Matrix, src: Matrix) -> int:
     return int(take.sum())
 
 
+@dataclass
+class Rows:
+    """Some rows of a matrix, each token id once: the unit ``recycle`` shares through Redis
+    (``proposers.recycle.shared_rows``), merged by the same rule as whole matrices."""
+
+    rows: np.ndarray  # int64 [n], unique token ids
+    ids: np.ndarray  # int32 [n, candidates]
+    probs: np.ndarray  # float16 [n, candidates]
+    stamps: np.ndarray  # uint32 [n]
+
+    def __len__(self) -> int:
+        return int(len(self.rows))
+
+    def keep(self, mask: np.ndarray) -> "Rows":
+        return Rows(self.rows[mask], self.ids[mask], self.probs[mask], self.stamps[mask])
+
+
+def rows_of(m: Matrix, rows: np.ndarray) -> Rows:
+    """Copies of ``m``'s ``rows`` (unique token ids), those ever written only."""
+    rows = np.asarray(rows, dtype=np.int64)
+    rows = rows[(m.stamps[rows] > 0) & (m.ids[rows, 0] >= 0)]
+    return Rows(rows, m.ids[rows].copy(), m.probs[rows].copy(), m.stamps[rows].copy())
+
+
+def newest_rows(parts: list[Rows]) -> Rows:
+    """``parts`` as one ``Rows``, each token id once: its newest row (on equal stamps, the later part's)."""
+    if len(parts) == 1:
+        return parts[0]
+    rows = np.concatenate([p.rows for p in parts])
+    stamps = np.concatenate([p.stamps for p in parts]).astype(np.int64)
+    order = np.lexsort((-np.arange(len(rows)), -stamps, rows))  # by row, newest first, then the later part
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = rows[order][1:] != rows[order][:-1]
+    pick = order[first]
+    return Rows(rows[pick], np.concatenate([p.ids for p in parts])[pick],
+                np.concatenate([p.probs for p in parts])[pick], stamps[pick].astype(np.uint32))
+
+
+def merge_rows(dst: Matrix, src: Rows) -> int:
+    """Merge ``src`` (each token id once) into ``dst`` in place by ``merge_into``'s rule (the newest row wins, a
+    row never written never wins); how many rows were taken."""
+    take = (src.stamps > dst.stamps[src.rows]) & (src.ids[:, 0] >= 0)
+    rows = src.rows[take]
+    dst.ids[rows] = src.ids[take]
+    dst.probs[rows] = src.probs[take]
+    dst.stamps[rows] = src.stamps[take]
+    return int(take.sum())
+
+
 def merge_files(paths: list[str], out: str) -> tuple[Matrix, list[int]]:
     """Merge matrix files into ``out`` (atomically). Returns the result and the rows taken from each file.
 

@@ -26,6 +26,10 @@ plus float16 probabilities (6 bytes per entry) and a uint32 stamp per token:
 2.6 MB for SmolLM2's 49,152 tokens and 7.9 MB for Qwen2.5's 151,936 at the
 default 8 candidates; per live request only the last chain's edges (at most k).
 
+Through Redis (``state_dir: redis://...``, ``shared_rows``): every ``SHARE_EVERY_S`` the engine's thread hands
+the rows it changed (copies) to a thread that appends them; what other replicas appended is merged here by the
+same rule, newest row wins.
+
 Persistence and fleets (``matrix``): ``matrix_path`` is this server's
 own file, loaded at start and saved atomically every ``save_every_s``, at exit
 and on SIGTERM; ``merge_from`` files (other replicas' files, or one merged by
@@ -51,7 +55,6 @@ from __future__ import annotations
 
 
 import atexit
-import dataclasses
 import logging
 import os
 import time
@@ -65,6 +68,7 @@ from freespec.proposers.base import Proposer, ProposerOptions
 from freespec.proposers.learned.exit_save import save_at_exit
 from freespec.proposers.learned.file_worker import FileWorker, error_kind
 from freespec.option_checks import check_path_options
+from freespec.proposers.learned import is_url
 from freespec.proposers.recycle.matrix import (
     STAMP_MAX,
     Matrix,
@@ -72,6 +76,8 @@ from freespec.proposers.recycle.matrix import (
     clear_rows_up_to,
     load_matrix,
     merge_into,
+    merge_rows,
+    rows_of,
     write_matrix,
 )
 from freespec.scorers.chain import EdgeAcceptance, best_chains
@@ -197,6 +203,8 @@ class RecycleProposer(Proposer):
         self._recycle_cut = 0  # the purged row stamp the matrix was last cleared to
         self._perms: int | None = None
         self._files: FileWorker | None = None
+        self._shared = None  # SharedRows, with a Redis state_dir (bind)
+        self._dirty: np.ndarray | None = None
         self._closed = False
         # (updates, rows merged) when the last save was asked for: a matrix that did not change is neither copied
         # nor written again (peers re-read a file whose mtime moved, so idle replicas would otherwise rewrite
@@ -217,11 +225,9 @@ class RecycleProposer(Proposer):
     def bind(self, info: EngineInfo) -> None:
         self._info = info
         self.matrix = Matrix.empty(info.vocab_size, self.options.candidates, "", info.model)
-        if info.state_dir is not None and info.state_dir.startswith(("redis://", "rediss://")):
-            # Redis shares the suffix source's responses only (issue 87): the matrix learns in memory here
-            logger.warning("freespec: recycle's matrix is not shared through a Redis state_dir yet: it learns in "
-                           "this process's memory only")
-            info = dataclasses.replace(info, state_dir=None)
+        if is_url(info.state_dir):
+            self._bind_redis(info)
+            return
         if info.state_dir is not None:
             from freespec.proposers.learned import state_dir
 
@@ -275,6 +281,52 @@ class RecycleProposer(Proposer):
             save_at_exit(self.close, "recycle")  # at exit and on SIGTERM
         elif self._files is not None:
             atexit.register(self.close)  # stops the background merges
+
+    def _bind_redis(self, info: EngineInfo) -> None:
+        """``state_dir`` is a Redis URL (``shared_rows``): the rows this replica changes are shared through it and
+        the fleet's merged in, on its own thread; nothing here waits on Redis."""
+        from freespec.proposers.learned.redis_stream import check_url, redacted
+        from freespec.proposers.recycle.shared_rows import SharedRows
+
+        if self.options.matrix_path is not None or self.options.merge_from:
+            logger.warning("freespec: recycle matrix_path/merge_from are ignored: state_dir %s is given",
+                           redacted(info.state_dir))
+        if info.tokenizer_fingerprint is None:
+            raise ValueError("recycle state_dir needs the tokenizer's identity, which this engine does not give")
+        try:
+            check_url(info.state_dir)
+            import redis  # noqa: F401
+        except ValueError as e:
+            raise ValueError(f"state_dir: {e}") from None
+        except ImportError:
+            raise ValueError("state_dir redis://...: the redis client is not installed (pip install "
+                             "'vllm-freespec[fleet]')") from None
+        self._fingerprint = self.matrix.tokenizer = info.tokenizer_fingerprint()
+        self._shared = SharedRows(info.state_dir, fingerprint=self._fingerprint, vocab_size=info.vocab_size,
+                                  candidates=self.options.candidates)
+        self._dirty = np.zeros(info.vocab_size, dtype=bool)  # rows changed since they were last handed over
+        logger.info("freespec: recycle matrix shared through Redis %s", redacted(info.state_dir))
+        save_at_exit(self.close, "recycle")  # the last rows handed over at exit and on SIGTERM
+
+    def _share_tick(self, force: bool = False) -> None:
+        """Merge what the Redis thread read (and clear what a purge removed); every ``SHARE_EVERY_S`` hand it
+        copies of the rows changed since (a vectorised gather of at most the vocabulary: no I/O here)."""
+        from freespec.proposers.recycle.shared_rows import SHARE_EVERY_S
+
+        got = self._shared.take()
+        if got.cut > self._recycle_cut:
+            self._recycle_cut = got.cut
+            clear_rows_up_to(self.matrix, got.cut)
+        if got.rows is not None:
+            self._rows_merged += merge_rows(self.matrix, got.rows)
+        if got.reshare:  # Redis lost its rows: every row held is shared again
+            self._dirty[:] = True
+        if force or time.monotonic() - self._last_save >= SHARE_EVERY_S:
+            self._last_save = time.monotonic()
+            changed = np.flatnonzero(self._dirty)
+            if len(changed):
+                self._dirty[changed] = False
+                self._shared.put(rows_of(self.matrix, changed))
 
     def _load(self, path: str, what: str) -> Matrix:
         return load_matrix(
@@ -360,6 +412,10 @@ class RecycleProposer(Proposer):
         if self._closed:
             return
         self._closed = True
+        if self._shared is not None:
+            self._share_tick(force=True)
+            self._shared.close()
+            return
         if self._files is not None:
             self._files.stop()
         self._final = True
@@ -426,6 +482,8 @@ class RecycleProposer(Proposer):
         # When the row was written, for merging with other replicas (newest wins).
         self.matrix.stamps[scored.tokens] = min(int(time.time()), STAMP_MAX)
         self.updates += len(scored.tokens)
+        if self._dirty is not None:
+            self._dirty[scored.tokens] = True
 
     # ---------------------------------------------------------------- drafting
     def draft(self, rows: Sequence[Row], step: StepContext) -> list[Draft]:
@@ -475,6 +533,9 @@ class RecycleProposer(Proposer):
         it changed (milliseconds here; the write, its fsync and the peers' reads are the thread's) and ask
         for the peers' changed files (listed in the background, never here: a state directory's folder may
         be on a network filesystem)."""
+        if self._shared is not None:
+            self._share_tick()
+            return
         if self._files is None:
             return
         self._apply_merges()
