@@ -18,10 +18,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from script_process import ScriptProcess
+from scoped_helpers import plant
 from freespec import confined
 from freespec.proposers.learned import state_dir, state_purge
 from freespec.proposers.api import EngineInfo
-from freespec.proposers.learned.folder_log import EXT, FolderLog, encode_record, segment_header
+from freespec.proposers.learned.folder_log import EXT, FolderLog
 from freespec.proposers.learned.purges import PurgeLog
 from freespec.proposers.learned.scoped_responses import Tombstones, fingerprint_for, purge_scope
 from freespec.vllm_plugins.request_ids import scope_of
@@ -79,22 +80,6 @@ def stores_hold(folder: Path, scope: str) -> set[tuple[int, ...]]:
                     max_age_s=86400.0, max_bytes=10**8, interval_s=0, writer="reader.0.0")
     log.close()
     return {tuple(int(t) for t in r) for s, r in log.loaded if s == scope}
-
-
-def plant(path: Path, responses: list[list[int]], fingerprint: str = FP, stamp_ns: int | None = None) -> Path:
-    """A peer's segment written by hand (``folder_log``'s format): its writer from its name, its scope from its
-    folder (``suffix/``: the shared one)."""
-    scope = "" if path.parent.name == "suffix" else path.parent.name
-    writer = path.name[: -len(EXT)].rsplit(".", 1)[0]
-    header = segment_header(fingerprint, 1000, writer, scope)
-    stamp = time.time_ns() if stamp_ns is None else stamp_ns
-    data = header + b"".join(encode_record(header[-8:], np.array(r, dtype=np.int32), stamp + i)
-                             for i, r in enumerate(responses))
-    confined.makedirs(str(path.parent))
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with open(fd, "wb") as f:
-        f.write(data)
-    return path
 
 
 @pytest.fixture

@@ -1,34 +1,45 @@
-"""Option ``state_max_mb`` (issue 66): one writer's files of all ``cache_salt`` scopes in a state directory stay
-within a byte bound, the least recently used scope's file going first and never a peer's (peers' go by age only).
+"""Option ``state_max_mb`` (issue 66): one writer's log segments of all ``cache_salt`` scopes in a state directory
+stay within a byte bound, the least recently used scope's going first and never a peer's (peers' go by age only).
 Real files in ``tmp_path``; no engine."""
 from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
+from freespec import confined
 from freespec.proposers.learned import state_dir
-from freespec.proposers.learned.response_store import ResponseStore, file_bytes
-from freespec.proposers.learned.scoped_responses import ScopedResponses
-from scoped_helpers import save
+from freespec.proposers.learned.folder_log import EXT, SUM_BYTES, _REC, FolderLog, segment_header
+from scoped_helpers import plant
 
 FP = "sha256:tok-a"
 ME, PEER = "host-a.1.1", "host-b.1.1"
 TOKENS = 100  # tokens of each response added below
-ONE_FILE = file_bytes(1, TOKENS, FP)  # a scope's file holding one such response
+RECORD = _REC.size + 4 * TOKENS + SUM_BYTES  # one such response in a segment
+ONE_FILE = len(segment_header(FP, 1000, ME, "0" * 32)) + RECORD  # a scope's segment holding one
+
+
+@pytest.fixture(autouse=True)
+def _release(tmp_path):
+    yield
+    confined.release(str(tmp_path))
 
 
 def scope(i: int) -> str:
     return f"{i:032x}"  # a scope is a 128-bit hash, 32 hex digits
 
 
-def writer(root: Path, monkeypatch, max_bytes: int) -> ScopedResponses:
-    monkeypatch.setattr(state_dir, "writer_id", lambda: ME)
-    return ScopedResponses(str(root), fingerprint=FP, vocab_size=1000, max_responses=10_000, max_tokens=1_000_000,
-                           max_age_s=30 * 86_400.0, max_bytes=max_bytes)
+def writer(root: Path, monkeypatch, max_bytes: int) -> FolderLog:
+    """This writer's log in ``root``'s state directory (``root`` is its ``suffix/``)."""
+    return FolderLog(str(root.parent), fingerprint=FP, vocab_size=1000, max_responses=10_000, max_tokens=1_000_000,
+                     max_age_s=30 * 86_400.0, max_bytes=max_bytes, interval_s=0, writer=ME)
+
+
+def save(sr: FolderLog) -> None:
+    """One file round, as the log's thread runs every save interval."""
+    sr.sync()
 
 
 def response(i: int) -> np.ndarray:
@@ -36,7 +47,10 @@ def response(i: int) -> np.ndarray:
 
 
 def own_files(root: Path) -> dict[str, int]:
-    return {p.parent.name: p.stat().st_size for p in root.glob(f"*/{ME}.bin")}
+    sizes: dict[str, int] = {}
+    for p in root.glob(f"*/{ME}.*{EXT}"):
+        sizes[p.parent.name] = sizes.get(p.parent.name, 0) + p.stat().st_size
+    return sizes
 
 
 def test_the_bound_holds_across_many_scopes_and_the_newest_stay(tmp_path, monkeypatch):
@@ -76,7 +90,7 @@ def test_the_final_save_at_exit_holds_the_bound_too(tmp_path, monkeypatch):
 def test_the_least_recently_used_scope_goes_first(tmp_path, monkeypatch):
     root = tmp_path / "suffix"
     a, b, c, d = (scope(i) for i in range(4))
-    sr = writer(root, monkeypatch, max_bytes=3 * ONE_FILE + 64)  # three files, and room for one grown a little
+    sr = writer(root, monkeypatch, max_bytes=3 * ONE_FILE + 64)  # three segments, and room for one grown a little
     for i, s in enumerate((a, b, c)):
         sr.add(s, response(i))
     save(sr)
@@ -84,7 +98,7 @@ def test_the_least_recently_used_scope_goes_first(tmp_path, monkeypatch):
     sr.add(a, np.array([7]))  # a used again: b is now the least recently used, though added after a
     sr.add(d, response(3))
     save(sr)
-    assert sorted(own_files(root)) == [a, c, d] and b not in sr.stores
+    assert sorted(own_files(root)) == [a, c, d] and b not in sr._own
     sr.add(b, response(4))  # b back, the newest: c is the least recently used now
     save(sr)
     assert sorted(own_files(root)) == [a, b, d]
@@ -110,27 +124,22 @@ def test_a_dropped_scope_is_logged_once_at_info_naming_only_its_hash(tmp_path, m
 
 def test_a_peers_file_is_never_removed_nor_counted(tmp_path, monkeypatch):
     root = tmp_path / "suffix"
-    peers = []
-    for i in range(4):  # a peer's files in the scopes this writer will drop: more bytes than the whole bound
-        peer = ResponseStore(str(root / scope(i) / f"{PEER}.bin"), fingerprint=FP, vocab_size=1000,
-                             max_responses=100, max_tokens=100_000, perms=state_dir.FILE_MODE, check_folder=False)
-        os.makedirs(os.path.dirname(peer.path), exist_ok=True)
-        for j in range(5):
-            peer.add(response(50 + j))
-        peer.save()
-        peers.append(Path(peer.path))
-    merged = file_bytes(6, 6 * TOKENS, FP)  # this writer's file of a scope once it merged the peer's
-    sr = writer(root, monkeypatch, max_bytes=2 * merged)
-    assert sum(p.stat().st_size for p in peers) > sr.max_bytes
+    confined.confine(str(tmp_path))
+    # a peer's segments in the scopes this writer will drop: more bytes than the whole bound
+    peers = [plant(root / scope(i) / f"{PEER}.1{EXT}", [response(50 + j).tolist() for j in range(5)])
+             for i in range(4)]
+    sizes = [p.stat().st_size for p in peers]
+    sr = writer(root, monkeypatch, max_bytes=3 * ONE_FILE)
+    assert sum(sizes) > sr.max_bytes
     for i in range(6):
         sr.add(scope(i), response(i))
         save(sr)
         assert sum(own_files(root).values()) <= sr.max_bytes, own_files(root)
     sr.close()
-    # this writer's files of scopes 0-2 went, least recently used first; the newest stay, so the peer's
+    # this writer's segments of scopes 0-2 went, least recently used first; the newest stay, so the peer's
     # bytes were not counted against this writer's bound
     assert sorted(own_files(root)) == [scope(3), scope(4), scope(5)]
-    assert all(p.exists() and p.stat().st_size == file_bytes(5, 5 * TOKENS, FP) for p in peers)
+    assert [p.stat().st_size for p in peers] == sizes
 
 
 def test_a_start_holds_the_bound_over_files_this_writer_left_with_a_larger_one(tmp_path, monkeypatch):
@@ -140,8 +149,7 @@ def test_a_start_holds_the_bound_over_files_this_writer_left_with_a_larger_one(t
         sr.add(scope(i), response(i))
     sr.close()
     assert len(own_files(root)) == 6
-    again = writer(root, monkeypatch, max_bytes=2 * ONE_FILE)  # the same writer's name, restarted
-    again.load()
+    again = writer(root, monkeypatch, max_bytes=2 * ONE_FILE)  # the same writer's name, restarted: its start
     assert sum(own_files(root).values()) <= 2 * ONE_FILE
     again.close()
 
@@ -172,5 +180,5 @@ def test_the_option_reaches_the_suffix_source(tmp_path, monkeypatch):
     monkeypatch.setattr(state_dir, "writer_id", lambda: ME)
     p = SuffixTreeProposer(SuffixOptions(), 4)
     p.bind(dataclasses.replace(info, state_max_bytes=options.state_max_bytes))
-    assert p.scoped.max_bytes == 500_000
+    assert p.learned.max_bytes == 500_000
     p.close()

@@ -217,6 +217,7 @@ class FolderLog(LearnedResponses):
         self._purge_applied: tuple = ()
         self._compact_all = False
         self._logged: set[str] = set()
+        self._dropped: set[str] = set()  # scopes whose segments ``_hold_bytes`` removed (logged once each)
         self.appended = self.applied = self.refused = self.compactions = self.bytes_read = 0
         self.loaded: list[tuple[str, np.ndarray]] = []
         self._stop = threading.Event()
@@ -269,6 +270,7 @@ class FolderLog(LearnedResponses):
             return
         try:
             self._append_waiting()
+            self._hold_bytes()
         except Exception as e:  # noqa: BLE001 - never raises at exit
             logger.error("freespec: suffix state_dir: the last append at exit failed (%s: %s); %d response(s) "
                          "lost", type(e).__name__, e, len(self._out))
@@ -421,13 +423,19 @@ class FolderLog(LearnedResponses):
 
     # -------------------------------------------------------------- compaction
     def _compact(self, now: float) -> None:
-        """Compact this writer's segments that hold twice the bounds (all of them after a purge); then hold this
-        writer's salted scopes' segments within ``max_bytes``, the least recently used scopes' removed."""
+        """Compact this writer's segments that hold twice the bounds (all of them after a purge); then hold its
+        salted scopes' segments within ``max_bytes`` (``_hold_bytes``)."""
         every = self._compact_all
         self._compact_all = False
         for scope, own in list(self._own.items()):
             if every or own.records > 2 * self.max_responses or own.tokens > 2 * self.max_tokens:
                 self._rewrite(scope, now)
+        self._hold_bytes()
+
+    def _hold_bytes(self) -> None:
+        """This writer's segments of all salted scopes together within ``max_bytes`` (``state_max_mb``): the least
+        recently appended-to scopes' segments removed (what this replica's trees hold of them stays). Only this
+        writer's own are counted and removed: a peer's go by age. Logged once per scope, naming only its hash."""
         salted = sorted(((own.used, scope) for scope, own in self._own.items() if scope != SHARED_SCOPE))
         total = sum(self._own[s].bytes for _, s in salted)
         for _, scope in salted:
@@ -437,8 +445,10 @@ class FolderLog(LearnedResponses):
             total -= own.bytes
             for path in self._own_files(scope):
                 self._unlink(path)
-            self._log_once(f"dropped {scope}", "scope %s: this writer's segments removed, as its scopes' segments "
-                           "together took more than state_max_mb (%.0f MB)", scope, self.max_bytes / 1e6)
+            if scope not in self._dropped:
+                self._dropped.add(scope)
+                logger.info("freespec: suffix state_dir: scope %s: this writer's segments removed, as its scopes' "
+                            "segments together took more than state_max_mb (%.1f MB)", scope, self.max_bytes / 1e6)
 
     def _rewrite(self, scope: str, now: float) -> None:
         """This writer's segments of ``scope``: their newest records within the bounds, unpurged and younger than
@@ -523,12 +533,28 @@ class FolderLog(LearnedResponses):
         for _, _, path, st in segments[state_dir.START_FILES:]:
             self._pos[path] = (st.st_ino, st.st_size, b"")
         chosen = sorted(segments[: state_dir.START_FILES])
+        counted: dict[str, int] = {}
         for _, scope, path, st in chosen:
-            for scope, key, tokens, stamp in self._read(scope, path, st, budget=None, now=now):
+            got = self._read(scope, path, st, budget=None, now=now)
+            if self._is_own(path):
+                counted[scope] = counted.get(scope, 0) + len(got)
+            for scope, key, tokens, stamp in got:
                 self.held.add(scope, key, tokens, stamp)  # within the bounds however many segments there are
         self.loaded = self.held.all()
-        for scope, own_path in [(s, p) for _, s, p, _ in chosen if self._is_own(p)]:
-            self._pos.pop(own_path, None)
+        for mtime, scope, path, st in sorted(segments):  # an earlier incarnation's (this name): taken back
+            if not self._is_own(path):
+                continue
+            self._pos.pop(path, None)
+            own = self._own.get(scope)
+            seq = segment_name(os.path.basename(path))[1] + 1
+            if own is None or own.seq < seq:
+                gen = self._gens.get(scope) if scope != SHARED_SCOPE else None
+                fresh = _Own(os.path.join(self._folder(scope), f"{self.writer}.{seq}{EXT}"), seq, gen)
+                fresh.bytes, fresh.records = (own.bytes if own else 0), counted.get(scope, 0)
+                own = self._own[scope] = fresh
+            own.bytes += st.st_size
+            own.used = time.monotonic() - max(0.0, now - mtime)
+        self._hold_bytes()  # what it left under a larger state_max_mb
         logger.info("freespec: suffix state_dir: %d response(s) read from %d segment(s) at start", len(self.loaded),
                     len(chosen))
 
