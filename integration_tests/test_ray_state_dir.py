@@ -16,18 +16,26 @@ neither the peer's answers nor ``recycle``'s matrix, which serves the shared sco
 plain engine's (the session's baseline) in every pass. The files: one per writer and source, the same two
 distinct writers in every folder, mode 0600, none removed while both serve or after both stopped.
 
+The same through one Redis (``state_dir: redis://127.0.0.1:PORT/0``, a real ``redis-server`` the test starts
+on a free loopback port; skipped where it is missing): the exchange is over when the shared scope's stream holds
+every answer, appended by both writers, and the tick tenant's stream both writers' answers (never the shared
+one); one more round of stepping lets each replica apply its peer's records; then the same passes and checks,
+and ``recycle``'s stream holds both writers' rows.
+
 What this does not show: replicas on other hosts or in other PID namespaces (same folder, other writer names:
 tests/test_state_dir.py runs writers in separate PID namespaces), nor a purge while serving.
 """
 from __future__ import annotations
 
+import importlib.util
 import stat
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from integration_tests.conftest import DRAFT_EVERY_STEP, K, spec_bench_prompts, stored
+from integration_tests.conftest import DRAFT_EVERY_STEP, K, REPO, spec_bench_prompts, stored
 from integration_tests.ray_replicas import (
     Replica,
     accepted_per_token,
@@ -110,13 +118,92 @@ def test_replicas_serve_through_one_state_directory(cluster, baseline, model_pat
     print(f"ray state_dir: test {time.monotonic() - started:.0f} s")
 
 
-def run_replicas(ray, replicas, state: Path, baseline) -> set[str]:
-    # Phase 1: each replica serves its own prompts, cold.
+def redis_helpers():
+    """``tests/redis_helpers.py`` (a real redis-server on a free loopback port), loaded by its path."""
+    spec_ = importlib.util.spec_from_file_location("redis_helpers", REPO / "tests" / "redis_helpers.py")
+    module = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(module)
+    return module
+
+
+def test_replicas_serve_through_one_redis(cluster, baseline, model_path, tmp_path):
+    helpers = redis_helpers()
+    if helpers.redis_missing():
+        pytest.skip(helpers.redis_missing())
+    ray = cluster
+    started = time.monotonic()
+    server = helpers.RedisServer(tmp_path / "redis").start()
+    try:
+        replicas = start_replicas(ray, StateDirReplica, [(model_path, server.url)] * 2)
+        try:
+            cold = serve_cold(ray, replicas, baseline)
+            writers = sync_redis(ray, replicas, server.client(), cold)
+            serve_warm(ray, replicas, baseline, cold, writers)
+        finally:
+            ray.get([r.close.remote() for r in replicas], timeout=120)
+        assert_redis(server, writers)
+    finally:
+        server.stop()
+    print(f"ray state_dir redis: test {time.monotonic() - started:.0f} s")
+
+
+def serve_cold(ray, replicas, baseline) -> list[dict]:
+    """Phase 1: each replica serves its own prompts, cold."""
     cold = ray.get([r.generate.remote([PROMPTS[i] for i in share]) for r, share in zip(replicas, SHARES)])
     for i, (result, share) in enumerate(zip(cold, SHARES)):
         assert result["spec"].get("vllm:spec_decode_num_drafts", 0) > 0, f"replica {i} drafted nothing"
         assert_plain_text(baseline, share, result["token_ids"])
+    return cold
 
+
+def records(client, key: str) -> list[tuple[str, list[int]]]:
+    """A suffix stream's records: (writer, tokens)."""
+    return [(f[b"w"].decode(), np.frombuffer(f[b"t"], dtype="<i4").tolist()) for _, f in client.xrange(key)]
+
+
+def sync_redis(ray, replicas, client, cold: list[dict]) -> set[str]:
+    """The exchange through Redis alone: both keep stepping until the shared scope's stream holds every answer
+    of both, appended by both writers, and the tick tenant's stream both writers' answers; then one more round,
+    in which each replica applies what its peer appended (read within 0.1 s, applied at its next steps)."""
+    from freespec.proposers.learned.redis_stream import Keys, namespace
+
+    identity = ray.get(replicas[0].identity.remote())
+    keys = Keys(namespace(*identity))
+    answers = [out for result in cold for out in result["token_ids"]]
+    deadline = time.monotonic() + SYNC_TIMEOUT_S
+    while True:
+        ray.get([r.tick.remote(ROUND_S, **TICK) for r in replicas])
+        shared = records(client, keys.stream(""))
+        writers = {w for w, _ in shared}
+        held = sum(holds([t for _, t in shared], a) for a in answers)
+        ticked = {w for w, _ in records(client, keys.stream(scope_of(TICK["salt"])))}
+        if len(writers) == 2 and held == len(answers) and ticked == writers:
+            break
+        assert time.monotonic() < deadline, (
+            f"after {SYNC_TIMEOUT_S:.0f} s of serving, the shared stream holds {held} of the {len(answers)} answers "
+            f"from writers {sorted(writers)}; the tick tenant's stream has writers {sorted(ticked)}")
+    ticks = ray.get([r.tick.remote(ROUND_S, **TICK) for r in replicas])
+    shared = [t for _, t in records(client, keys.stream(""))]
+    for tick in ticks:
+        if len(tick) > 2 * (K + 1):  # long enough that holding it is no accident
+            assert not holds(shared, tick), "a salted answer is in the shared scope's stream"
+    return writers
+
+
+def assert_redis(server, writers: set[str]) -> None:
+    """Both writers appended recycle's rows (the shared scope's learning) to its stream, kept after both stopped."""
+    from freespec.proposers.learned.redis_stream import list_state
+
+    client = server.client()
+    recycle = client.keys("freespec:v1:*:recycle:shared")
+    assert len(recycle) == 1, recycle
+    got = {f[b"w"].decode() for _, f in client.xrange(recycle[0]) if f.get(b"k") == b"rows"}
+    assert got == writers, f"recycle's rows from writers {sorted(got)}, want {sorted(writers)}"
+    assert any(s.name.endswith("/recycle") and s.rows for s in list_state(server.url))
+
+
+def run_replicas(ray, replicas, state: Path, baseline) -> set[str]:
+    cold = serve_cold(ray, replicas, baseline)
     # The exchange, through the folder alone: both keep stepping until each writer's file holds both
     # replicas' answers (its own saved; its peer's merged into its store, seeded into its tree, saved again).
     identity = ray.get(replicas[0].identity.remote())
@@ -142,8 +229,13 @@ def run_replicas(ray, replicas, state: Path, baseline) -> set[str]:
             if len(tick) > 2 * (K + 1):  # long enough that holding it is no accident
                 assert not holds(shared, tick), f"writer {w}: a salted answer is in the shared file"
         assert any(holds(stored(scoped[w], identity), t) for t in ticks), f"writer {w}: tick tenant's file"
+    serve_warm(ray, replicas, baseline, cold, writers)
+    assert_files(state, writers)
+    return writers
 
-    # Phase 2: each replica serves the other's prompts, which it knows only from its peer's file.
+
+def serve_warm(ray, replicas, baseline, cold: list[dict], writers: set[str]) -> None:
+    # Phase 2: each replica serves the other's prompts, which it knows only from its peer's learning.
     warm = ray.get([r.generate.remote([PROMPTS[i] for i in share])
                     for r, share in zip(replicas, reversed(SHARES))])
     # Phase 3: the same prompts from another tenant: what the first tenant's traffic taught must not serve it.
@@ -162,10 +254,8 @@ def run_replicas(ray, replicas, state: Path, baseline) -> set[str]:
         assert tenant <= (first + again) / 2, (
             f"replica {i}, another cache_salt on the same prompts: {tenant:.3f} accepted per output token, "
             f"nearer the first tenant's warm pass ({again:.3f}) than a cold pass ({first:.3f})")
-    assert_files(state, writers)
     print(f"ray state_dir: engine starts {[round(r['start_seconds'], 1) for r in cold]} s; accepted per "
-          f"output token (peer cold, warm from its file, another tenant) {rates}; writers {sorted(writers)}")
-    return writers
+          f"output token (peer cold, warm from its peer, another tenant) {rates}; writers {sorted(writers)}")
 
 
 def assert_files(state: Path, writers: set[str]) -> None:
