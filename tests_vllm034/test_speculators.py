@@ -100,7 +100,7 @@ def reference(plugin, options, vocab=VOCAB):
 
 def run_lockstep(plugin, options, monkeypatch, turns=TURNS[:7], steps_cap=400, seed=0, max_live=3, vocab=VOCAB):
     """Drive the V2 speculator and the V1 reference side by side; returns (steps, drafted tokens) compared."""
-    from freespec.proposers.api import SHARED_SCOPE, Row
+    from freespec.proposers.api import SHARED_SCOPE, Row, StepContext
     from freespec.vllm_plugins.v2 import speculator as v2
 
     monkeypatch.setattr(v2, "_tokenizer_fingerprint", lambda path: FINGERPRINT)
@@ -109,13 +109,13 @@ def run_lockstep(plugin, options, monkeypatch, turns=TURNS[:7], steps_cap=400, s
     options = spec.speculator_options  # as vLLM's config left them (checked, defaults filled)
     speculator = v2.FreespecSpeculator(config, torch.device("cpu"), req_states=states)
     ref = reference(plugin, options, vocab)
-    # The rows' scope as the V1 adapter sets it, where V2 can know it: "global" shares; "salt" (no salt route
-    # on V2 yet) and "none" learn nothing across requests.
+    # The rows' scope: "global" shares; "none", and "salt" for requests added without the route's stamp (as
+    # here; test_salt_route.py drives the route), learn nothing across requests.
     scope = SHARED_SCOPE if options.get("scope") == "global" else None
     rng = random.Random(seed)
     waiting = list(enumerate(turns))
     live = {}  # req_id -> dict(turn, slot, key, made, new)
-    next_key, steps, drafted = 0, 0, 0
+    next_key, steps, drafted, prices = 0, 0, 0, []
     while (waiting or live) and steps < steps_cap:
         while waiting and len(live) < max_live:  # a new request takes a free slot
             i, turn = waiting.pop(0)
@@ -137,7 +137,12 @@ def run_lockstep(plugin, options, monkeypatch, turns=TURNS[:7], steps_cap=400, s
             st = live[r]
             history = list(st["turn"]["prompt"]) + list(st["turn"]["output"][: st["made"]])
             rows.append(Row(st["key"], np.asarray(history, dtype=np.int32), st["new"], scope))
-        want = ref.propose(rows)
+        # The reference drafts where the speculator asked its plugin (not while its breaker is open or it steps
+        # aside), at the price the speculator's controller set for the step (None: the plugin's fixed bar).
+        last = speculator.last
+        want = (ref.propose(rows, StepContext(token_cost=last.token_cost, budget_s=speculator.breaker.budget_s))
+                if last.drafted else [[] for _ in rows])
+        prices.append(last.token_cost)
         assert drafts.shape == (len(order), K)
         for i, r in enumerate(order):
             st = live[r]
@@ -165,7 +170,7 @@ def run_lockstep(plugin, options, monkeypatch, turns=TURNS[:7], steps_cap=400, s
                 del live[r]
         steps += 1
     assert not waiting and not live, "the scripted run did not finish"
-    return steps, drafted
+    return steps, drafted, prices
 
 
 # hybrid's default sources (suffix, recycle) cannot run here: the suffix source needs arctic-inference (an
@@ -177,14 +182,14 @@ def run_lockstep(plugin, options, monkeypatch, turns=TURNS[:7], steps_cap=400, s
     ("hybrid", {"sources": ["copy"], "copy": {"min_match": 3}}),
 ])
 def test_speculator_drafts_what_the_v1_proposer_drafts_every_step(plugin, options, monkeypatch):
-    steps, drafted = run_lockstep(plugin, options, monkeypatch)
+    steps, drafted, _ = run_lockstep(plugin, options, monkeypatch)
     assert steps > 50 and drafted > 100  # the run drafted enough to compare
 
 
 @pytest.mark.parametrize("options", [{}, {"sources": ["copy", "retrieval"], "scope": "global"}])
 def test_retrieval_drafts_what_its_proposer_drafts(datastore, monkeypatch, options):
     plugin = "retrieval" if not options else "hybrid"
-    steps, drafted = run_lockstep(plugin, {"datastore": datastore, **options}, monkeypatch)
+    steps, drafted, _ = run_lockstep(plugin, {"datastore": datastore, **options}, monkeypatch)
     assert drafted > 100
 
 
@@ -201,22 +206,22 @@ def test_pearl_speculator_drafts_what_its_proposer_drafts(tmp_path, monkeypatch)
              for _ in range(4)]
     options = {"draft_model": str(tmp_path), "placement": "thread", "min_confidence": 0.0,
                "adaptive_length": False}
-    steps, drafted = run_lockstep("pearl", options, monkeypatch, turns=turns, vocab=96)
+    steps, drafted, _ = run_lockstep("pearl", options, monkeypatch, turns=turns, vocab=96)
     assert drafted >= K * 10
 
 
 def test_recycle_drafts_nothing_on_v2_without_the_target_topk(monkeypatch):
     """A known gap, held by a test: recycle learns only from the target's top-k (``observe``), which V2 does
     not hand a speculator yet; both sides draft nothing, step by step."""
-    steps, drafted = run_lockstep("recycle", {}, monkeypatch)
+    steps, drafted, _ = run_lockstep("recycle", {}, monkeypatch)
     assert steps > 50 and drafted == 0
 
 
 @pytest.mark.parametrize("scope, expected", [(None, None), ("salt", None), ("none", None), ("global", "")])
 def test_without_a_salt_route_only_global_shares_across_requests(monkeypatch, scope, expected):
-    """V2's worker sees no cache_salt, so the default ``"scope": "salt"`` must not share: every row reaches the
-    plugin with scope None (``Row.scope``: it neither teaches nor is taught across requests); only
-    ``"global"`` gives the shared scope."""
+    """Requests added without patch ``v2_salt_route``'s stamp (here: ``add_request`` called directly), so the
+    default ``"scope": "salt"`` must not share: every row reaches the plugin with scope None (``Row.scope``: it
+    neither teaches nor is taught across requests); only ``"global"`` gives the shared scope."""
     from freespec.vllm_plugins.v2 import speculator as v2
 
     config, states = v2_parts("freespec_copy", None if scope is None else {"scope": scope})

@@ -12,7 +12,8 @@ named extra per seam, beside its side's reader (``probes.probe_<seam>``, ``sourc
 plugins that use the target's top-k, ``reports`` nothing (doctor shows it), ``loaded`` is checked statically only
 (without it freespec is never loaded, so no probe could run). ``v2`` seams are Model Runner V2's registry
 (vLLM >= 0.34, ``version_gate.uses_v2_registry``): blocking there, where the V1-only seams (``V1_ONLY``) are not;
-not used on a V1 release. ``v2_reports``: a V2 seam that moves nothing built yet (the salt route).
+not used on a V1 release. ``v2_reports``: a V2 seam whose move costs no speculation (the salt route: learns nothing
+across requests).
 """
 from __future__ import annotations
 
@@ -233,8 +234,8 @@ SEAMS += (
         Fact(V2_RUNNER, "GPUModelRunner.add_requests",
              holds=("self.speculator.add_request(req_index)", "new_req_data.sampling_params"),
              why="the worker no longer sees a new request's sampling params beside the speculator's add_request"),
-    ), "a route exists (not built): request.cache_salt, stamped into sampling_params.extra_args by the scheduler, "
-       "reaches GPUModelRunner.add_requests beside speculator.add_request(req_index); V2 keeps no params per request"),
+    ), "request.cache_salt, hashed into sampling_params.extra_args by the scheduler, reaches "
+       "GPUModelRunner.add_requests after speculator.add_request(req_index) (patch v2_salt_route)"),
 )
 BY_NAME = {s.name: s for s in SEAMS}
 # Probes whose failure disables every plugin (target_topk: only plugins that use it).

@@ -418,10 +418,27 @@ def _v2_facts(name: str) -> Callable[[Source], str]:
     return check
 
 
-# Model Runner V2's speculator registry (freespec's plugins register with it, vLLM >= 0.34), RequestState's token
-# history, and the route a cache_salt would take to the speculator.
-check_v2_registry, check_v2_token_history, check_v2_salt_route = (
-    _v2_facts(name) for name in ("v2_registry", "v2_token_history", "v2_salt_route"))
+# Model Runner V2's speculator registry (freespec's plugins register with it, vLLM >= 0.34) and RequestState's
+# token history.
+check_v2_registry, check_v2_token_history = (_v2_facts(name) for name in ("v2_registry", "v2_token_history"))
+# What patch v2_salt_route reads after GPUModelRunner.add_requests: each new request's slot, the one vLLM gave
+# the speculator's add_request.
+V2_SLOT_ORDER = ("req_index=self.req_states.req_id_to_index[", "self.speculator.add_request(req_index)")
+
+
+def check_v2_salt_route(src: Source) -> str:
+    """The declared facts, and ``add_requests`` gives the speculator the request state's slot of each new request
+    (``req_states.req_id_to_index``, where patch ``v2_salt_route`` finds it after the call)."""
+    if not _v2(src):
+        return NOT_THIS_RUNNER
+    facts(src, "v2_salt_route")
+    runner = find_class(src.tree(V2_RUNNER), "GPUModelRunner")
+    text = squeeze(src.segment(V2_RUNNER, find_function(runner, "add_requests")))
+    slot, add = (text.find(squeeze(h)) for h in V2_SLOT_ORDER)
+    if slot < 0 or slot > add:
+        raise Moved("GPUModelRunner.add_requests no longer gives the speculator the request state's slot "
+                    "(req_states.req_id_to_index): scopes could not be handed over by slot")
+    return BY_NAME["v2_salt_route"].ok
 
 
 def check_v2_propose(src: Source) -> str:

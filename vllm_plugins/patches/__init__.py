@@ -12,7 +12,8 @@ patch's state (``patch_states``).
 
 One module per patch: ``speculative_config_frontend`` (the front-end; ``_frontend_rewrite`` translates a
 ``{"plugin": ...}`` config), ``prometheus_multiproc``, ``cpu_expand_kernel``, ``last_step_cache`` and
-``cache_salt_scope`` (both through ``scheduler``'s wrapper). The others named in ``PATCHES`` live beside the
+``cache_salt_scope`` (both through ``scheduler``'s wrapper), and on vLLM >= 0.34 ``v2_salt_route`` in place of
+``cache_salt_scope`` (imported only there, by ``installing``). The others named in ``PATCHES`` live beside the
 code they serve: ``request_ids``, ``target_topk``, ``vllm_cli`` and ``step_timer``. Around them: ``catalog``
 (the table), ``engines`` (which engines and command lines ask for freespec), ``installing`` (what is installed
 where), ``logs`` and ``states`` (what doctor shows). The names below are the ones importers use.

@@ -83,6 +83,16 @@ PATCHES = (
         install="cache_salt_scope.install_cache_salt_scope",
     ),
     Patch(
+        "v2_salt_route",
+        "vLLM 0.34's Model Runner V2 keeps no sampling params in the worker; the scheduler's add_request writes each "
+        "request's scope into its sampling params as cache_salt_scope does, and GPUModelRunner.add_requests is "
+        "wrapped to hand each new request's scope to the speculator's per-slot scopes (v2.scopes.SlotScopes); "
+        "disabled or moved: with \"scope\": \"salt\" nothing is learned across requests",
+        "the engine core and workers of a freespec engine on vLLM >= 0.34", "v2_salt_route",
+        upstream="none yet: a salt (or request identity) route to V2 speculators (docs/upstream.md)",
+        install="v2_salt_route.install_v2_salt_route",
+    ),
+    Patch(
         "last_step_cache",
         "vLLM 0.32 caches a request's KV blocks only up to the tokens known when it schedules a step, so the "
         "tokens accepted in the step that finishes a speculative request are never cached and the next turn of a "

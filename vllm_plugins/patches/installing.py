@@ -14,6 +14,7 @@ from freespec.vllm_plugins.patches import cpu_expand_kernel
 from freespec.vllm_plugins.patches.catalog import PATCHES, disabled
 from freespec.vllm_plugins.patches.engines import plugin_requested
 from freespec.vllm_plugins.patches.logs import route_logs_to_vllm
+from freespec.vllm_plugins.version_gate import uses_v2_registry
 
 logger = logging.getLogger("freespec")
 
@@ -23,8 +24,18 @@ def plugin_engine_started(plugin: str) -> None:
     (``settings.PLUGIN_ENGINE_ENV``), and install here what a freespec engine gets (an in-process engine core
     runs its scheduler here; a forked one inherits it)."""
     os.environ[settings.PLUGIN_ENGINE_ENV] = str(plugin)
-    for name in ("prometheus_multiproc", "last_step_cache", "cache_salt_scope"):
+    for name in ("prometheus_multiproc", "last_step_cache", salt_patch()):
         _install(name)
+
+
+def salt_patch() -> str:
+    """The patch that carries a request's scope to the drafter: ``v2_salt_route`` where V2's registry is the
+    seam (vLLM >= 0.34), else ``cache_salt_scope``."""
+    try:
+        v2 = uses_v2_registry(probes.vllm_version())
+    except Exception:  # no importable vLLM: nothing to install either way
+        v2 = False
+    return "v2_salt_route" if v2 else "cache_salt_scope"
 
 
 def install_in_worker() -> None:
@@ -77,6 +88,6 @@ def install_all() -> None:
     if freespec_engine or "last_step_cache" in fixes:
         _install("last_step_cache")
     if freespec_engine:
-        _install("cache_salt_scope")
+        _install(salt_patch())
     if "cpu_expand_kernel" in fixes:
         _install("cpu_expand_kernel")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import freespec.vllm_plugins.probes as probes
 from freespec import settings
 from freespec.vllm_plugins.patches.catalog import PATCHES, VLLM_FIXES
+from freespec.vllm_plugins.patches.installing import salt_patch
 
 
 def patch_states(results: dict[str, probes.ProbeResult], env: dict[str, str] | None = None) -> list[dict[str, str]]:
@@ -39,6 +40,10 @@ def _state(name: str, probe: probes.ProbeResult | None) -> str:
         if probe.detail == probes.FIXED_BY_FREESPEC or not probe.ok:
             return "acting" if probes.cpu_kernel_override_hook() is not None else "seam moved"
         return "retired" if probe.detail == "correct" else "not needed"
+    if name == "v2_salt_route" and probe.detail == probes.NOT_THIS_RUNNER:
+        return "not needed"  # a V1 release: cache_salt_scope carries the scope
+    if name == "cache_salt_scope" and salt_patch() == "v2_salt_route":
+        return "not needed"  # V2's registry is the seam: v2_salt_route carries the scope
     if name == "vllm_cli_version":
         return "not needed" if probe.ok else "acting"
     return "acting" if probe.ok else "seam moved"
