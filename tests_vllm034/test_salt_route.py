@@ -193,3 +193,26 @@ def test_the_probe_and_doctor_see_the_route_on_0_34():
     assert result.ok and "v2_salt_route" in result.detail
     states = {p["name"]: p["state"] for p in patch_states({r.seam: r for r in probes.run_probes()}, {})}
     assert states["v2_salt_route"] == "acting" and states["cache_salt_scope"] == "not needed"
+
+
+def test_source_check_holds_the_route_on_0_34_and_fails_where_the_slot_comes_after_add_request():
+    import os
+
+    from freespec.vllm_plugins import source_check
+    from freespec.vllm_plugins.seams import V2_RUNNER
+
+    site = os.path.dirname(os.path.dirname(vllm.__file__))
+    assert "patch v2_salt_route" in source_check.check_v2_salt_route(source_check.Source(site))
+
+    class Moved(source_check.Source):  # the slot looked up after the speculator's add_request
+        def text(self, rel: str) -> str:
+            text = super().text(rel)
+            if rel != V2_RUNNER:
+                return text
+            slot = "req_index = self.req_states.req_id_to_index[req_id]"
+            assert slot in text
+            return text.replace(slot, "req_index = 0", 1).replace(
+                "self.speculator.add_request(req_index)", f"self.speculator.add_request(req_index)\n            {slot}", 1)
+
+    with pytest.raises(source_check.Moved, match="slot"):
+        source_check.check_v2_salt_route(Moved(site))
