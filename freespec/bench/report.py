@@ -213,6 +213,19 @@ def results_header(model: str, dtype: str | None, max_tokens: int, temperature: 
     )
 
 
+def state_backends(configs: Sequence[dict]) -> str:
+    """A line naming where each config with a ``state_dir`` kept its learned state (``folder`` or ``redis``, with the
+    URL its results record, password hidden), or ''."""
+    seen: dict[str, str] = {}
+    for c in configs:
+        if c.get("state_backend"):
+            where = (c.get("speculative_config") or {}).get("state_dir", "")
+            seen.setdefault(c["label"], f"{c['state_backend']}" + (f" ({where})" if c["state_backend"] == "redis" else ""))
+    if not seen:
+        return ""
+    return "Learned state (`state_dir`): " + "; ".join(f"{label}: {b}" for label, b in seen.items()) + ".\n\n"
+
+
 LATENCY_HEADER = (
     "\n## Latency\n\nStreamed requests, all categories of a load level pooled; as `vllm bench serve` reports them: "
     "TTFT, time to the first token; TPOT, time per output token after the first; ITL, time between "

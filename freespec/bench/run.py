@@ -36,6 +36,7 @@ from freespec.bench.report import (
     render_markdown,
     render_sources_markdown,
     results_header,
+    state_backends,
 )
 from freespec.bench.selection import select_questions_per_level, select_warmup_prompts
 from freespec.bench.server import (
@@ -375,7 +376,7 @@ def _run(options: BenchOptions, argv: list[str]) -> int:
         model, options.dtype, options.max_tokens, options.temperature,
         None if options.base_url else options.num_speculative_tokens, len(measured), question_set.describe(),
         options.repeats, options.rounds, server=", ".join(options.base_url) if options.base_url else None,
-        machine=machine_summary(state.machine) if state.machine else None)
+        machine=machine_summary(state.machine) if state.machine else None) + state_backends(state.configs)
     footer = "\n" + "\n".join(notes) + "\n" if notes else ""
     (out / "results.md").write_text(
         header + table + LATENCY_HEADER + latency + (SOURCES_HEADER + sources if sources else "") + footer,

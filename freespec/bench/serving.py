@@ -22,6 +22,7 @@ from freespec.bench.errors import BenchError
 from freespec.bench.memory import tree_memory
 from freespec.bench.options import BenchOptions
 from freespec.bench.server import RunningServer, Server, free_port, raise_if_died, server_command, server_env
+from freespec.bench.state_dirs import backend, redacted_command, shown
 from freespec.bench.stats import aggregate
 
 
@@ -135,7 +136,9 @@ def config_info(target: Target, options: BenchOptions, round_index: int, state: 
     """The config's entry in results.json (``configs``), added to ``state``."""
     config = target.config
     info: dict[str, Any] = {"label": config.label, "name": config.name,
-                            "speculative_config": config.speculative_config, "servers": [], "status": "ok"}
+                            "speculative_config": shown(config), "servers": [], "status": "ok"}
+    if backend(config):
+        info["state_backend"] = backend(config)  # where learned state is kept: folder or redis
     if target.base_url:
         info["base_url"] = target.base_url
     if options.rounds > 1:
@@ -157,7 +160,7 @@ def open_server(target: Target, session: list[int], options: BenchOptions, out: 
         cmd = server_command(target.model, port, target.config, options, cpu)
         env = server_env(target.config, cpu)
         server = Server(cmd, port, log_path, env=env)
-        server_info = {"command": cmd, "concurrency": session, "log": log_path.name}
+        server_info = {"command": redacted_command(cmd), "concurrency": session, "log": log_path.name}
         if any(env.values()):
             server_info["env"] = {k: v for k, v in env.items() if v}
     info["servers"].append(server_info)

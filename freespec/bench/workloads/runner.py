@@ -31,7 +31,13 @@ from freespec.bench.errors import BenchError
 from freespec.bench.options import BenchOptions
 from freespec.bench.plots import draw_charts
 from freespec.bench.prometheus import counter_delta, source_delta
-from freespec.bench.report import LATENCY_HEADER, failure_rows, render_latency_markdown, results_header
+from freespec.bench.report import (
+    LATENCY_HEADER,
+    failure_rows,
+    render_latency_markdown,
+    results_header,
+    state_backends,
+)
 from freespec.bench.selection import select_warmup_prompts
 from freespec.bench.server import (
     RunningServer,
@@ -57,7 +63,7 @@ from freespec.bench.serving import (
     warm_up,
     write_json,
 )
-from freespec.bench.state_dirs import fresh_state
+from freespec.bench.state_dirs import fresh_state, redacted_command
 from freespec.bench.stats import aggregate
 from freespec.bench.workloads import build_workloads
 from freespec.bench.workloads.report import render_workload_tables
@@ -246,7 +252,8 @@ def _start_replica(target, group: list[int], options: BenchOptions, out: Path, c
     log_path = out / f"server_{slug(target.config.label)}_{slug(role)}.log"
     cmd = server_command(target.model, port, target.config, options, cpu)
     replica = Server(cmd, port, log_path)
-    replica_info: dict[str, Any] = {"command": cmd, "concurrency": group, "log": log_path.name, "role": role}
+    replica_info: dict[str, Any] = {"command": redacted_command(cmd), "concurrency": group, "log": log_path.name,
+                                    "role": role}
     info["servers"].append(replica_info)
     print(f"[{target.config.label}] starting a {role} server; log: {log_path}", flush=True)
     replica.start()
@@ -350,10 +357,12 @@ def _write_report(options: BenchOptions, state, workloads: list[Workload], model
         server=", ".join(options.base_url) if options.base_url else None,
         machine=machine_summary(state.machine) if state.machine else None, measured=measured)
     footer = "\n" + "\n".join(notes) + "\n" if notes else ""
+    backends = state_backends(state.configs)
+    header += backends
     (out / "results.md").write_text(header + tables + LATENCY_HEADER + latency + footer, encoding="utf-8")
     draw_charts(state.aggregates, out, model, options.dtype)
     print()
-    print(tables, end="")
+    print(backends + tables, end="")
     print("\n" + LATENCY_HEADER.strip().splitlines()[0])
     print(latency, end="")
     for note in notes:
