@@ -2,14 +2,14 @@
 
 Each actor (``ray_replicas.Replica``, one core each) is a whole ``vllm.LLM`` with ``hybrid`` (its default
 sources, ``suffix`` and ``recycle``) and the same ``state_dir``, a folder of this node both see. Each engine
-process writes its own files there (``suffix/<writer>.bin``, ``recycle/<writer>.npz``; a ``cache_salt``'s
-responses under ``suffix/<scope>/``) and merges its peer's in the background every ``save_every_s`` while it
-serves.
+process writes its own files there (``suffix/<writer>.<seq>.log``, its log segment, ``recycle/<writer>.npz``; a
+``cache_salt``'s responses under ``suffix/<scope>/``) and reads its peer's new records (suffix) or merges its
+peer's file (recycle) in the background every ``save_every_s`` while it serves.
 
 The flow: replica 0 answers prompts A and replica 1 prompts B, cold; both keep stepping (short requests of a
-tenant of their own) until each writer's shared-scope file holds every answer of both: its own saved, its
-peer's merged in and saved again, which also means the peer's answers are in its suffix tree (the merge seeds
-the tree before the save that writes them). Then each replica answers the other's prompts and accepts clearly
+tenant of their own) until the shared scope's segments hold every answer, appended by both writers, and the
+tick tenant's folder both writers' segments; one more round of stepping lets each replica read and seed its
+peer's records. Then each replica answers the other's prompts and accepts clearly
 more draft tokens per output token than the other did on its first pass; the same prompts from another tenant
 (another ``cache_salt``) do not get that: that pass is nearer the cold pass than the warm one (it drafts from
 neither the peer's answers nor ``recycle``'s matrix, which serves the shared scope only). Greedy text is the
@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from integration_tests.conftest import DRAFT_EVERY_STEP, K, REPO, spec_bench_prompts, stored
+from integration_tests.conftest import DRAFT_EVERY_STEP, K, REPO, spec_bench_prompts
 from integration_tests.ray_replicas import (
     Replica,
     accepted_per_token,
@@ -89,11 +89,22 @@ def cluster():
 
 
 def writer_files(folder: Path, ext: str) -> dict[str, Path]:
-    """A source folder's files by writer name (a save's temporaries, dot files, left out)."""
+    """A source folder's files by writer name (a save's temporaries, dot files, left out); a log segment's
+    name, ``<writer>.<seq>.log``, by its writer too."""
     if not folder.is_dir():
         return {}
-    return {p.name[: -len(ext) - 1]: p for p in folder.iterdir()
-            if p.name.endswith("." + ext) and not p.name.startswith(".") and p.is_file()}
+    return {p.name[: -len(ext) - 1].rsplit(".", 1)[0] if ext == "log" else p.name[: -len(ext) - 1]: p
+            for p in folder.iterdir() if p.name.endswith("." + ext) and not p.name.startswith(".") and p.is_file()}
+
+
+def logged(path: Path, identity: tuple[str, int]) -> list[list[int]]:
+    """The responses a log segment holds, every record checked as a replica reads it (``folder_log``)."""
+    from freespec.proposers.learned.folder_log import read_segment
+
+    fingerprint, vocab = identity
+    found, _, records = read_segment(str(path), vocab_size=vocab, max_tokens=1 << 20, limit=1 << 30)
+    assert found == fingerprint, (path, found)
+    return [tokens.tolist() for tokens, _ in records]
 
 
 def holds(responses: list[list[int]], output: list[int]) -> bool:
@@ -204,31 +215,31 @@ def assert_redis(server, writers: set[str]) -> None:
 
 def run_replicas(ray, replicas, state: Path, baseline) -> set[str]:
     cold = serve_cold(ray, replicas, baseline)
-    # The exchange, through the folder alone: both keep stepping until each writer's file holds both
-    # replicas' answers (its own saved; its peer's merged into its store, seeded into its tree, saved again).
+    # The exchange, through the folder alone: both keep stepping until the shared scope's segments hold every
+    # answer, appended by both writers, and the tick tenant's folder both writers' segments.
     identity = ray.get(replicas[0].identity.remote())
     answers = [out for result in cold for out in result["token_ids"]]
     ticks_scope = state / "suffix" / scope_of(TICK["salt"])
     deadline = time.monotonic() + SYNC_TIMEOUT_S
     while True:
-        ticks = ray.get([r.tick.remote(ROUND_S, **TICK) for r in replicas])
-        files = writer_files(state / "suffix", "bin")
-        held = {w: sum(holds(stored(p, identity), a) for a in answers) for w, p in files.items()}
-        scoped = writer_files(ticks_scope, "bin")
-        if len(files) == 2 and all(n == len(answers) for n in held.values()) and set(scoped) == set(files):
+        ray.get([r.tick.remote(ROUND_S, **TICK) for r in replicas])
+        files = writer_files(state / "suffix", "log")
+        held = sum(holds([t for p in files.values() for t in logged(p, identity)], a) for a in answers)
+        scoped = writer_files(ticks_scope, "log")
+        if len(files) == 2 and held == len(answers) and set(scoped) == set(files):
             break
         assert time.monotonic() < deadline, (
-            f"after {SYNC_TIMEOUT_S:.0f} s of serving, the shared-scope files hold {held} of the "
-            f"{len(answers)} answers (want 2 writers, each holding all); the tick tenant's folder has "
-            f"{sorted(scoped)}")
+            f"after {SYNC_TIMEOUT_S:.0f} s of serving, the shared scope's segments hold {held} of the "
+            f"{len(answers)} answers from writers {sorted(files)}; the tick tenant's folder has {sorted(scoped)}")
+    ticks = ray.get([r.tick.remote(ROUND_S, **TICK) for r in replicas])  # each reads its peer's records
     writers = set(files)
-    # The tick tenant's answers are kept in its scope's folder by both writers, never in the shared files.
+    # The tick tenant's answers are kept in its scope's folder by both writers, never in the shared segments.
     for w, p in files.items():
-        shared = stored(p, identity)
+        shared = logged(p, identity)
         for tick in ticks:
             if len(tick) > 2 * (K + 1):  # long enough that holding it is no accident
-                assert not holds(shared, tick), f"writer {w}: a salted answer is in the shared file"
-        assert any(holds(stored(scoped[w], identity), t) for t in ticks), f"writer {w}: tick tenant's file"
+                assert not holds(shared, tick), f"writer {w}: a salted answer is in the shared segment"
+        assert any(holds(logged(scoped[w], identity), t) for t in ticks), f"writer {w}: tick tenant's segment"
     serve_warm(ray, replicas, baseline, cold, writers)
     assert_files(state, writers)
     return writers
@@ -261,7 +272,7 @@ def serve_warm(ray, replicas, baseline, cold: list[dict], writers: set[str]) -> 
 def assert_files(state: Path, writers: set[str]) -> None:
     """Each source's folder holds exactly the two writers' files, readable only by the serving user."""
     assert len(writers) == 2, writers
-    for source, ext in (("suffix", "bin"), ("recycle", "npz")):
+    for source, ext in (("suffix", "log"), ("recycle", "npz")):
         files = writer_files(state / source, ext)
         assert set(files) == writers, f"{source}: writers {sorted(files)}, want {sorted(writers)}"
         for path in files.values():

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from freespec.bench.errors import BenchError
-from freespec.proposers.learned import response_store
 from integration_tests.serving import chat, start_server
 
 pytestmark = pytest.mark.integration
@@ -51,12 +50,11 @@ def test_a_sigterm_stop_saves_the_state_dir(model_path, tmp_path):
 
 
 def responses_saved(state: Path) -> int:
-    """Responses in the suffix source's files of ``state`` (a store's count is in its header)."""
-    total = 0
-    for path in (state / "suffix").glob("*.bin"):
-        with open(path, "rb") as f:
-            total += response_store._HEADER.unpack(f.read(response_store.HEADER_BYTES))[5]
-    return total
+    """Responses in the suffix source's log segments of ``state`` (every record read and checked)."""
+    from freespec.proposers.learned.folder_log import EXT, read_segment
+
+    return sum(len(read_segment(str(p), vocab_size=1 << 20, max_tokens=1 << 20, limit=1 << 30)[2])
+               for p in (state / "suffix").rglob(f"*{EXT}"))
 
 
 def test_an_idle_server_saves_its_last_answer_without_another_request_or_a_stop(model_path, tmp_path):

@@ -406,9 +406,9 @@ class SuffixTreeProposer(Proposer):
             self._cached.pop(scope, None)
 
     def _files_tick(self, keep_live: bool = False) -> None:
-        """Every ``save_every_s``: merge what the background thread read from the replicas, ask for a save
-        (``keep_live``: of the live requests' outputs too) and for the replicas' changed files (no file I/O in
-        this thread)."""
+        """Take what the backend brought (a state directory's, memory only) and seed a bounded share of it; every
+        ``save_every_s`` keep the live requests' outputs too when ``keep_live`` (an idle engine), and with the
+        legacy ``responses_path`` ask for a save and for the replicas' changed files (no file I/O in this thread)."""
         o = self.options
         n = 0
         if self.learned is not None:
@@ -423,14 +423,15 @@ class SuffixTreeProposer(Proposer):
             self._seed([tokens], scope)
             budget -= len(tokens)
             n += 1
-        if self.store is not None and o.save_every_s and time.monotonic() - self._last_save >= o.save_every_s:
+        if o.save_every_s and time.monotonic() - self._last_save >= o.save_every_s:
             self._last_save = time.monotonic()
-            if keep_live:
+            if keep_live:  # an idle engine: what live requests answered so far is kept now (a backend appends it)
                 self._keep_live()
-            self.store.save_async()
-            peers = self._peers()
-            if peers:
-                self.store.merge_async(peers)
+            if self.store is not None:
+                self.store.save_async()
+                peers = self._peers()
+                if peers:
+                    self.store.merge_async(peers)
 
     def _take_learned(self) -> None:
         """What the fleet brought (``LearnedResponses.take``, memory only): purged scopes forgotten, the trees
