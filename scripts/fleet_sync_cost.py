@@ -11,6 +11,10 @@ starts with a full store (``--store`` responses, ``max_saved_responses``' defaul
   keeps the fleet's newest ``--store`` responses (what each writer holds once it has merged its peers; the
   observed replica's own are left out) and rewrites each simulated writer's whole file once a save interval,
   staggered across it, as a writer that learned or merged something does.
+- ``folder-log``: the state directory as it is now (``FolderLog``, ``folder_log``; tmpfs under ``--folder``). The
+  driver gives each simulated writer its own segment, starting with its share of the fleet's newest ``--store``
+  responses, and appends each writer's records of a save interval once an interval, staggered across it, as its
+  file thread does (the rates here never reach a compaction: twice ``--store`` records a writer).
 - ``redis``: ``RedisResponses`` on one stream; the driver appends each simulated writer's records with the
   backend's own script (one record a call, as a writer's flush at these rates) and reads nothing (what the
   other replicas read costs the observed one nothing). The stream starts with ``--store`` records.
@@ -23,7 +27,7 @@ Redis the TCP payload received on the backend's connections (``TCP_INFO`` ``tcpi
 does not count ``recv``). Per minute of the window. The snapshots' cost is per round, so per minute it scales
 with 1 / ``--save-every``: at the default 30 s it is ``--save-every``/30 of the figures (the ratios hold).
 
-    python scripts/fleet_sync_cost.py                       # both backends at 2, 8 and 32 writers, 60 s each
+    python scripts/fleet_sync_cost.py                       # every backend at 2, 8 and 32 writers, 60 s each
     python scripts/fleet_sync_cost.py --quick               # a smoke run: 2 writers, a few seconds
     python scripts/fleet_sync_cost.py --backends redis --url redis://host:6379/0
 """
@@ -46,7 +50,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FP, VOCAB = "sha256:fleet-sync-cost", 50_000
-BACKENDS = ("snapshots", "redis")
+BACKENDS = ("snapshots", "folder-log", "redis")
 AIM = 1.5  # issue 87: 32 writers within 1.5x of 2 writers
 _TCPI_BYTES_RECEIVED = 128  # offset in Linux's struct tcp_info (since 4.1)
 _TCPI_BYTES_ACKED = 120
@@ -226,6 +230,11 @@ def observed(args) -> dict:
         for peer in state_dir.peer_files(own)[-state_dir.START_FILES:]:
             store.merge_from(peer)
         obj = store
+    elif args.backend == "folder-log":
+        from freespec.proposers.learned.folder_log import FolderLog
+
+        obj = FolderLog(args.where, writer="observed.0.1", fingerprint=FP, vocab_size=VOCAB, max_responses=args.store,
+                        max_tokens=args.store * args.tokens, interval_s=args.save_every)  # its start: not measured
     else:
         from freespec.proposers.learned.redis_stream import RedisResponses
 
@@ -274,6 +283,10 @@ def observed(args) -> dict:
         due = int(d["window_s"] / args.save_every) * (n - 1)
         work = f"{counts['peer_merges']} peer files merged (about {due} due), {obj.saves - saves0} saves"
         obj.close()
+    elif args.backend == "folder-log":
+        read, written = d["rchar"], d["wchar"]
+        work = f"{counts['applied']} records applied, {obj.appended - appended0} appended"
+        obj.close()
     else:
         read, written = d["tcp_received"], d["tcp_sent"]
         work = f"{counts['applied']} records applied, {obj.appended - appended0} appended"
@@ -283,7 +296,7 @@ def observed(args) -> dict:
             "bg_cpu_s_min": per_minute(d["bg_cpu_s"], w), "engine_cpu_s_min": per_minute(engine_cpu, w),
             "cpu_s_min": per_minute(d["bg_cpu_s"] + engine_cpu, w), "read_mb_min": per_minute(read, w) / 1e6,
             "written_mb_min": per_minute(written, w) / 1e6,
-            "bytes_how": "rchar of the freespec-* threads" if args.backend == "snapshots"
+            "bytes_how": "rchar of the freespec-* threads" if args.backend != "redis"
             else "TCP bytes received on the backend's connections (TCP_INFO)"}
 
 
@@ -339,6 +352,39 @@ def driver(args) -> None:
             learn()
         for i in range(others):
             save(i)
+    elif args.backend == "folder-log":
+        from freespec.proposers.learned import state_dir
+        from freespec.proposers.learned.folder_log import EXT, SUM_BYTES, encode_record, segment_header
+
+        state_dir.open_root(args.where)
+        folder = state_dir.source_dir(args.where, "suffix")
+        headers = [segment_header(FP, VOCAB, f"sim.0.{i}", "") for i in range(others)]
+        paths = [os.path.join(folder, f"sim.0.{i}.1{EXT}") for i in range(others)]
+        waiting: list[list[bytes]] = [[] for _ in range(others)]
+        k = [0]
+
+        def learn() -> None:  # each simulated writer learns in turn; its file thread appends once an interval
+            i = k[0] % others
+            waiting[i].append(encode_record(headers[i][-SUM_BYTES:], tokens(), time.time_ns()))
+            k[0] += 1
+
+        def save(i: int) -> None:
+            if waiting[i]:
+                fd = os.open(paths[i], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+                try:
+                    os.write(fd, b"".join(waiting[i]))
+                finally:
+                    os.close(fd)
+                waiting[i] = []
+
+        for i in range(others):
+            with open(paths[i], "wb") as f:
+                os.fchmod(f.fileno(), 0o600)
+                f.write(headers[i])
+        for _ in range(args.store):
+            learn()
+        for i in range(others):
+            save(i)
     else:
         from freespec.proposers.learned.redis_stream import _APPEND, NAMESPACES, Keys, connect, namespace
 
@@ -373,13 +419,13 @@ def driver(args) -> None:
                 learn()
                 stats["learned"] += 1
                 next_learn += every
-            if args.backend == "snapshots" and now >= next_save:
+            if args.backend != "redis" and now >= next_save:
                 stats["max_late_s"] = max(stats["max_late_s"], now - next_save)
                 save(writer)
                 stats["saves"] += 1
                 writer = (writer + 1) % others
                 next_save += gap
-            upcoming = min(next_learn, next_save) if args.backend == "snapshots" else next_learn
+            upcoming = min(next_learn, next_save) if args.backend != "redis" else next_learn
             time.sleep(max(0.0, upcoming - time.monotonic()))
     except _Stop:
         pass
@@ -462,7 +508,7 @@ def main(argv: list[str] | None = None) -> int:
                     shutil.rmtree(where, ignore_errors=True)
                     os.makedirs(where, mode=0o700)
                 row = one(args, backend, n, where)
-                if backend == "snapshots":
+                if backend != "redis":
                     shutil.rmtree(where, ignore_errors=True)
                 rows.append(row)
                 print(f"{backend} at {n} writers: sync CPU {row['cpu_s_min']:.3f} s/min, read "

@@ -16,7 +16,7 @@ def row(backend: str, writers: int, cpu: float, read: float) -> dict:
 
 def test_defaults_are_the_issues_and_quick_is_a_small_run():
     a = fleet.parse_args([])
-    assert a.backends == ["snapshots", "redis"] and a.writers == [2, 8, 32]
+    assert a.backends == ["snapshots", "folder-log", "redis"] and a.writers == [2, 8, 32]
     assert (a.seconds, a.rate, a.tokens, a.store) == (60.0, 20.0, 200, 10_000)
     q = fleet.parse_args(["--quick"])
     assert q.writers == [2] and q.seconds <= 5 and q.store < a.store
