@@ -23,11 +23,13 @@ fused draft that was verified was another source's.
 arctic-inference is optional (``bench``/``cpu``/``cuda`` extras); ``available()`` says whether a
 supported version (``SUPPORTED``) is importable.
 
-Learning across restarts and replicas (``responses_path``, ``merge_from``): every finished response of the
-shared scope (requests without a ``cache_salt``; every request with ``"scope": "global"``) is also kept in a bounded ``ResponseStore`` (``proposers/learned/response_store.py``), saved atomically in a
-background thread every ``save_every_s`` and at exit or SIGTERM, and loaded into the global tree at the
-next start, as if those requests had just run; replicas merge each other's files. A bad file is refused
-at start, naming it.
+Learning across restarts and replicas: with a ``state_dir`` (a folder, ``proposers/learned/folder_log.py``, or a
+Redis URL, ``redis_stream.py``) every finished response of every scope is handed to the backend, which appends it
+once to the fleet's log and brings back what other replicas appended (``proposers.learned``: add, take, close);
+the source seeds those into the scope's global tree, a bounded share per step. The legacy ``responses_path`` /
+``merge_from`` keep the shared scope's responses in a bounded ``ResponseStore`` (``learned/response_store.py``),
+saved atomically in a background thread every ``save_every_s`` and at exit or SIGTERM, loaded into the global
+tree at the next start, replicas merging each other's files; a bad file is refused at start, naming it.
 
 Memory: per live request a tree over its sequence (O(tokens), path-compressed, depth at most
 ``max_tree_depth``); the global tree holds at most ``max_cached_requests`` outputs and at most

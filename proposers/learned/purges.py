@@ -8,9 +8,10 @@ stamp is not later than that time. A purge by age, or in whole, records a cutoff
 stamped before it is purged. Both record recycle's row stamp up to which rows are purged. From then on,
 whatever the order of saves, stops and starts:
 
-- a purged response is dropped from every store at its next save interval (the suffix source then rebuilds
-  its trees from what its stores kept), filtered out of every save right before it is written (never written
-  back, even by a save already asked for), and out of every file read (never merged or loaded again);
+- a purged response is dropped from every replica's memory at its next save interval (the suffix source then
+  rebuilds its trees from what its backend kept), filtered out of every append (never written back), out of
+  every record read (never loaded again), and out of each writer's own segments, which it compacts on seeing
+  the purge (``folder_log``);
 - recycle rows stamped at or before the recorded stamp are cleared and never merged back (rows carry no
   writer, so a purge by writer takes other writers' rows of that age too: recycle relearns them);
 - the same text learned again later is a new response (a later stamp) and is kept. Stamps come from each

@@ -1,10 +1,11 @@
 """One state directory (option ``state_dir``) for every learned source of every replica and rank.
 
-Layout: ``<state_dir>/<source>/<writer>.<ext>`` (``suffix/….bin``, ``recycle/….npz``); the salted tenants'
-responses in ``suffix/<scope>/<writer>.bin`` (``scoped_responses``). Each process writes its
-own file and merges every other file of its source's folder (its peers: other replicas and ranks, and its own
-earlier incarnations), at start and every ``save_every_s``; the merge rules are idempotent and commutative,
-so nothing is counted twice however the files overlap.
+Layout: ``<state_dir>/<source>/…``: ``suffix/<writer>.<seq>.log``, this writer's append-only log segment of the
+shared scope (a salted tenant's in ``suffix/<scope>/``; ``folder_log``), and ``recycle/<writer>.npz``, its matrix.
+Each process writes only its own files and reads every other file of its source's folder (its peers: other
+replicas and ranks, and its own earlier incarnations), at start and every ``save_every_s``: the suffix source
+the bytes a peer appended since, recycle a peer's changed matrix, merged by a rule that is idempotent and
+commutative, so nothing is counted twice however the files overlap.
 
 The writer's name (``writer_id``) is the host name, the PID namespace (its inode, from ``/proc/self/ns/pid``) and
 the pid: two live processes never share it, on one host or many sharing a folder, in containers or not, and a
@@ -33,10 +34,10 @@ FILE_MODE = 0o600
 SOURCES = ("suffix", "recycle")  # the folders of the sources that keep state here
 DEFAULT_MAX_AGE_S = 30 * 86_400.0
 KEEP_NEWER_THAN_S = 3_600.0  # cap_total leaves files written this recently: a live writer's
-START_FILES = 64  # the newest peers' files a source reads at start; the others merge later, as they change
+START_FILES = 64  # the newest peers' files a source reads at start; the others later, as they change (a log: from their end)
 CLOCK_SLACK_S = 300.0  # a file dated further ahead of this clock than this is treated as expired (``age``)
 CLOCK_SLACK_NS = int(CLOCK_SLACK_S * 10**9)  # the same, for stamps in nanoseconds
-TOMBSTONES = "purged"  # tombstones: suffix/purged/<scope> (scoped_responses), purged/*.purge (proposers.learned.purges)
+TOMBSTONES = "purged"  # suffix/purged/<scope> (scoped_responses), purged/*.purge (proposers.learned.purges)
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
