@@ -60,7 +60,7 @@ from freespec.proposers.recycle.matrix import Rows, newest_rows
 logger = logging.getLogger("freespec")
 
 SHARE_EVERY_S = 1.0  # the engine's thread hands over the rows it changed at most this often
-RECORD_ROWS = 1024  # rows a record: 53 KB at 8 candidates
+RECORD_ROWS = 256  # rows a record: about 16 KB in Redis at 8 candidates
 STREAM_MAXLEN = 1000  # records a stream keeps; older ones are in the snapshot
 TAKE_ROWS = 65_536  # rows the engine's thread merges per ``take`` (the rest wait for the next)
 SCAN_COUNT = 1000  # snapshot rows a page at start
@@ -185,6 +185,7 @@ class SharedRows(RedisThread):
         self.cut = 0  # the highest purge cut seen (Unix seconds)
         self._known_cut = b"0"  # the cut key's value as last read (the append script compares it)
         self._reshare = False
+        self._busy = False  # appending what ``_flush`` took
         self._existed = False  # this replica saw or wrote the stream (gone: Redis restarted empty)
         self._run_id: str | None = None  # the server's, as last seen
         self._last = b"0-0"
@@ -215,9 +216,9 @@ class SharedRows(RedisThread):
     def wait_idle(self, timeout: float = 10.0) -> bool:
         """Tests: until nothing waits to be appended (True), or ``timeout``."""
         deadline = time.monotonic() + timeout
-        while self._out and time.monotonic() < deadline:
+        while (self._out or self._busy) and time.monotonic() < deadline:
             time.sleep(0.01)
-        return not self._out
+        return not (self._out or self._busy)
 
     # ---------------------------------------------------------------- the Redis thread
     def _connected(self, client) -> None:
@@ -302,12 +303,20 @@ class SharedRows(RedisThread):
 
     def _flush(self) -> None:
         """Append what waits, a record of at most ``RECORD_ROWS`` rows at a time, unless a purge moved the cut."""
-        import redis
 
         with self._lock:
             waiting, self._out = self._out, []
+            self._busy = bool(waiting)
         if not waiting:
             return
+        try:
+            self._append(waiting)
+        finally:
+            self._busy = False
+
+    def _append(self, waiting: list[Rows]) -> None:
+        import redis
+
         rows = newest_rows(waiting)
         rows = rows.keep(rows.stamps > self.cut)
         keys = [self.keys.stream(""), self.keys.rows, self.keys.cut, NAMESPACES]
