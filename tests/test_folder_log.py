@@ -4,6 +4,7 @@ take the text off the disk, and two real writer processes learn from each other.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,7 @@ from script_process import ScriptProcess
 from freespec import confined
 from freespec.proposers.api import SHARED_SCOPE
 from freespec.proposers.learned import state_purge
-from freespec.proposers.learned.folder_log import EXT, FolderLog, segment_name
+from freespec.proposers.learned.folder_log import EXT, FolderLog, segment_header, segment_name
 from freespec.proposers.learned.scoped_responses import purge_scope
 from freespec.vllm_plugins.request_ids import scope_of
 
@@ -50,7 +51,7 @@ def test_each_response_is_appended_once_and_a_reader_reads_only_the_new_bytes(fo
     a.sync()
     size = sum(p.stat().st_size for p in segments(folder, "host-a.1.1"))
     b.sync()
-    assert len(new(b)) == 20 and b.bytes_read < size  # the header once, then the records
+    assert len(new(b)) == 20 and b.bytes_read == size  # its header and records, once
     first = b.bytes_read
     b.sync()
     assert b.bytes_read == first and new(b) == []  # nothing new: not a byte read
@@ -59,8 +60,9 @@ def test_each_response_is_appended_once_and_a_reader_reads_only_the_new_bytes(fo
     a.sync()
     b.sync()
     assert sorted(new(b)) == sorted([(SHARED_SCOPE, response(100).tolist()), (X, response(101).tolist())])
-    # the shared record's bytes (16 + 200 + 8) and the new scope segment (its header, then 224)
-    assert b.bytes_read - first < 2 * 224 + 200
+    # only the new bytes: the shared segment's new record, and the new scope segment (its header, its record)
+    record = 16 + 4 * 50 + 8
+    assert b.bytes_read - first == 2 * record + len(segment_header(FP, 1000, "host-a.1.1", X))
     a.sync()
     assert a.appended == 22  # appended once each, never rewritten
     a.close(), b.close()
@@ -170,6 +172,28 @@ def test_a_restarted_writer_catches_up_from_the_newest_segments_within_its_bound
     c.close()
 
 
+def test_a_start_reads_the_newest_segments_and_follows_the_others_from_their_end(folder, monkeypatch):
+    from freespec.proposers.learned import state_dir
+
+    old, new_ = log(folder, "host-a.1.1"), log(folder, "host-b.1.1")
+    old.add(SHARED_SCOPE, response(1))
+    old.sync()
+    os.utime(segments(folder, "host-a.1.1")[0], (1e9 + 0, time.time() - 60))  # written a minute ago
+    new_.add(SHARED_SCOPE, response(2))
+    new_.sync()
+    monkeypatch.setattr(state_dir, "START_FILES", 1)
+    c = log(folder, "host-c.1.1")
+    assert [t.tolist() for _, t in c.loaded] == [response(2).tolist()]  # the newest segment only
+    old.add(SHARED_SCOPE, response(3))
+    old.sync()
+    before = c.bytes_read
+    c.sync()
+    assert new(c) == [(SHARED_SCOPE, response(3).tolist())]  # the older one from where it ended: not its past
+    assert c.bytes_read - before < 300
+    for backend in (old, new_, c):
+        backend.close()
+
+
 WRITER = """
 import sys
 import numpy as np
@@ -193,8 +217,6 @@ for line in sys.stdin:
 
 
 def test_two_writer_processes_learn_from_each_other(folder):
-    import time
-
     one, two = ScriptProcess(WRITER, str(folder)), ScriptProcess(WRITER, str(folder))
     try:
         one.do("add - 1 2 3 4")

@@ -209,6 +209,7 @@ class FolderLog(LearnedResponses):
         self._own: dict[str, _Own] = {}  # scope -> this writer's current segment
         self._pos: dict[str, tuple[int, int, bytes]] = {}  # peer path -> (inode, offset, header checksum)
         self._bad: dict[str, int] = {}  # peer path -> inode refused (read again once replaced)
+        self._segment_cap = MAX_HEADER_BYTES + 2 * (4 * max_tokens + max_responses * (_REC.size + SUM_BYTES)) + 1
         self._out: deque = deque(maxlen=max_responses)  # (scope, digest, tokens, stamp) not appended yet
         self._in: deque = deque(maxlen=2 * max_responses)  # others' records read, to apply
         self._forget: list[str] = []
@@ -454,7 +455,7 @@ class FolderLog(LearnedResponses):
         """This writer's segments of ``scope``: their newest records within the bounds, unpurged and younger than
         ``max_age_s``, into a fresh segment (atomically); the older segments removed."""
         paths = self._own_files(scope)
-        limit = MAX_HEADER_BYTES + 2 * (self.max_tokens * 4 + self.max_responses * (_REC.size + SUM_BYTES))
+        limit = 2 * self._segment_cap  # twice the bounds, and the round's appends beyond them
         records = []
         for path in paths:
             try:
@@ -524,6 +525,9 @@ class FolderLog(LearnedResponses):
         """At start: the newest ``START_FILES`` segments read whole (this writer's earlier incarnation's too), the
         others followed from their end. What was read is in ``loaded`` (scope, tokens), oldest first."""
         now = time.time()
+        for folder in [self.suffix] + [os.path.join(self.suffix, n) for n, st in confined.entries(self.suffix)
+                                       if stat.S_ISDIR(st.st_mode) and n != state_dir.TOMBSTONES]:
+            state_dir.sweep_old(folder, self.max_age_s, now)  # any file past the age bound: temporaries, snapshots
         self.tombstones.sweep(self.max_age_s, now)
         self.purges.sweep(self.max_age_s, now)
         self.purges.current()
@@ -568,6 +572,8 @@ class FolderLog(LearnedResponses):
         present = {p for _, _, p, _ in segments}
         for path in [p for p in self._pos if p not in present]:
             del self._pos[path]  # removed (compacted, purged, aged): its replacement is read from its start
+        for path in [p for p in self._bad if p not in present]:
+            del self._bad[path]
         for _, scope, path, st in sorted(segments):
             if budget[0] <= 0:
                 break
@@ -597,10 +603,16 @@ class FolderLog(LearnedResponses):
             with open(fd, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
                 if not header_sum:
-                    head = parse_header(f.read(MAX_HEADER_BYTES))
+                    raw = f.read(len(MAGIC) + _HEAD.size)
+                    if len(raw) == len(MAGIC) + _HEAD.size and raw[: len(MAGIC)] == MAGIC:
+                        _, nf, nw, ns = _HEAD.unpack_from(raw, len(MAGIC))
+                        raw += f.read(min(nf + nw + ns + SUM_BYTES, MAX_HEADER_BYTES))  # the header, not beyond
+                    self.bytes_read += len(raw)
+                    head = parse_header(raw)
                     if head is None:
                         return []  # its header is being written
-                    fp, vocab, writer, their_scope, header_sum, offset = head
+                    fp, vocab, writer, their_scope, header_sum, header_end = head
+                    offset = max(offset, header_end)  # a segment followed from its end (``load``) stays there
                     expected = fingerprint_for(self.fingerprint, self._gens.get(scope) if scope else None)
                     if their_scope != scope or vocab != self.vocab_size or writer != segment_name(
                             os.path.basename(path))[0]:
@@ -612,9 +624,10 @@ class FolderLog(LearnedResponses):
                                         "purged", path)
                             return []
                         raise BadSegment("foreign", f"written for tokenizer {fp[:80]!r}")
-                want = size - offset
-                if budget is not None:
-                    want = min(want, max(budget[0], MAX_HEADER_BYTES + self.max_tokens * 4 + 64))
+                # at most a round's share (and one whole record), or at start the most an honest writer's
+                # segment holds (it compacts at twice the bounds): the rest at the next rounds
+                share = self._segment_cap if budget is None else max(budget[0], _REC.size + 4 * self.max_tokens + 64)
+                want = min(size - offset, share)
                 f.seek(offset)
                 data = f.read(want)
             self.bytes_read += len(data)
