@@ -13,7 +13,7 @@ patch's state (``patch_states``).
 One module per patch: ``speculative_config_frontend`` (the front-end; ``_frontend_rewrite`` translates a
 ``{"plugin": ...}`` config), ``prometheus_multiproc``, ``cpu_expand_kernel``, ``last_step_cache`` and
 ``cache_salt_scope`` (both through ``scheduler``'s wrapper), and on vLLM >= 0.34 ``v2_salt_route`` in place of
-``cache_salt_scope`` (imported only there, by ``installing``). The others named in ``PATCHES`` live beside the
+``cache_salt_scope`` (``installing.salt_patch``). The others named in ``PATCHES`` live beside the
 code they serve: ``request_ids``, ``target_topk``, ``vllm_cli`` and ``step_timer``. Around them: ``catalog``
 (the table), ``engines`` (which engines and command lines ask for freespec), ``installing`` (what is installed
 where), ``logs`` and ``states`` (what doctor shows). The names below are the ones importers use.
@@ -47,12 +47,13 @@ from freespec.vllm_plugins.patches.logs import route_logs_to_vllm
 from freespec.vllm_plugins.patches.prometheus_multiproc import install_prometheus_multiproc
 from freespec.vllm_plugins.patches.speculative_config_frontend import _frontend_rewrite, install_frontend
 from freespec.vllm_plugins.patches.states import patch_states
+from freespec.vllm_plugins.patches.v2_salt_route import install_v2_salt_route
 
 __all__ = [
     "FINISHED", "PATCHES", "STOCK_TEXT_METHODS", "TEXT_DRAFT_METHODS", "VLLM_FIXES", "Patch", "_frontend_rewrite",
     "acts_in", "cache_finished_blocks", "disabled", "expand_kernel_reference", "fix_cpu_expand_kernel",
     "flag_name", "install_all", "install_cache_salt_scope", "install_cpu_expand_fix", "install_frontend",
-    "install_in_worker", "install_last_step_cache", "install_prometheus_multiproc", "is_freespec_spec",
-    "json_flag_values", "patch_names", "patch_states", "plugin_engine_started", "plugin_requested",
-    "route_logs_to_vllm", "stamp_scope", "uses_freespec",
+    "install_in_worker", "install_last_step_cache", "install_prometheus_multiproc", "install_v2_salt_route",
+    "is_freespec_spec", "json_flag_values", "patch_names", "patch_states", "plugin_engine_started",
+    "plugin_requested", "route_logs_to_vllm", "stamp_scope", "uses_freespec",
 ]

@@ -9,5 +9,6 @@
   place any V2 speculator reads it: ``speculator.scopes.of(slot)`` or ``speculator.scopes.ids``.
 - ``registry``: registers them from freespec's general plugin.
 
-Nothing here is imported on vLLM < 0.34 (``version_gate.uses_v2_registry``); the V1 ``custom_class`` path stays.
+Nothing here but ``scopes`` (plain Python, through ``patches``) is imported on vLLM < 0.34
+(``version_gate.uses_v2_registry``); the V1 ``custom_class`` path stays.
 """
