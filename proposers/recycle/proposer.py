@@ -317,11 +317,12 @@ class RecycleProposer(Proposer):
         if got.cut > self._recycle_cut:
             self._recycle_cut = got.cut
             clear_rows_up_to(self.matrix, got.cut)
-        if got.rows is not None:
-            self._rows_merged += merge_rows(self.matrix, got.rows)
+        for part in got.parts:
+            self._rows_merged += merge_rows(self.matrix, part)
         if got.reshare:  # Redis lost its rows: every row held is shared again
             self._dirty[:] = True
-        if force or time.monotonic() - self._last_save >= SHARE_EVERY_S:
+        # while earlier rows still wait (Redis slow or down) the changed rows stay marked: bounded by the vocabulary
+        if force or (time.monotonic() - self._last_save >= SHARE_EVERY_S and self._shared.ready()):
             self._last_save = time.monotonic()
             changed = np.flatnonzero(self._dirty)
             if len(changed):

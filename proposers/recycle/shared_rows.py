@@ -30,7 +30,7 @@ most one matrix's worth: newer rows replace older ones of the same token), each 
 and a reconnection reads the snapshot again. Redis restarted (another run id) or its keys gone: every row this
 replica holds is appended again.
 
-Bounds: rows waiting either way (``vocab_size`` after combining), rows a record (``RECORD_ROWS``), records read a
+Bounds: rows waiting either way (``vocab_size`` after combining, on this thread), rows a record (``RECORD_ROWS``), records read a
 call (``READ_COUNT``), rows merged a ``take`` (``TAKE_ROWS``); in Redis, the snapshot (``vocab_size`` rows of
 ``4 + 6 * candidates`` bytes) and the stream (``STREAM_MAXLEN`` records of at most ``RECORD_ROWS`` rows).
 """
@@ -39,7 +39,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -62,7 +62,7 @@ logger = logging.getLogger("freespec")
 SHARE_EVERY_S = 1.0  # the engine's thread hands over the rows it changed at most this often
 RECORD_ROWS = 256  # rows a record: about 16 KB in Redis at 8 candidates
 STREAM_MAXLEN = 1000  # records a stream keeps; older ones are in the snapshot
-TAKE_ROWS = 65_536  # rows the engine's thread merges per ``take`` (the rest wait for the next)
+TAKE_ROWS = 16_384  # rows the engine's thread merges per ``take`` (the rest wait for the next): about a ms
 SCAN_COUNT = 1000  # snapshot rows a page at start
 
 # Append one record of rows and fold them into the snapshot, unless the purge cut moved since the writer last
@@ -90,11 +90,12 @@ return ''
 
 @dataclass
 class Taken:
-    """What the fleet brought since the last ``take``: the purge cut to clear up to (0: none), rows to merge,
-    and whether every row held should be shared again (Redis lost them)."""
+    """What the fleet brought since the last ``take``: the purge cut to clear up to (0: none), rows to merge (each
+    part's token ids unique; merged one part after another, the newest row wins as if combined first), and
+    whether every row held should be shared again (Redis lost them)."""
 
     cut: int = 0
-    rows: Rows | None = None
+    parts: list[Rows] = field(default_factory=list)
     reshare: bool = False
 
 
@@ -195,6 +196,12 @@ class SharedRows(RedisThread):
         self._start()
 
     # ---------------------------------------------------------------- the engine's thread: memory only
+    def ready(self) -> bool:
+        """Whether rows handed over now would be appended next: nothing waits. While something does (Redis slow or
+        down), the engine keeps its changed rows marked instead, so nothing here grows and its thread never
+        combines what waits."""
+        return not self._out
+
     def put(self, rows: Rows) -> None:
         """Rows this replica changed (copies), to append."""
         if len(rows):
@@ -207,10 +214,9 @@ class SharedRows(RedisThread):
             while self._in and n < TAKE_ROWS:
                 parts.append(self._in.pop(0))
                 n += len(parts[-1])
-            out = Taken(self.cut, newest_rows(parts) if parts else None, self._reshare)
+            out = Taken(self.cut, parts, self._reshare)
             self._reshare = False
-        if out.rows is not None:
-            self.applied += len(out.rows)
+        self.applied += n
         return out
 
     def wait_idle(self, timeout: float = 10.0) -> bool:
