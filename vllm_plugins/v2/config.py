@@ -25,6 +25,8 @@ OWN_SPECULATOR = {
     "retrieval": "RetrievalSpeculator",
     "pearl": "PearlSpeculator",
 }
+# Speculators in modules of their own: hybrid's picks vLLM's GPU suffix kernels or the host path when built.
+OTHER_MODULE = {"hybrid": "freespec.vllm_plugins.v2.suffix_hybrid.HybridV2Speculator"}
 
 
 class FreespecSpeculatorConfig(SpeculatorConfig):
@@ -48,7 +50,7 @@ class FreespecSpeculatorConfig(SpeculatorConfig):
 
 def config_class(plugin: str) -> type[FreespecSpeculatorConfig]:
     """The config of plugin ``plugin``'s method (a new class; ``registry`` registers one per plugin)."""
-    speculator = f"{SPECULATORS}.{OWN_SPECULATOR.get(plugin, 'FreespecSpeculator')}"
+    speculator = OTHER_MODULE.get(plugin) or f"{SPECULATORS}.{OWN_SPECULATOR.get(plugin, 'FreespecSpeculator')}"
     name = f"{''.join(p.title() for p in plugin.split('_'))}SpeculatorConfig"
     return type(name, (FreespecSpeculatorConfig,),
                 {"plugin": plugin, "speculator_class": speculator, "__module__": __name__,
