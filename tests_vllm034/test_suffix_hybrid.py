@@ -354,13 +354,34 @@ def test_propose_reads_no_tensor_on_the_host(mods, monkeypatch):
     assert any("speculator.py" in read for read in guard.reads)
 
 
-def test_hybrid_builds_the_gpu_speculator_only_for_its_default_sources(mods, monkeypatch):
+def test_hybrid_builds_the_gpu_speculator_only_for_its_default_sources(mods, monkeypatch, tmp_path):
     from freespec.vllm_plugins.v2 import speculator as host
 
     monkeypatch.setattr(host, "_tokenizer_fingerprint", lambda path: "recorded")
     states = HistoryState(4, MAX_LEN)
     build = mods.ours.HybridV2Speculator
-    assert type(build(make_config({}), torch.device("cpu"), states)).__name__ == "SuffixHybridSpeculator"
-    for options in ({"sources": ["copy"]}, {"state_dir": "/tmp/freespec-state"}):
+    for options in ({}, {"state_dir": str(tmp_path / "state")}):
+        assert type(build(make_config(options), torch.device("cpu"), states)) is mods.ours.SuffixHybridSpeculator
+    for options in ({"sources": ["copy"]}, {"sources": ["recycle"]}):
         assert type(build(make_config(options), torch.device("cpu"), states)) is host.HybridSpeculator
     assert mods.ours.seam_problems() == []
+
+
+def test_a_restart_drafts_what_the_folder_state_dir_kept(mods, monkeypatch, tmp_path):
+    """Through the real folder backend (``proposers.learned.folder_log``): a response learned before a restart
+    is read at start, ingested at the first step and drafted."""
+    from freespec.vllm_plugins.v2 import speculator as host
+
+    monkeypatch.setattr(host, "_tokenizer_fingerprint", lambda path: "recorded")
+    options = {"scope": "global", "state_dir": str(tmp_path / "state")}
+    states, first = learned_request(mods, options)
+    slot = states.add_request("done", [60, 61, 62, 63])
+    first.add_request(slot)
+    states.append(slot, RESPONSE[:20])
+    first.on_requests_finished(["done"])
+    states.remove_request("done")
+    drafts_for(first, states, [5, 6, 7], "")  # the step that hands it to the backend
+    first.backend.close()
+    states, second = learned_request(mods, options)
+    assert drafts_for(second, states, [8, 9] + RESPONSE[:5], "") == RESPONSE[5:5 + K]
+    second.backend.close()

@@ -6,12 +6,14 @@ responses, and sets adaptive-verification confidences from acceptance it tracks 
 runs those kernels unchanged and adds what freespec owns:
 
 - **One corpus per scope.** Each ``cache_salt`` scope (``self.scopes``, filled by patch ``v2_salt_route`` as
-  ``v2/scopes.py`` says; ``"scope": "global"``: one shared scope; rows of no scope draft from their own history) has corpus tensors of its own, laid out as vLLM's; the
-  parent's methods run with the scope's tensors in place of its own (``CORPUS_FIELDS``), once per scope present
-  in a step's batch, on that scope's rows. A tenant's drafts never come from another scope's corpus.
-- **Learned responses** (``proposers.learned``: ``add``/``take``/``close``, I/O on the backend's own thread):
-  what ``take()`` brings is staged on the host and ingested by vLLM's own ingest kernel; a finished response is
-  copied to pinned host memory without waiting and handed to ``add`` at a later step, once its copy is done.
+  ``v2/scopes.py`` says; ``"scope": "global"``: one shared scope; rows of no scope draft from their own history)
+  has corpus tensors of its own, laid out as vLLM's; the parent's methods run with the scope's tensors in place of
+  its own (``CORPUS_FIELDS``), once per scope present in a step's batch, on that scope's rows. A tenant's drafts
+  never come from another scope's corpus.
+- **Learned responses** (``proposers.learned``: a folder's log or Redis's streams, ``add``/``take``/``close``, I/O
+  on the backend's own thread): what the start read and ``take()`` brings is staged on the host and ingested by
+  vLLM's own ingest kernel; a finished response is copied to pinned host memory without waiting and handed to
+  ``add`` at a later step, once its copy is done.
 
 The invariant, vLLM's and kept: **propose never synchronizes with the host** (host work per step: reading
 ``idx_mapping_np``, dict look-ups, non-blocking copies; tested in tests_vllm034/test_suffix_hybrid.py). A
@@ -71,15 +73,12 @@ def seam_problems() -> list[str]:
 
 def gpu_path_refusal(options: Any, adapter: Any) -> str | None:
     """Why ``hybrid`` with these options must draft on the host (None: it runs on the GPU speculator): a source
-    other than ``suffix``/``recycle`` (copy, retrieval, a draft model, an SDK proposer), or a folder ``state_dir``
-    (its files are driven by the host-side suffix source today)."""
+    other than ``suffix``/``recycle`` (copy, retrieval, a draft model, an SDK proposer)."""
     sources = getattr(options, "sources", None)
     if getattr(options, "datastore", None) is not None or getattr(options, "draft_model", None) is not None:
         return "a datastore or draft model is given"
     if sources is not None and (not set(sources) <= DEFAULT_SOURCES or "suffix" not in sources):
         return f"sources {list(sources)} are not the defaults"
-    if adapter.state_dir is not None and not is_url(adapter.state_dir):
-        return "a state_dir folder is given (its responses reach only the host-side suffix source)"
     return None
 
 
@@ -136,20 +135,24 @@ class SuffixHybridSpeculator(SuffixSpeculator):
         self._outgoing: deque[_Outgoing] = deque()
         self._taken_at = -float("inf")
         self.errors = 0
-        if adapter.state_dir is not None and is_url(adapter.state_dir):
+        if adapter.state_dir is not None:
             if int(getattr(vllm_config.parallel_config, "tensor_parallel_size", 1)) > 1:
                 # ranks would take the fleet's responses at different steps and draft differently
-                logger.warning("freespec: hybrid on V2 with tensor parallelism: state_dir %s is not used",
-                               "redis://...")
+                logger.warning("freespec: hybrid on V2 with tensor parallelism: its state_dir is not used")
             else:
-                self.use_backend(_redis_backend(adapter.state_dir, vllm_config, suffix))
+                self.use_backend(_backend(adapter, vllm_config, suffix))
         logger.info("freespec: plugin 'hybrid' as V2 speculator %s (vLLM's GPU suffix kernels, scope %r), k=%d",
                     type(self).__name__, self.scope_mode, self.num_speculative_steps)
 
     # ------------------------------------------------------------------ scopes
     def use_backend(self, backend: LearnedResponses | None) -> None:
-        """Share learned responses through ``backend`` (``proposers.learned``'s contract)."""
+        """Share learned responses through ``backend`` (``proposers.learned``'s contract); what it read at start
+        (a folder's ``loaded``) is ingested at the first step."""
         self.backend = backend
+        loaded = getattr(backend, "loaded", None) or []
+        self._incoming.extend((scope, tokens) for scope, tokens in loaded if self._admits(scope))
+        if loaded:
+            backend.loaded = []
 
     def add_request(self, req_index: int) -> None:
         super().add_request(req_index)
@@ -442,11 +445,26 @@ def _suffix_options(options: Any) -> Any:
     return SuffixOptions(**(given.model_dump() if hasattr(given, "model_dump") else (given or {})))
 
 
-def _redis_backend(url: str, vllm_config: VllmConfig, suffix: Any) -> LearnedResponses:
-    from freespec.proposers.learned.redis_stream import RedisResponses
+def _backend(adapter: Any, vllm_config: VllmConfig, suffix: Any) -> LearnedResponses:
+    """The ``state_dir`` option's backend, as the host-side suffix source builds it: a folder's log or Redis's
+    streams; closed at exit (its last responses handed on)."""
+    from freespec.proposers.learned.exit_save import save_at_exit
+    from freespec.proposers.learned.state_dir import cap_total, open_root
     from freespec.vllm_plugins.v2.speculator import _tokenizer_fingerprint
 
     model = vllm_config.model_config
-    return RedisResponses(url, fingerprint=_tokenizer_fingerprint(model.tokenizer),
-                          vocab_size=int(model.get_vocab_size()), max_responses=int(suffix.max_saved_responses),
-                          max_tokens=int(suffix.max_saved_tokens))
+    common = dict(fingerprint=_tokenizer_fingerprint(model.tokenizer), vocab_size=int(model.get_vocab_size()),
+                  max_responses=int(suffix.max_saved_responses), max_tokens=int(suffix.max_saved_tokens))
+    if is_url(adapter.state_dir):
+        from freespec.proposers.learned.redis_stream import RedisResponses
+
+        backend = RedisResponses(adapter.state_dir, **common)
+    else:
+        from freespec.proposers.learned.folder_log import FolderLog
+
+        root = open_root(adapter.state_dir, trust_others=adapter.state_dir_trust_others)
+        cap_total(root, adapter.state_dir_max_bytes)
+        backend = FolderLog(root, max_age_s=adapter.state_max_age_s, max_bytes=adapter.state_max_bytes,
+                            interval_s=float(suffix.save_every_s), **common)
+    save_at_exit(backend.close, "suffix responses")
+    return backend
