@@ -8,8 +8,9 @@ group's restart and replica share its folder: that is what ``--repeat-traffic re
 
 A ``state_dir`` that is a Redis URL (``redis://host:port/db``, a server the operator runs; the bench starts none)
 cannot be made anew: before each group the bench purges, in whole, what freespec learned there (every source,
-scope and tokenizer: ``freespec state purge URL``), so give it a Redis (or a database number) of its own. A
-group's restart and replica then share that Redis. The report names each config's backend (``backend``).
+scope and tokenizer: ``freespec state purge URL``), so give it a Redis (or a database number) of its own, and
+each config its own database (``/0``, ``/1``): one database is one fleet, whose servers learn from each other
+(with ``--interleave`` too). A group's restart and replica share it. The report names each config's backend.
 """
 from __future__ import annotations
 
