@@ -252,8 +252,9 @@ checks() {
     || rm -f "$OUT/doctor.json"
   run model model.log resolve_model
   if [ "$v2" = 1 ]; then
-    # Kernels, speculators and packing get the last 150 s of the budget; lossless the rest.
-    budget=$(( BUDGET - 150 - (SECONDS - started) ))
+    # Kernels, speculators (2 turns: its CPU reference runs Triton's interpreter) and packing get the last 180 s
+    # of the budget; lossless the rest.
+    budget=$(( BUDGET - 180 - (SECONDS - started) ))
     [ "$budget" -gt 60 ] || budget=60
     run lossless lossless.log "$PY" "$REPO/scripts/gpu_lossless.py" --model "$(model_dir)" --plugins $plugins \
       --speed $CONCURRENCY --budget-s "$budget" --out "$OUT/lossless"
@@ -273,7 +274,7 @@ checks() {
   fi
   run kernels kernels.log "$PY" "$REPO/scripts/kernel_timing.py" --out "$OUT/kernel_timing.json"
   if [ "$v2" = 1 ]; then
-    run speculators speculators.log "$PY" "$REPO/scripts/device_v2_check.py" --device cuda \
+    run speculators speculators.log "$PY" "$REPO/scripts/device_v2_check.py" --device cuda --turns 2 \
       --out "$OUT/speculators.json"
   else
     na speculators "vLLM < 0.34 has no Model Runner V2 speculators"
