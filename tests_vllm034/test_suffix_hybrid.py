@@ -385,3 +385,16 @@ def test_a_restart_drafts_what_the_folder_state_dir_kept(mods, monkeypatch, tmp_
     states, second = learned_request(mods, options)
     assert drafts_for(second, states, [8, 9] + RESPONSE[:5], "") == RESPONSE[5:5 + K]
     second.backend.close()
+
+
+def test_hybrids_config_declares_what_vllms_suffix_config_declares():
+    """Dense token history (the kernels scan each row's history every step) and confidences from acceptance
+    counts, not draft logits; other plugins keep the defaults."""
+    from vllm.v1.worker.gpu.spec_decode.suffix.config import SuffixSpeculatorConfig
+
+    hybrid = make_config({}).speculative_config.speculator_config
+    for name in ("prefer_dense_token_history", "adaptive_verification_uses_draft_logits"):
+        assert getattr(hybrid, name) == getattr(SuffixSpeculatorConfig, name)
+    from freespec.vllm_plugins.v2.config import config_class
+
+    assert not config_class("copy").prefer_dense_token_history

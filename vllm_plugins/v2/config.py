@@ -25,8 +25,11 @@ OWN_SPECULATOR = {
     "retrieval": "RetrievalSpeculator",
     "pearl": "PearlSpeculator",
 }
-# Speculators in modules of their own: hybrid's picks vLLM's GPU suffix kernels or the host path when built.
-OTHER_MODULE = {"hybrid": "freespec.vllm_plugins.v2.suffix_hybrid.HybridV2Speculator"}
+# Speculators in modules of their own, with the ``SpeculatorConfig`` behaviour they declare. hybrid's picks, when
+# built, vLLM's GPU suffix kernels (which scan each row's history on the device, and whose confidences come from
+# acceptance counts, not logits: declared as vLLM's suffix declares them) or the host path.
+OTHER_MODULE = {"hybrid": ("freespec.vllm_plugins.v2.suffix_hybrid.HybridV2Speculator",
+                           {"prefer_dense_token_history": True, "adaptive_verification_uses_draft_logits": False})}
 
 
 class FreespecSpeculatorConfig(SpeculatorConfig):
@@ -50,8 +53,9 @@ class FreespecSpeculatorConfig(SpeculatorConfig):
 
 def config_class(plugin: str) -> type[FreespecSpeculatorConfig]:
     """The config of plugin ``plugin``'s method (a new class; ``registry`` registers one per plugin)."""
-    speculator = OTHER_MODULE.get(plugin) or f"{SPECULATORS}.{OWN_SPECULATOR.get(plugin, 'FreespecSpeculator')}"
+    speculator, declared = OTHER_MODULE.get(
+        plugin, (f"{SPECULATORS}.{OWN_SPECULATOR.get(plugin, 'FreespecSpeculator')}", {}))
     name = f"{''.join(p.title() for p in plugin.split('_'))}SpeculatorConfig"
     return type(name, (FreespecSpeculatorConfig,),
-                {"plugin": plugin, "speculator_class": speculator, "__module__": __name__,
+                {**declared, "plugin": plugin, "speculator_class": speculator, "__module__": __name__,
                  "__doc__": f"freespec plugin {plugin!r} as V2 method {PREFIX}{plugin}."})
