@@ -46,9 +46,11 @@ PACKED = (f"{SUFFIX_DIR}/__init__.py", f"{SUFFIX_DIR}/speculator.py", f"{SUFFIX_
           "vllm/version.py", "vllm/_version.py")
 K = 6
 MAX_REQS = 4
-# "policy": "fixed": the goodput cut prices drafts from measured step times, which differ run to run.
-FREESPEC_CONFIGS = {"freespec_copy": {"policy": "fixed"},
-                    "freespec_hybrid": {"sources": ["copy"], "scope": "global", "policy": "fixed"}}
+# Nothing timed decides a draft, so two runs draft alike: the goodput cut (priced from measured step times), the
+# step-aside (plugin time against plain decoding) and the circuit breaker's step budget (slow steps) are off.
+DETERMINISTIC = {"policy": "fixed", "step_aside": False, "step_budget_ms": 60_000.0}
+FREESPEC_CONFIGS = {"freespec_copy": DETERMINISTIC,
+                    "freespec_hybrid": {"sources": ["copy"], "scope": "global", **DETERMINISTIC}}
 
 
 def installed_vllm_src() -> Path | None:
