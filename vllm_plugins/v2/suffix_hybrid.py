@@ -18,7 +18,9 @@ runs those kernels unchanged and adds what freespec owns:
 The invariant, vLLM's and kept: **propose never synchronizes with the host** (host work per step: reading
 ``idx_mapping_np``, dict look-ups, non-blocking copies; tested in tests_vllm034/test_suffix_hybrid.py). A
 failing step drafts the last sampled token with no valid draft (``num_valid`` 0), never tokens of another scope.
-The goodput cut is vLLM's adaptive verification, fed by the parent's confidences (docs/architecture.md).
+The goodput cut is vLLM's adaptive verification (``enable_adaptive_verification`` in the speculative config:
+a draft budget from profiled step costs and the parent's per-position confidences; off, every slot is verified).
+freespec's own policy (its cut, step-aside, step sizing) reads host-side timings and is not applied here.
 """
 from __future__ import annotations
 
