@@ -131,6 +131,9 @@ class SuffixHybridSpeculator(SuffixSpeculator):
         self._corpora: OrderedDict[str, _Corpus] = OrderedDict()  # scope -> its corpus, least recent first
         max_reqs = int(vllm_config.scheduler_config.max_num_seqs)
         self.scopes = SlotScopes(self.scope_mode, max_reqs) if SlotScopes is not None else _Scopes(self.scope_mode)
+        if self.scope_mode == "salt" and not _route_installed():
+            logger.warning("freespec: hybrid: patch v2_salt_route is not in force (freespec doctor), so \"scope\": "
+                           "\"salt\" drafts from no other request")
         self.backend: LearnedResponses | None = None
         self._incoming: deque[tuple[str, np.ndarray]] = deque(maxlen=int(suffix.max_saved_responses))
         self._ingested: deque[tuple[str, np.ndarray]] = deque(maxlen=int(suffix.max_saved_responses))
@@ -436,6 +439,14 @@ class _Scopes:
 
     def of(self, slot: int) -> str | None:
         return self._scopes.get(slot, self.fixed)
+
+
+def _route_installed() -> bool:
+    try:
+        from freespec.vllm_plugins.patches.v2_salt_route import route_installed
+    except ImportError:  # pragma: no cover - the route's module not in this tree
+        return False
+    return route_installed()
 
 
 def _suffix_options(options: Any) -> Any:
