@@ -123,8 +123,8 @@ def engine_main(in_path: str, out_path: str) -> None:
     spec = json.load(open(in_path))
     waves = [job.get("wave", len(job["prompts"])) for job in spec["jobs"]]
     llm = LLM(model=spec["model"], dtype=spec.get("dtype", "float32"), speculative_config=spec.get("speculative_config"),
-              gpu_memory_utilization=0.3, max_model_len=2048, max_num_seqs=max([16, *waves]), disable_log_stats=False,
-              seed=0)
+              gpu_memory_utilization=spec.get("memory", 0.3), max_model_len=2048, max_num_seqs=max([16, *waves]),
+              disable_log_stats=False, seed=0)
     results = {}
     for job, wave in zip(spec["jobs"], waves):
         messages = [[{"role": "user", "content": p}] for p in job["prompts"]]
@@ -205,12 +205,13 @@ def resolve_model(model: str) -> str:
 
 
 def run_engine(name: str, model_dir: str, dtype: str, spec: dict | None, jobs: list, workdir: Path,
-               graphs: bool = False) -> tuple:
+               graphs: bool = False, memory: float = 0.3) -> tuple:
     """One engine in its own process; (results by job, log, seconds) — results None when it failed. ``graphs``:
     this script's ``engine_main`` (CUDA graphs, timed waves), else engine_run's eager engine."""
     spec_in, spec_out, log_path = (workdir / f"{name}.in.json", workdir / f"{name}.out.json",
                                    workdir / f"{name}.log")
-    spec_in.write_text(json.dumps({"model": model_dir, "dtype": dtype, "speculative_config": spec, "jobs": jobs}))
+    spec_in.write_text(json.dumps({"model": model_dir, "dtype": dtype, "speculative_config": spec, "jobs": jobs,
+                                   "memory": memory}))
     # The checkout goes last on sys.path: the installed freespec wins over the clone's folders.
     if graphs:
         body = (f"import runpy; sys.argv = ['gpu_lossless', '--engine', {str(spec_in)!r}, {str(spec_out)!r}]; "
@@ -316,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="also time each engine at these concurrencies (CUDA graphs on; e.g. 1 16)")
     parser.add_argument("--budget-s", type=float, default=None,
                         help="start no engine past this many seconds (the rest are reported NOT RUN)")
+    parser.add_argument("--memory", type=float, default=0.3,
+                        help="--speed engines' gpu_memory_utilization (on vLLM's CPU backend: of host memory)")
     parser.add_argument("--check-configs", action="store_true",
                         help="only build each config's vLLM SpeculativeConfig (no engine, no GPU)")
     parser.add_argument("--out", default="lossless", help="output folder")
@@ -341,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"[lossless] none (baseline), {args.dtype}", flush=True)
     base, log, seconds = run_engine("none", model_dir, args.dtype, None, [{**job, "logprobs": 2}, *speed],
-                                    out / "engines", graphs)
+                                    out / "engines", graphs, args.memory)
     if base is None:
         print(f"[lossless] the engine without speculation failed; log: {out / 'engines' / 'none.log'}\n{log[-3000:]}")
         result["configs"]["none"] = {"error": "baseline engine failed", "ok": False}
@@ -362,7 +365,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"[lossless] {plugin}", flush=True)
         spec = spec_for(plugin, model_dir, datastore, args.pearl_device)
-        got, log, seconds = run_engine(plugin, model_dir, args.dtype, spec, [job, *speed], out / "engines", graphs)
+        got, log, seconds = run_engine(plugin, model_dir, args.dtype, spec, [job, *speed], out / "engines", graphs,
+                                       args.memory)
         if got is None:
             tail = log.strip().splitlines()[-1:] or ["no output"]
             result["configs"][plugin] = {"error": tail[0][:200], "ok": False, "engine_seconds": seconds}
