@@ -11,8 +11,9 @@ step, against the CPU reference.
    CPU tensors under Triton's interpreter (a child process with TRITON_INTERPRET=1). Drafts, valid counts
    and confidences must match at every step.
 2. ``freespec_<plugin>``: freespec's V2 speculators (``vllm_plugins/v2/speculator.py``: copy, hybrid over
-   copy) in the same run with the request state on ``--device``, against the same speculator on CPU tensors
-   (which tests_vllm034 holds to the V1 proposer). Needs pydantic (``--pack`` downloads its wheels).
+   copy; ``freespec_hybrid_gpu``: hybrid's defaults, built on the suffix speculator by ``v2/suffix_hybrid.py``)
+   in the same run with the request state on ``--device``, against the same speculator on CPU tensors (which
+   tests_vllm034 holds to the V1 proposer). Needs pydantic (``--pack`` downloads its wheels).
 
 No vLLM is imported: a bare ``vllm`` package over the source folder (``--vllm-src``: a folder holding
 ``vllm/``; else build/vllm034-src.tar.gz; else the installed vllm's folder, found without importing it)
@@ -49,8 +50,12 @@ MAX_REQS = 4
 # Nothing timed decides a draft, so two runs draft alike: the goodput cut (priced from measured step times), the
 # step-aside (plugin time against plain decoding) and the circuit breaker's step budget (slow steps) are off.
 DETERMINISTIC = {"policy": "fixed", "step_aside": False, "step_budget_ms": 60_000.0}
+# freespec_hybrid_gpu: hybrid with its default sources, which freespec_hybrid builds on vLLM's suffix speculator
+# (v2/suffix_hybrid.py: Triton kernels, a corpus per scope); freespec_hybrid with sources [copy] drafts on the host.
 FREESPEC_CONFIGS = {"freespec_copy": DETERMINISTIC,
-                    "freespec_hybrid": {"sources": ["copy"], "scope": "global", **DETERMINISTIC}}
+                    "freespec_hybrid": {"sources": ["copy"], "scope": "global", **DETERMINISTIC},
+                    "freespec_hybrid_gpu": {"scope": "global"}}
+TRITON_CONFIGS = ("suffix", "freespec_hybrid_gpu")  # their CPU reference runs Triton's interpreter
 
 
 def installed_vllm_src() -> Path | None:
@@ -197,6 +202,7 @@ class HistoryState:
 
 def vllm_config(method: str, options: dict | None, max_len: int) -> SimpleNamespace:
     """The parts of a VllmConfig the speculators read; a freespec method's options as its config leaves them."""
+    method = method.removesuffix("_gpu")
     spec = SimpleNamespace(method=method, custom_method=method, num_speculative_tokens=K, speculator_options=options,
                            suffix_decoding_max_tree_depth=24, suffix_decoding_corpus_tokens=1 << 16,
                            suffix_decoding_max_cached_requests=10_000, enable_adaptive_verification=True)
@@ -218,6 +224,10 @@ def speculator_class(method: str):
     from freespec.vllm_plugins.v2 import speculator as v2  # (v2/config.py names them, but imports vLLM's registry)
 
     v2._tokenizer_fingerprint = lambda path: "recorded-turns"
+    if method == "freespec_hybrid_gpu":  # what freespec_hybrid registers: it picks the GPU or the host path
+        from freespec.vllm_plugins.v2.suffix_hybrid import HybridV2Speculator
+
+        return HybridV2Speculator
     return {"freespec_copy": v2.CopySpeculator, "freespec_hybrid": v2.HybridSpeculator}[method]
 
 
@@ -233,8 +243,9 @@ def scripted_run(method: str, device: str, turns: list[dict], max_live: int = 3)
     speculator = speculator_class(method)(config, torch.device(device), states)
     waiting = list(enumerate(turns))
     live: dict[str, dict] = {}
-    record = []
+    record: list[dict] = []
     step = 0
+    built = type(speculator).__name__
     while waiting or live:
         while waiting and len(live) < max_live:
             i, turn = waiting.pop(0)
@@ -254,6 +265,8 @@ def scripted_run(method: str, device: str, turns: list[dict], max_live: int = 3)
         if hasattr(speculator, "draft_token_confidence_probs"):
             entry["confidence"] = [[round(x, 5) for x in row]
                                    for row in speculator.draft_token_confidence_probs[: len(order)].cpu().tolist()]
+        if not record:
+            entry["speculator"] = built
         record.append(entry)
         for i, r in enumerate(order):
             st = live[r]
@@ -282,7 +295,8 @@ def compare(name: str, got: list[dict], want: list[dict]) -> dict:
     if first is None and len(got) != len(want):
         first = min(len(got), len(want))
     drafted = sum(sum(entry["valid"]) for entry in want)
-    result = {"config": name, "steps": len(want), "drafted": drafted, "ok": first is None and drafted > 0}
+    result = {"config": name, "speculator": want[0].get("speculator") if want else None, "steps": len(want),
+              "drafted": drafted, "ok": first is None and drafted > 0}
     if first is not None:
         result["first_difference"] = {"step": first, "got": got[first] if first < len(got) else None,
                                       "want": want[first] if first < len(want) else None}
@@ -294,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda", help="where the speculators run (cuda; cpu with TRITON_INTERPRET=1)")
     parser.add_argument("--vllm-src", help="a folder holding vllm/ (default: build/vllm034-src.tar.gz, else installed)")
     parser.add_argument("--turns", type=int, default=3, help="recorded turns the scripted run serves")
-    parser.add_argument("--configs", nargs="+", default=["suffix", *FREESPEC_CONFIGS],
+    parser.add_argument("--configs", nargs="+", default=["suffix", *FREESPEC_CONFIGS], metavar="CONFIG",
                         choices=["suffix", *FREESPEC_CONFIGS])
     parser.add_argument("--out", help="write the results here as JSON (and a .md beside it)")
     parser.add_argument("--pack", action="store_true", help="write build/vllm034-src.tar.gz and build/device-wheels")
@@ -331,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.configs:
         started = time.perf_counter()
         try:  # the reference: CPU tensors, and for suffix's Triton kernels the interpreter
-            check = compare(name, run(name, args.device, False), run(name, "cpu", name == "suffix"))
+            check = compare(name, run(name, args.device, False), run(name, "cpu", name in TRITON_CONFIGS))
         except Exception as e:  # recorded: the other configs still run
             check = {"config": name, "ok": False, "error": f"{type(e).__name__}: {e}"[:500]}
         check["seconds"] = round(time.perf_counter() - started, 1)
@@ -339,10 +353,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[v2] {name}: {'ok' if check['ok'] else 'FAILED'} {json.dumps(check)[:400]}", flush=True)
     lines = [f"V2 speculators on {results['device_name']} ({args.device}; torch {results['torch']}, triton "
              f"{results['triton']}), {len(turns)} recorded turns, K={K}; reference: CPU (suffix: Triton's interpreter)",
-             "", "| config | verdict | steps | drafted tokens | seconds |", "|---|---|---:|---:|---:|"]
+             "", "| config | speculator | verdict | steps | drafted tokens | seconds |", "|---|---|---|---:|---:|---:|"]
     for c in results["checks"]:
         verdict = "same as the reference" if c["ok"] else (c.get("error") or f"DIFFERS at step {c.get('first_difference', {}).get('step')}")
-        lines.append(f"| {c['config']} | {verdict} | {c.get('steps', '')} | {c.get('drafted', '')} | {c['seconds']} |")
+        lines.append(f"| {c['config']} | {c.get('speculator') or ''} | {verdict} | {c.get('steps', '')} | "
+                     f"{c.get('drafted', '')} | {c['seconds']} |")
     print("\n".join(lines))
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
