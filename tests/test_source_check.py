@@ -467,7 +467,7 @@ def test_a_moved_v2_seam_fails_on_the_0_34_layout(tmp_path, seam):
     results = by_seam(run_checks(Source(write_tree(tmp_path / "b", move=seam, files=FILES_V2))))
     assert {s for s, r in results.items() if not r.ok} - before == {seam}
     code = source_check.main([str(tmp_path / "b")])
-    assert code == (0 if seam == "v2_salt_route" else 1)  # the salt route is not built yet: it only reports
+    assert code == (0 if seam == "v2_salt_route" else 1)  # a moved salt route only reports: without it `salt` learns nothing across requests, never wrongly
 
 
 def test_proposing_before_the_sampled_tokens_are_written_fails_v2_propose(tmp_path):
