@@ -40,7 +40,9 @@ VARIABLES = {
     "FREESPEC_VLLM034_VENV": "`scripts/setup_vllm034.sh`, `scripts/test_vllm034.sh`: the side environment with "
     "vLLM 0.34's CUDA wheel for the Model Runner V2 tier (default `~/.cache/freespec/vllm034-venv`)",
     "FREESPEC_VLLM034_VERSION": "`scripts/setup_vllm034.sh`: the vLLM release of that tier (default 0.34.0)",
-    "FREESPEC_VLLM034_TORCH": "`scripts/setup_vllm034.sh`: the torch release asked for there (default 2.14.1)",
+    "FREESPEC_VLLM034_TORCH": "`scripts/setup_vllm034.sh`: the torch release asked for there (default 2.14.0)",
+    "FREESPEC_VLLM034_ARCTIC": "`scripts/setup_vllm034.sh`: the arctic-inference requirement built there (hybrid's "
+    "default `suffix` source; default as the `cuda` extra asks)",
     "FREESPEC_VLLM034_JSON": "`scripts/test_vllm034.sh`: also write the tier's seam check as JSON to this file",
     "FREESPEC_STATS_INTERVAL_S": "seconds between the workers' stats log lines (default: vLLM's "
     "`VLLM_LOG_STATS_INTERVAL`, 10; 0: every step)",

@@ -52,7 +52,7 @@ MAX_REQS = 4
 DETERMINISTIC = {"policy": "fixed", "step_aside": False, "step_budget_ms": 60_000.0}
 # freespec_hybrid_gpu: hybrid with its default sources, which freespec_hybrid builds on vLLM's suffix speculator
 # (v2/suffix_hybrid.py: Triton kernels, a corpus per scope); freespec_hybrid with sources [copy] drafts on the host.
-FREESPEC_CONFIGS = {"freespec_copy": DETERMINISTIC,
+SPECULATOR_CONFIGS = {"freespec_copy": DETERMINISTIC,
                     "freespec_hybrid": {"sources": ["copy"], "scope": "global", **DETERMINISTIC},
                     "freespec_hybrid_gpu": {"scope": "global"}}
 TRITON_CONFIGS = ("suffix", "freespec_hybrid_gpu")  # their CPU reference runs Triton's interpreter
@@ -238,7 +238,7 @@ def scripted_run(method: str, device: str, turns: list[dict], max_live: int = 3)
 
     # The model length the turns need, in whole 256-token blocks (fewer scan blocks: a quicker interpreter).
     max_len = -(-max(len(t["prompt"]) + len(t["output"]) + K + 1 for t in turns) // 256) * 256
-    config = vllm_config(method, FREESPEC_CONFIGS.get(method), max_len)
+    config = vllm_config(method, SPECULATOR_CONFIGS.get(method), max_len)
     states = HistoryState(device, max_len)
     speculator = speculator_class(method)(config, torch.device(device), states)
     waiting = list(enumerate(turns))
@@ -308,8 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda", help="where the speculators run (cuda; cpu with TRITON_INTERPRET=1)")
     parser.add_argument("--vllm-src", help="a folder holding vllm/ (default: build/vllm034-src.tar.gz, else installed)")
     parser.add_argument("--turns", type=int, default=3, help="recorded turns the scripted run serves")
-    parser.add_argument("--configs", nargs="+", default=["suffix", *FREESPEC_CONFIGS], metavar="CONFIG",
-                        choices=["suffix", *FREESPEC_CONFIGS])
+    parser.add_argument("--configs", nargs="+", default=["suffix", *SPECULATOR_CONFIGS], metavar="CONFIG",
+                        choices=["suffix", *SPECULATOR_CONFIGS])
     parser.add_argument("--out", help="write the results here as JSON (and a .md beside it)")
     parser.add_argument("--pack", action="store_true", help="write build/vllm034-src.tar.gz and build/device-wheels")
     parser.add_argument("--record", help=argparse.SUPPRESS)  # a child: one config's run on --device, to this file
