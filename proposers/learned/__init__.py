@@ -8,9 +8,10 @@ source calls it only from the engine's thread and only through these methods, no
   of responses, and responses other replicas learned, new here;
 - ``close()``: at exit (may wait a bounded time to hand the last responses on).
 
-Backends, by the ``state_dir`` option's form (``backend_kind``): a folder (``proposers.learned.state_dir``; its
-snapshot files, today still driven by ``suffix_tree``) and ``redis://``/``rediss://`` (``redis_stream``: one
-append-only stream per scope). A third backend is one module with this class's three methods.
+Backends, by the ``state_dir`` option's form (``is_url``): a folder (``folder_log``: each writer's append-only
+segments, one per scope folder) and ``redis://``/``rediss://`` (``redis_stream``: one append-only stream per scope).
+Either way a record is appended once by the replica that learned it and a reader reads only what is new. A third
+backend is one module with this class's three methods.
 """
 from __future__ import annotations
 
