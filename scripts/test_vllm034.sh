@@ -9,7 +9,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=$(bash scripts/setup_vllm034.sh)
 status=0
-"$PY" -m pytest -q -p no:cacheprovider tests_vllm034 "$@" || status=$?
+# test_suffix_hybrid.py runs vLLM's Triton kernels under Triton's interpreter, which vLLM decides on at its first
+# import of vllm.triton_utils: in a process of its own, so the rest of the tier keeps Triton off as it assumes.
+"$PY" -m pytest -q -p no:cacheprovider tests_vllm034 --ignore=tests_vllm034/test_suffix_hybrid.py "$@" || status=$?
+"$PY" -m pytest -q -p no:cacheprovider tests_vllm034/test_suffix_hybrid.py "$@" || { [ $status -ne 0 ] || status=$?; }
 site=$("$PY" -c 'import os, vllm; print(os.path.dirname(os.path.dirname(vllm.__file__)))')
 json=()
 [ -n "${FREESPEC_VLLM034_JSON:-}" ] && json=(--json "$FREESPEC_VLLM034_JSON")
