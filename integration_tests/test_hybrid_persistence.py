@@ -58,6 +58,7 @@ def test_responses_are_saved_at_exit_and_a_restart_drafts_from_them(cold_run, en
     assert again > cold + 0.2, f"accepted per output token: cold start {cold:.3f}, warm start {again:.3f}"
 
 
+@pytest.mark.long  # a server of its own, about 100 s: CI's matrix job
 def test_a_file_from_responses_build_starts_a_server_warm(cold_run, engines, tmp_path, responses_file):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"messages": [{"role": "user", "content": p}]}) + "\n" for p in PROMPTS))

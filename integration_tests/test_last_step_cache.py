@@ -21,7 +21,7 @@ import pytest
 
 from integration_tests.conftest import DRAFT_EVERY_STEP, REPO
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]  # two engines, about 3 minutes: CI's matrix job
 
 BLOCK = 32
 

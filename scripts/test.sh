@@ -8,8 +8,8 @@
 # CI's matrix job, once per vLLM release (.ci/matrix), and so do the `release` test (the wheel installed
 # into a fresh venv) and the `long` ones (the t=0.8 distribution runs of retrieval, hybrid with every
 # source and pearl, the engine-start refusals, two servers sharing a datastore, vLLM's own ngram under the
-# greedy check, recycle's warm start from its saved matrix: about 14 minutes before those two moved in, which
-# took 3 minutes in the main run; not timed since); run them
+# greedy check, recycle's warm start from its saved matrix, the last-step cache patch's two engines and a
+# server started warm from `freespec responses build`, which took about 5 minutes in the main run); run them
 # here with: bash scripts/test.sh -m cluster (or -m release, -m long)
 set -euo pipefail
 cd "$(dirname "$0")/.."
