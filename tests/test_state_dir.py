@@ -33,15 +33,18 @@ ROOT = os.geteuid() == 0 and shutil.which("unshare") is not None
 needs_root = pytest.mark.skipif(not ROOT, reason="needs root and unshare (separate PID or mount namespaces)")
 
 # A writer process: its own segment in <dir>/suffix, ROUNDS rounds of adding responses, appending them and reading
-# its peers' (one file round of the folder log).
+# its peers' (one file round of the folder log). A response holds its round's number as a token id, so the
+# vocabulary is wider than any round a writer reaches (a token id past it is not learned).
+WIDE = 1 << 20
 WRITER = """
 import sys, time
 import numpy as np
 from freespec.proposers.learned import state_dir
 from freespec.proposers.learned.folder_log import FolderLog
+WIDE = 1 << 20
 
 folder, index, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-log = FolderLog(folder, fingerprint="sha256:tok-a", vocab_size=1000, max_responses=100000, max_tokens=10**7,
+log = FolderLog(folder, fingerprint="sha256:tok-a", vocab_size=WIDE, max_responses=100000, max_tokens=10**7,
                 interval_s=0)
 for r in range(rounds):
     for i in range(20):
@@ -75,11 +78,11 @@ def run_writer(folder: Path, index: int, rounds: int, pid_namespace: bool) -> su
                             env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
-def responses_in(folder: Path, scope: str = "") -> set[tuple[int, ...]]:
+def responses_in(folder: Path, scope: str = "", vocab_size: int = 1000) -> set[tuple[int, ...]]:
     """Every response of ``scope`` (the shared one: no cache_salt) in every segment of the folder's suffix/ (a fresh
     reader of all of them, checking each record: a damaged one would be refused and counted)."""
     with patch.object(state_dir, "START_FILES", 10_000):
-        log = FolderLog(str(folder), fingerprint="sha256:tok-a", vocab_size=1000, max_responses=100000,
+        log = FolderLog(str(folder), fingerprint="sha256:tok-a", vocab_size=vocab_size, max_responses=100000,
                         max_tokens=10**7, interval_s=0, writer="reader.0.0")
     log.close()
     assert log.refused == 0
@@ -102,7 +105,7 @@ def test_writers_in_separate_pid_namespaces_on_one_folder_lose_nothing(tmp_path)
     assert len(files) == 3 and all(f.stat().st_mode & 0o777 == 0o600 for f in files)
     assert not list((tmp_path / "suffix").glob(".*.tmp"))  # no temporary left, none removed under a writer
     want = {(i, r, k, 7, 8, 9) for i in range(3) for r in range(4) for k in range(20)}
-    assert responses_in(tmp_path) == want
+    assert responses_in(tmp_path, vocab_size=WIDE) == want
     held = [int(o[0].split("held ")[-1].split()[0]) for o in outs]
     assert max(held) >= 4 * 20 + 2 * 20  # the last writer to finish read the others' appends too
 
@@ -126,7 +129,7 @@ def test_a_writer_killed_at_a_random_point_loses_at_most_its_last_save_interval(
         time.sleep(0.5)
         assert sorted((folder / "suffix").glob("*")) == files and all(  # the writer is gone: nothing changes
             f.stat().st_mtime < time.time() - 0.4 for f in files)
-        got = responses_in(folder)  # every file loads: none is corrupt
+        got = responses_in(folder, vocab_size=WIDE)  # every file loads: none is corrupt
         assert {(0, r, k, 7, 8, 9) for r in range(saved + 1) for k in range(20)} <= got, (trial, saved)
 
 
