@@ -82,6 +82,7 @@ def test_a_warm_start_from_the_saved_matrix_beats_a_cold_one(recycle_run, engine
     assert first > cold + 0.05, f"first requests: cold start {cold:.3f}, warm start {first:.3f} accepted/token"
 
 
+@pytest.mark.long  # an engine of its own, about 75 s: CI's matrix job, per vLLM release (a runner seam)
 def test_logits_rows_map_to_the_right_tokens_in_mixed_and_reordered_batches(engines, tmp_path):
     """Ground truth from greedy decoding (see integration_tests/topk_check.py)."""
     out = tmp_path / "check.json"

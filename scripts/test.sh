@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Run freespec's tests: unit tests, then integration tests on the real vLLM CPU engine and
-# SmolLM2-135M-Instruct, then the example plugin package's own tests (24 min 19 s in the last complete
-# fresh-clone run on 2 Zen 4 cores, setup included with a warm pip cache, 1,373 + 4 passed:
-# `git clone -q . /tmp/fresh-check && cd /tmp/fresh-check && time bash .ci/run` with shared/ linked at
-# /tmp/shared, 2026-12-03). Sets the machine up first if needed.
+# SmolLM2-135M-Instruct, then the example plugin package's own tests (pytest 40 min 18 s on 2 Zen 3 cores,
+# 2026-12-07, before 75 s more moved to `long`; CI's last run took 2,979 s in all). Sets the machine up first if
+# needed.
 # The `cluster` tests (tensor parallelism over two worker processes, vLLM replicas as Ray actors) run in
 # CI's matrix job, once per vLLM release (.ci/matrix), and so do the `release` test (the wheel installed
 # into a fresh venv) and the `long` ones (the t=0.8 distribution runs of retrieval, hybrid with every
 # source and pearl, the engine-start refusals, two servers sharing a datastore, vLLM's own ngram under the
 # greedy check, recycle's warm start from its saved matrix, the last-step cache patch's two engines and a
-# server started warm from `freespec responses build`, which took about 5 minutes in the main run); run them
+# server started warm from `freespec responses build` and recycle's logits rows in mixed batches, which took
+# about 6 minutes in the main run); run them
 # here with: bash scripts/test.sh -m cluster (or -m release, -m long)
 set -euo pipefail
 cd "$(dirname "$0")/.."
