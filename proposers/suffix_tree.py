@@ -282,7 +282,7 @@ class SuffixTreeProposer(Proposer):
 
         o = self.options
         if is_url(info.state_dir):
-            from freespec.proposers.learned.redis_stream import check_url, redacted
+            from freespec.proposers.learned.redis_stream import redacted, usable_url
 
             where = redacted(info.state_dir)
         else:
@@ -306,14 +306,7 @@ class SuffixTreeProposer(Proposer):
             self.learned.loaded = []
             save_at_exit(self.close, "suffix responses")
             return
-        try:
-            check_url(info.state_dir)
-            import redis  # noqa: F401
-        except ValueError as e:
-            raise ValueError(f"state_dir: {e}") from None
-        except ImportError:
-            raise ValueError("state_dir redis://...: the redis client is not installed (pip install "
-                             "'vllm-freespec[fleet]')") from None
+        usable_url(info.state_dir)
         from freespec.proposers.learned.redis_stream import RedisResponses
 
         self.learned = RedisResponses(info.state_dir, fingerprint=info.tokenizer_fingerprint(),

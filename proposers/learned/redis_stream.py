@@ -119,6 +119,20 @@ def check_url(url: str) -> str:
     return url
 
 
+def usable_url(url: str) -> str:
+    """``check_url``, and the ``redis`` client importable: a source binding a Redis ``state_dir`` calls it at start,
+    so a bad URL or a missing client stops the engine naming the option."""
+    try:
+        check_url(url)
+        import redis  # noqa: F401
+    except ValueError as e:
+        raise ValueError(f"state_dir: {e}") from None
+    except ImportError:
+        raise ValueError("state_dir redis://...: the redis client is not installed (pip install "
+                         "'vllm-freespec[fleet]')") from None
+    return url
+
+
 def connect(url: str, socket_timeout: float = SOCKET_TIMEOUT_S):
     """A client of ``url`` with short socket timeouts and no retries (a fault is handled by the caller); the
     password from the URL, else from ``$FREESPEC_REDIS_PASSWORD``."""

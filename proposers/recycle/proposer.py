@@ -285,7 +285,7 @@ class RecycleProposer(Proposer):
     def _bind_redis(self, info: EngineInfo) -> None:
         """``state_dir`` is a Redis URL (``shared_rows``): the rows this replica changes are shared through it and
         the fleet's merged in, on its own thread; nothing here waits on Redis."""
-        from freespec.proposers.learned.redis_stream import check_url, redacted
+        from freespec.proposers.learned.redis_stream import redacted, usable_url
         from freespec.proposers.recycle.shared_rows import SharedRows
 
         if self.options.matrix_path is not None or self.options.merge_from:
@@ -293,14 +293,7 @@ class RecycleProposer(Proposer):
                            redacted(info.state_dir))
         if info.tokenizer_fingerprint is None:
             raise ValueError("recycle state_dir needs the tokenizer's identity, which this engine does not give")
-        try:
-            check_url(info.state_dir)
-            import redis  # noqa: F401
-        except ValueError as e:
-            raise ValueError(f"state_dir: {e}") from None
-        except ImportError:
-            raise ValueError("state_dir redis://...: the redis client is not installed (pip install "
-                             "'vllm-freespec[fleet]')") from None
+        usable_url(info.state_dir)
         self._fingerprint = self.matrix.tokenizer = info.tokenizer_fingerprint()
         self._shared = SharedRows(info.state_dir, fingerprint=self._fingerprint, vocab_size=info.vocab_size,
                                   candidates=self.options.candidates)
