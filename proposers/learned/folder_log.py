@@ -231,13 +231,9 @@ class FolderLog(LearnedResponses):
 
     # ---------------------------------------------------------------- the engine's thread: memory only
     def add(self, scope: str, tokens: np.ndarray) -> None:
-        arr = np.array(tokens[: self.max_tokens], dtype=np.int32)
-        if not len(arr) or int(arr.min()) < 0 or int(arr.max()) >= self.vocab_size:
-            return
-        arr.flags.writeable = False
-        key, stamp = _digest(arr), time.time_ns()
-        if self.held.add(scope, key, arr, stamp):
-            self._out.append((scope, key, arr, stamp))
+        record = self.held.learn(scope, tokens, self.vocab_size)
+        if record is not None:
+            self._out.append(record)
 
     def take(self) -> Learned:
         out = Learned()

@@ -329,6 +329,17 @@ class Held:
                     break
             return True
 
+    def learn(self, scope: str, tokens: np.ndarray, vocab_size: int) -> tuple | None:
+        """A response this replica learned, cut to ``max_tokens``: held, and returned as the record its backend
+        appends (scope, digest, tokens, stamp); None when it is held already, empty or has ids outside the
+        vocabulary. Both backends' ``add``."""
+        arr = np.array(tokens[: self.max_tokens], dtype=np.int32)
+        if not len(arr) or int(arr.min()) < 0 or int(arr.max()) >= vocab_size:
+            return None
+        arr.flags.writeable = False
+        key, stamp = digest(arr), time.time_ns()
+        return (scope, key, arr, stamp) if self.add(scope, key, arr, stamp) else None
+
     def forget(self, scope: str) -> None:
         with self._lock:
             gone = self.scopes.pop(scope, None) or {}
@@ -482,13 +493,9 @@ class RedisResponses(RedisThread, LearnedResponses):
 
     # ---------------------------------------------------------------- the engine's thread: memory only
     def add(self, scope: str, tokens: np.ndarray) -> None:
-        arr = np.array(tokens[: self.max_tokens], dtype=np.int32)
-        if not len(arr) or int(arr.min()) < 0 or int(arr.max()) >= self.vocab_size:
-            return
-        arr.flags.writeable = False
-        key, stamp = digest(arr), time.time_ns()
-        if self.held.add(scope, key, arr, stamp):
-            self._out.append((scope, key, arr, stamp))
+        record = self.held.learn(scope, tokens, self.vocab_size)
+        if record is not None:
+            self._out.append(record)
 
     def take(self) -> Learned:
         out = Learned()
